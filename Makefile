@@ -1,0 +1,38 @@
+# gpu-mem build. `make build` needs only Go (the BPF object is committed);
+# `make generate` rebuilds that object with clang-19 and IG's BPF headers.
+
+GO ?= go
+IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-gadget)
+SIM = build/sim
+SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
+
+.PHONY: build generate sim demo test clean
+
+build: bin/gpumem
+
+bin/gpumem: $(shell find . -name '*.go' -not -path './build/*') tracer/gpumem_x86_bpfel.o go.mod go.sum
+	$(GO) build -o $@ ./cmd/gpumem
+
+generate:
+	cd tracer && IG=$(IG) $(GO) generate ./...
+
+# The simulated driver and its workloads. simwork finds libcuda.so.1 beside
+# itself (RUNPATH $ORIGIN), so LD_LIBRARY_PATH can point it at another copy.
+sim: $(SIM)/libcuda.so.1 $(SIM)/simwork
+
+$(SIM)/libcuda.so.1: tests/simcuda/libcuda.c tests/simcuda/cuda.h
+	@mkdir -p $(SIM)
+	cc $(SIM_CFLAGS) -O1 -shared -fPIC -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+
+$(SIM)/simwork: tests/workloads/simwork.c tests/simcuda/cuda.h $(SIM)/libcuda.so.1
+	cc $(SIM_CFLAGS) -o $@ $< -L$(SIM) -l:libcuda.so.1 -Wl,--enable-new-dtags,-rpath,'$$ORIGIN' -lpthread
+
+# Profile the demo workload on the simulated driver.
+demo: build sim
+	./bin/gpumem record --duration 3s --format pprof -o gpumem-demo.pb.gz --top 10 -- env SIMWORK_NOWAIT=1 $(SIM)/simwork demo
+
+test: build sim
+	$(GO) test -count=1 ./...
+
+clean:
+	rm -rf bin build

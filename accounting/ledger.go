@@ -1,0 +1,223 @@
+// Package accounting keeps the exact books of GPU memory: every live
+// allocation by process and pointer, and per (process, stack, kind) the
+// bytes and counts allocated, freed and still live.
+package accounting
+
+import (
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// StackID names an interned call stack; the ledger never looks inside.
+type StackID uint64
+
+// Key identifies one row of the books.
+type Key struct {
+	PID   uint32
+	Stack StackID
+	Kind  tracer.Kind
+}
+
+// Counters are one row of the books. Live memory is what was allocated and
+// neither freed nor released by the process's exit.
+type Counters struct {
+	AllocBytes, AllocCount               uint64
+	FreeBytes, FreeCount                 uint64
+	ImplicitFreeBytes, ImplicitFreeCount uint64 // released when the process exited
+}
+
+// LiveBytes is the memory this row still holds.
+func (c Counters) LiveBytes() uint64 { return c.AllocBytes - c.FreeBytes - c.ImplicitFreeBytes }
+
+// LiveCount is the number of allocations this row still holds.
+func (c Counters) LiveCount() uint64 { return c.AllocCount - c.FreeCount - c.ImplicitFreeCount }
+
+// FailureKey identifies failed allocations with the same origin and error.
+type FailureKey struct {
+	Key
+	Op     tracer.Op
+	Result int32
+}
+
+// Failures counts failed allocation calls and the bytes they asked for.
+type Failures struct {
+	Count, Bytes uint64
+}
+
+// Stats are the ledger's own counts of what it could not match.
+type Stats struct {
+	// UnknownFrees are frees of pointers never seen allocated: memory
+	// allocated before the tracer attached, or whose event was lost.
+	UnknownFrees uint64 `json:"unknown_frees"`
+	// FailedFrees are frees the driver refused; they release nothing.
+	FailedFrees uint64 `json:"failed_frees"`
+	// ProcessExits are traced processes seen exiting.
+	ProcessExits uint64 `json:"process_exits"`
+}
+
+// Ledger is not safe for concurrent use.
+type Ledger struct {
+	procs    map[uint32]*process
+	rows     map[Key]*Counters
+	failures map[FailureKey]*Failures
+	stats    Stats
+}
+
+type process struct {
+	live map[address]allocation
+	// superseded holds allocations whose pointer the driver handed out
+	// again before their free was seen: a free racing with a reuse on
+	// another thread. The free, stamped earlier, still releases them.
+	superseded map[address][]allocation
+}
+
+// address is a pointer, or a VMM handle: the two are separate name spaces.
+type address struct {
+	value  uint64
+	handle bool
+}
+
+type allocation struct {
+	row   *Counters
+	bytes uint64
+	time  uint64 // when the driver returned it
+}
+
+// New returns empty books.
+func New() *Ledger {
+	return &Ledger{
+		procs:    map[uint32]*process{},
+		rows:     map[Key]*Counters{},
+		failures: map[FailureKey]*Failures{},
+	}
+}
+
+func (l *Ledger) process(pid uint32) *process {
+	p, ok := l.procs[pid]
+	if !ok {
+		p = &process{live: map[address]allocation{}, superseded: map[address][]allocation{}}
+		l.procs[pid] = p
+	}
+	return p
+}
+
+func (l *Ledger) row(k Key) *Counters {
+	c, ok := l.rows[k]
+	if !ok {
+		c = &Counters{}
+		l.rows[k] = c
+	}
+	return c
+}
+
+// Alloc records a successful allocation returned at time ts.
+func (l *Ledger) Alloc(k Key, addr uint64, handle bool, bytes, ts uint64) {
+	p := l.process(k.PID)
+	a := address{addr, handle}
+	if old, ok := p.live[a]; ok {
+		p.superseded[a] = append(p.superseded[a], old)
+	}
+	row := l.row(k)
+	row.AllocBytes += bytes
+	row.AllocCount++
+	p.live[a] = allocation{row: row, bytes: bytes, time: ts}
+}
+
+// Free records a successful free that entered the driver at time ts.
+func (l *Ledger) Free(pid uint32, addr uint64, handle bool, ts uint64) {
+	p := l.procs[pid]
+	a := address{addr, handle}
+	if p == nil {
+		l.stats.UnknownFrees++
+		return
+	}
+	if cur, ok := p.live[a]; ok && cur.time < ts {
+		delete(p.live, a)
+		release(cur)
+		return
+	}
+	if older := p.superseded[a]; len(older) > 0 {
+		release(older[0])
+		if len(older) == 1 {
+			delete(p.superseded, a)
+		} else {
+			p.superseded[a] = older[1:]
+		}
+		return
+	}
+	l.stats.UnknownFrees++
+}
+
+func release(a allocation) {
+	a.row.FreeBytes += a.bytes
+	a.row.FreeCount++
+}
+
+// FailedFree records a free the driver refused.
+func (l *Ledger) FailedFree() { l.stats.FailedFrees++ }
+
+// Fail records an allocation call that returned an error.
+func (l *Ledger) Fail(k Key, op tracer.Op, result int32, bytes uint64) {
+	fk := FailureKey{Key: k, Op: op, Result: result}
+	f, ok := l.failures[fk]
+	if !ok {
+		f = &Failures{}
+		l.failures[fk] = f
+	}
+	f.Count++
+	f.Bytes += bytes
+}
+
+// Exit releases everything the process still held, as implicit frees.
+func (l *Ledger) Exit(pid uint32) {
+	p, ok := l.procs[pid]
+	if !ok {
+		return
+	}
+	for _, a := range p.live {
+		releaseImplicitly(a)
+	}
+	for _, older := range p.superseded {
+		for _, a := range older {
+			releaseImplicitly(a)
+		}
+	}
+	delete(l.procs, pid)
+	l.stats.ProcessExits++
+}
+
+func releaseImplicitly(a allocation) {
+	a.row.ImplicitFreeBytes += a.bytes
+	a.row.ImplicitFreeCount++
+}
+
+// LivePIDs are the processes that hold memory in the books.
+func (l *Ledger) LivePIDs() []uint32 {
+	pids := make([]uint32, 0, len(l.procs))
+	for pid := range l.procs {
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// Snapshot is a copy of the books at one moment.
+type Snapshot struct {
+	Rows     map[Key]Counters
+	Failures map[FailureKey]Failures
+	Stats    Stats
+}
+
+// Snapshot copies the books.
+func (l *Ledger) Snapshot() Snapshot {
+	s := Snapshot{
+		Rows:     make(map[Key]Counters, len(l.rows)),
+		Failures: make(map[FailureKey]Failures, len(l.failures)),
+		Stats:    l.stats,
+	}
+	for k, c := range l.rows {
+		s.Rows[k] = *c
+	}
+	for k, f := range l.failures {
+		s.Failures[k] = *f
+	}
+	return s
+}

@@ -1,0 +1,22 @@
+package main
+
+import (
+	"github.com/spf13/pflag"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+)
+
+// targetFlags are the flags that say what to trace, shared by every command.
+type targetFlags struct {
+	pids    []int
+	library string
+}
+
+func (t *targetFlags) register(fs *pflag.FlagSet) {
+	fs.IntSliceVar(&t.pids, "pid", nil, "trace only these processes (repeat or comma-separate)")
+	fs.StringVar(&t.library, "library", "", "attach to this driver library only, instead of finding every libcuda.so* mapped by a process")
+}
+
+func (t *targetFlags) config() profiler.Config {
+	return profiler.Config{PIDs: t.pids, Library: t.library, Logf: logf}
+}

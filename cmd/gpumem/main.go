@@ -1,0 +1,52 @@
+// Command gpumem profiles GPU memory: which code, in which process, holds how
+// much memory through the CUDA driver, with no change to the program.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// Exit codes: 1 for failures while running, 2 for what the user must fix
+// before running (flags, permissions).
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// usageError marks an error in the command line.
+type usageError struct{ error }
+
+func main() {
+	root := &cobra.Command{
+		Use:           "gpumem",
+		Short:         "GPU memory profiler: live and allocated GPU memory per call stack",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%w\n\n%s", err, cmd.UsageString())}
+	})
+	root.AddCommand(newRecordCommand(), newTopCommand())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "gpumem: %v\n", err)
+		os.Exit(exitCode(err))
+	}
+}
+
+func exitCode(err error) int {
+	var usage usageError
+	if errors.As(err, &usage) || errors.Is(err, tracer.ErrPermission) {
+		return exitUsage
+	}
+	return exitFailure
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "gpumem: "+format+"\n", args...)
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpu-mem/gpu-mem/pprof"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/report"
+)
+
+type recordOptions struct {
+	target   targetFlags
+	duration time.Duration
+	value    string
+	format   string
+	output   string
+	top      int
+}
+
+var defaultOutputs = map[string]string{"pprof": "gpumem.pb.gz", "folded": "gpumem.folded", "json": "gpumem.json"}
+
+func newRecordCommand() *cobra.Command {
+	o := &recordOptions{}
+	cmd := &cobra.Command{
+		Use:   "record [flags] [-- COMMAND [ARG...]]",
+		Short: "Record GPU memory per call stack to a pprof, folded or JSON file",
+		Long: `Record traces every process that uses the CUDA driver (or those of --pid, or
+COMMAND, which it starts) until --duration passes, COMMAND exits or Ctrl-C,
+then writes what each call stack allocated and still holds.
+
+Memory allocated before recording started is not seen, and is not invented:
+frees of it are counted as unknown frees.`,
+		Example: `  gpumem record --duration 30s -o gpu.pb.gz && go tool pprof -top gpu.pb.gz
+  gpumem record --pid 4242 --format folded --value alloc -o gpu.folded
+  gpumem record --library ./libcuda.so.1 -- python train.py`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.run(cmd.Context(), args)
+		},
+	}
+	fs := cmd.Flags()
+	o.target.register(fs)
+	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C or COMMAND exits)")
+	fs.StringVar(&o.value, "value", "inuse", "bytes in folded output: inuse (live) or alloc (allocated)")
+	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded or json")
+	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, gpumem.folded or gpumem.json)")
+	fs.IntVar(&o.top, "top", 5, "print the N stacks holding the most to stderr when done (0: none)")
+	return cmd
+}
+
+func (o *recordOptions) validate() error {
+	if _, ok := defaultOutputs[o.format]; !ok {
+		return usageError{fmt.Errorf("unknown --format %q: want pprof, folded or json", o.format)}
+	}
+	if _, err := report.ParseValue(o.value); err != nil {
+		return usageError{fmt.Errorf("--value: %w", err)}
+	}
+	if o.duration < 0 {
+		return usageError{fmt.Errorf("--duration must be positive")}
+	}
+	if o.output == "" {
+		o.output = defaultOutputs[o.format]
+	}
+	return nil
+}
+
+func (o *recordOptions) run(ctx context.Context, command []string) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	p, err := profiler.New(o.target.config())
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if o.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.duration)
+		defer cancel()
+	}
+	var child *exec.Cmd
+	if len(command) > 0 {
+		if child, err = startCommand(command); err != nil {
+			return err
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		go func() { child.Wait(); cancel() }()
+	}
+
+	logf("recording; Ctrl-C to stop")
+	if err := p.Run(ctx); err != nil {
+		return err
+	}
+	r, err := p.Report()
+	if err != nil {
+		logf("reading loss counters: %v", err)
+	}
+	if child != nil && child.ProcessState == nil {
+		child.Process.Signal(syscall.SIGTERM)
+	}
+	if err := o.write(r); err != nil {
+		return err
+	}
+	if o.top > 0 {
+		report.WriteStacks(os.Stderr, r, o.top)
+	}
+	return nil
+}
+
+func startCommand(command []string) (*exec.Cmd, error) {
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", command[0], err)
+	}
+	return cmd, nil
+}
+
+func (o *recordOptions) write(r profiler.Report) error {
+	var w io.Writer = os.Stdout
+	if o.output != "-" {
+		f, err := os.Create(o.output)
+		if err != nil {
+			return fmt.Errorf("create output: %w", err)
+		}
+		defer f.Close()
+		w = f
+	}
+	var err error
+	switch o.format {
+	case "pprof":
+		prof := pprof.Build(r)
+		prof.Comments = pprof.Comment(r)
+		err = prof.Write(w)
+	case "folded":
+		err = report.WriteFolded(w, r, report.Value(o.value))
+	case "json":
+		err = report.WriteJSON(w, r)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", o.output, err)
+	}
+	if o.output != "-" {
+		logf("wrote %s (%d stacks)", o.output, len(r.Rows))
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/report"
+)
+
+type topOptions struct {
+	target   targetFlags
+	interval time.Duration
+	duration time.Duration
+	limit    int
+}
+
+func newTopCommand() *cobra.Command {
+	o := &topOptions{}
+	cmd := &cobra.Command{
+		Use:   "top [flags]",
+		Short: "Show GPU memory per process and kind, live, refreshed every second",
+		Long: `Top shows one row per process and kind of memory (device, host-pinned, managed,
+vmm), sorted by live bytes, with the function that called the driver on the
+stack holding the most. On a terminal the screen is redrawn; otherwise each
+refresh prints plain lines.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.run(cmd.Context())
+		},
+	}
+	fs := cmd.Flags()
+	o.target.register(fs)
+	fs.DurationVar(&o.interval, "interval", time.Second, "refresh interval")
+	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C)")
+	fs.IntVar(&o.limit, "limit", 20, "rows shown (0: all)")
+	return cmd
+}
+
+func (o *topOptions) run(ctx context.Context) error {
+	if o.interval <= 0 {
+		return usageError{fmt.Errorf("--interval must be positive")}
+	}
+	p, err := profiler.New(o.target.config())
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if o.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.duration)
+		defer cancel()
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+
+	interactive := term.IsTerminal(int(os.Stdout.Fd()))
+	ticker := time.NewTicker(o.interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err == nil {
+				err = o.draw(p, interactive)
+			}
+			return err
+		case <-ticker.C:
+			if err := o.draw(p, interactive); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (o *topOptions) draw(p *profiler.Profiler, interactive bool) error {
+	r, err := p.Report()
+	if err != nil {
+		logf("reading loss counters: %v", err)
+	}
+	if interactive {
+		fmt.Print("\033[H\033[2J")
+	}
+	return report.WriteTop(os.Stdout, r, o.limit)
+}

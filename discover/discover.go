@@ -1,0 +1,139 @@
+// Package discover finds the CUDA driver libraries mapped by running
+// processes, wherever they live: the host, a pip wheel, a conda tree or a
+// container's root file system.
+package discover
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Library is one driver library file, identified by device and inode: the
+// kernel attaches uprobes to an inode, so one attach covers every process
+// that maps the same file, under whatever path.
+type Library struct {
+	Dev   string // major:minor as /proc/PID/maps prints it
+	Inode uint64
+	Path  string // a path that opens the file from this mount namespace
+	PID   int    // a process that maps it
+}
+
+// ID is the identity under which a library is attached once.
+func (l Library) ID() string { return l.Dev + "/" + strconv.FormatUint(l.Inode, 10) }
+
+// IsDriverLibrary says whether a mapped file's path names the driver:
+// libcuda.so, libcuda.so.1 or libcuda.so.<driver version>.
+func IsDriverLibrary(path string) bool {
+	base := filepath.Base(path)
+	return base == "libcuda.so" || strings.HasPrefix(base, "libcuda.so.")
+}
+
+// Scan reads /proc/PID/maps of the given processes (all of /proc when pids is
+// empty) and returns each driver library once. Processes that exit during
+// the scan, or whose maps cannot be read, are skipped: the next scan sees
+// what is there then.
+func Scan(procRoot string, pids []int) ([]Library, error) {
+	if len(pids) == 0 {
+		var err error
+		if pids, err = listPIDs(procRoot); err != nil {
+			return nil, err
+		}
+	}
+	seen := map[string]bool{}
+	var libs []Library
+	for _, pid := range pids {
+		for _, lib := range mappedLibraries(procRoot, pid) {
+			if !seen[lib.ID()] {
+				seen[lib.ID()] = true
+				libs = append(libs, lib)
+			}
+		}
+	}
+	return libs, nil
+}
+
+func listPIDs(procRoot string) ([]int, error) {
+	entries, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	var pids []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+func mappedLibraries(procRoot string, pid int) []Library {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "maps"))
+	if err != nil {
+		return nil
+	}
+	var libs []Library
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		m, ok := ParseMapsLine(sc.Text())
+		if !ok || !IsDriverLibrary(m.Path) || m.Deleted {
+			continue
+		}
+		libs = append(libs, Library{
+			Dev:   m.Dev,
+			Inode: m.Inode,
+			Path:  filepath.Join(procRoot, strconv.Itoa(pid), "root", m.Path),
+			PID:   pid,
+		})
+	}
+	return libs
+}
+
+// Mapping is one line of /proc/PID/maps.
+type Mapping struct {
+	Start, End uint64
+	Perms      string
+	Offset     uint64
+	Dev        string
+	Inode      uint64
+	Path       string
+	Deleted    bool // the file was removed or replaced after it was mapped
+}
+
+// ParseMapsLine parses "start-end perms offset dev inode path".
+func ParseMapsLine(line string) (Mapping, bool) {
+	fields := strings.Fields(line)
+	if len(fields) < 6 || !strings.HasPrefix(fields[5], "/") {
+		return Mapping{}, false
+	}
+	start, end, ok := strings.Cut(fields[0], "-")
+	if !ok {
+		return Mapping{}, false
+	}
+	var m Mapping
+	var err error
+	if m.Start, err = strconv.ParseUint(start, 16, 64); err != nil {
+		return Mapping{}, false
+	}
+	if m.End, err = strconv.ParseUint(end, 16, 64); err != nil {
+		return Mapping{}, false
+	}
+	if m.Offset, err = strconv.ParseUint(fields[2], 16, 64); err != nil {
+		return Mapping{}, false
+	}
+	if m.Inode, err = strconv.ParseUint(fields[4], 10, 64); err != nil {
+		return Mapping{}, false
+	}
+	m.Perms = fields[1]
+	m.Dev = fields[3]
+	// Paths may contain spaces; the kernel appends " (deleted)".
+	m.Path = strings.Join(fields[5:], " ")
+	if p, found := strings.CutSuffix(m.Path, " (deleted)"); found {
+		m.Path, m.Deleted = p, true
+	}
+	return m, true
+}

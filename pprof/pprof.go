@@ -1,0 +1,119 @@
+// Package pprof builds pprof profiles of GPU memory, with the sample types
+// of Go's heap profiles so that every pprof tool reads them as memory.
+package pprof
+
+import (
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+)
+
+// Build turns a report into a profile with one sample per (process, stack,
+// memory kind), labelled with pid, comm and kind.
+func Build(r profiler.Report) *profile.Profile {
+	b := builder{
+		p: &profile.Profile{
+			SampleType: []*profile.ValueType{
+				{Type: "alloc_objects", Unit: "count"},
+				{Type: "alloc_space", Unit: "bytes"},
+				{Type: "inuse_objects", Unit: "count"},
+				{Type: "inuse_space", Unit: "bytes"},
+			},
+			DefaultSampleType: "inuse_space",
+			TimeNanos:         r.Time.UnixNano(),
+			PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
+			Period:            1,
+		},
+		mappings:  map[string]*profile.Mapping{},
+		functions: map[string]*profile.Function{},
+		locations: map[locationKey]*profile.Location{},
+	}
+	for _, row := range r.Rows {
+		s := &profile.Sample{
+			Value: []int64{
+				int64(row.AllocCount), int64(row.AllocBytes),
+				int64(row.LiveCount()), int64(row.LiveBytes()),
+			},
+			Label:    map[string][]string{"comm": {row.Comm}, "kind": {row.Kind.String()}},
+			NumLabel: map[string][]int64{"pid": {int64(row.PID)}},
+		}
+		for _, f := range row.Frames {
+			s.Location = append(s.Location, b.location(f))
+		}
+		b.p.Sample = append(b.p.Sample, s)
+	}
+	return b.p
+}
+
+// Comment returns the lines a profile carries about how it was made.
+func Comment(r profiler.Report) []string {
+	return []string{
+		fmt.Sprintf("gpu-mem at %s", r.Time.Format(time.RFC3339)),
+		fmt.Sprintf("losses: %d (ring buffer %d, stacks %d)", r.Losses.Total(), r.Losses.RingBufferFull, r.Losses.StackLost),
+		fmt.Sprintf("unknown frees: %d", r.Ledger.UnknownFrees),
+	}
+}
+
+type locationKey struct {
+	module   string
+	address  uint64
+	function string
+}
+
+type builder struct {
+	p         *profile.Profile
+	mappings  map[string]*profile.Mapping
+	functions map[string]*profile.Function
+	locations map[locationKey]*profile.Location
+}
+
+func (b *builder) location(f symbolize.Frame) *profile.Location {
+	key := locationKey{f.Module, f.Address, f.Name()}
+	if loc, ok := b.locations[key]; ok {
+		return loc
+	}
+	loc := &profile.Location{
+		ID:      uint64(len(b.p.Location) + 1),
+		Address: f.Address,
+		Mapping: b.mapping(f.Module),
+		Line:    []profile.Line{{Function: b.function(f.Name(), f.Module)}},
+	}
+	b.p.Location = append(b.p.Location, loc)
+	b.locations[key] = loc
+	return loc
+}
+
+func (b *builder) mapping(module string) *profile.Mapping {
+	if m, ok := b.mappings[module]; ok {
+		return m
+	}
+	m := &profile.Mapping{
+		ID:           uint64(len(b.p.Mapping) + 1),
+		File:         module,
+		HasFunctions: true,
+	}
+	b.p.Mapping = append(b.p.Mapping, m)
+	b.mappings[module] = m
+	return m
+}
+
+func (b *builder) function(name, module string) *profile.Function {
+	key := name + "\x00" + module
+	if fn, ok := b.functions[key]; ok {
+		return fn
+	}
+	fn := &profile.Function{
+		ID:         uint64(len(b.p.Function) + 1),
+		Name:       name,
+		SystemName: name,
+		Filename:   filepath.Base(module),
+	}
+	b.p.Function = append(b.p.Function, fn)
+	b.functions[key] = fn
+	return fn
+}

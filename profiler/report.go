@@ -1,0 +1,79 @@
+package profiler
+
+import (
+	"sort"
+	"time"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// Report is the books at one moment, with stacks resolved.
+type Report struct {
+	Time      time.Time
+	Rows      []Row     // by live bytes, then allocated bytes, descending
+	Failures  []Failure // by count, descending
+	Losses    tracer.Losses
+	Ledger    accounting.Stats
+	Events    uint64   // events read
+	Libraries []string // driver libraries attached
+}
+
+// Row is what one stack of one process did with one kind of memory.
+type Row struct {
+	PID    uint32
+	Comm   string
+	Kind   tracer.Kind
+	Frames []symbolize.Frame // innermost first
+	accounting.Counters
+}
+
+// Failure counts failed allocations with one origin and error code.
+type Failure struct {
+	PID    uint32
+	Comm   string
+	Kind   tracer.Kind
+	Op     tracer.Op
+	Result int32
+	Frames []symbolize.Frame
+	accounting.Failures
+}
+
+// Report copies the books. Read errors of the loss counters are reported as
+// an error beside a complete report of everything else.
+func (p *Profiler) Report() (Report, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	losses, err := p.losses, error(nil)
+	if !p.closed {
+		losses, err = p.tr.Losses()
+	}
+	snap := p.ledger.Snapshot()
+	r := Report{Time: time.Now(), Losses: losses, Ledger: snap.Stats, Events: p.events}
+	for _, lib := range p.attached {
+		r.Libraries = append(r.Libraries, lib.Path)
+	}
+	sort.Strings(r.Libraries)
+	for k, c := range snap.Rows {
+		r.Rows = append(r.Rows, Row{PID: k.PID, Comm: p.comms[k.PID], Kind: k.Kind, Frames: p.stacks[k.Stack].Frames, Counters: c})
+	}
+	sort.Slice(r.Rows, func(i, j int) bool {
+		a, b := r.Rows[i], r.Rows[j]
+		if a.LiveBytes() != b.LiveBytes() {
+			return a.LiveBytes() > b.LiveBytes()
+		}
+		if a.AllocBytes != b.AllocBytes {
+			return a.AllocBytes > b.AllocBytes
+		}
+		return a.PID < b.PID
+	})
+	for k, f := range snap.Failures {
+		r.Failures = append(r.Failures, Failure{
+			PID: k.PID, Comm: p.comms[k.PID], Kind: k.Kind, Op: k.Op, Result: k.Result,
+			Frames: p.stacks[k.Stack].Frames, Failures: f,
+		})
+	}
+	sort.Slice(r.Failures, func(i, j int) bool { return r.Failures[i].Count > r.Failures[j].Count })
+	return r, err
+}

@@ -1,0 +1,63 @@
+// Package report writes GPU memory reports for people and scripts: folded
+// stacks for flame graphs, JSON, and the table of `gpumem top`.
+package report
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+)
+
+// Value selects the number a folded line carries.
+type Value string
+
+const (
+	InUse     Value = "inuse" // live bytes
+	Allocated Value = "alloc" // bytes allocated since tracing began
+)
+
+// ParseValue checks a --value flag.
+func ParseValue(s string) (Value, error) {
+	switch v := Value(s); v {
+	case InUse, Allocated:
+		return v, nil
+	}
+	return "", fmt.Errorf("unknown value %q: want inuse or alloc", s)
+}
+
+// WriteFolded writes one line per distinct stack, frames outermost first and
+// separated by ';', then a space and the bytes. The process name is the
+// outermost frame, so that processes stay apart in a flame graph. Stacks
+// with no bytes are left out.
+func WriteFolded(w io.Writer, r profiler.Report, v Value) error {
+	sums := map[string]uint64{}
+	for _, row := range r.Rows {
+		bytes := row.LiveBytes()
+		if v == Allocated {
+			bytes = row.AllocBytes
+		}
+		if bytes == 0 {
+			continue
+		}
+		names := make([]string, 0, len(row.Frames)+1)
+		names = append(names, row.Comm)
+		for i := len(row.Frames) - 1; i >= 0; i-- {
+			names = append(names, strings.ReplaceAll(row.Frames[i].Name(), ";", ":"))
+		}
+		sums[strings.Join(names, ";")] += bytes
+	}
+	lines := make([]string, 0, len(sums))
+	for stack := range sums {
+		lines = append(lines, stack)
+	}
+	sort.Strings(lines)
+	bw := bufio.NewWriter(w)
+	for _, stack := range lines {
+		fmt.Fprintf(bw, "%s %d\n", stack, sums[stack])
+	}
+	return bw.Flush()
+}

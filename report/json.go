@@ -1,0 +1,89 @@
+package report
+
+import (
+	"encoding/json"
+	"io"
+	"time"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+type jsonReport struct {
+	Time      time.Time        `json:"time"`
+	Stacks    []jsonStack      `json:"stacks"`
+	Failures  []jsonFailure    `json:"failures"`
+	Losses    tracer.Losses    `json:"losses"`
+	Ledger    accounting.Stats `json:"ledger"`
+	Events    uint64           `json:"events"`
+	Libraries []string         `json:"libraries"`
+}
+
+type jsonFrame struct {
+	Function string `json:"function"`
+	Module   string `json:"module,omitempty"`
+	Address  uint64 `json:"address"`
+}
+
+type jsonStack struct {
+	PID                uint32      `json:"pid"`
+	Comm               string      `json:"comm"`
+	Kind               string      `json:"kind"`
+	Frames             []jsonFrame `json:"frames"` // innermost first
+	AllocatedBytes     uint64      `json:"allocated_bytes"`
+	Allocations        uint64      `json:"allocations"`
+	FreedBytes         uint64      `json:"freed_bytes"`
+	Frees              uint64      `json:"frees"`
+	ImplicitFreedBytes uint64      `json:"implicit_freed_bytes"`
+	ImplicitFrees      uint64      `json:"implicit_frees"`
+	LiveBytes          uint64      `json:"live_bytes"`
+	LiveAllocations    uint64      `json:"live_allocations"`
+}
+
+type jsonFailure struct {
+	PID            uint32      `json:"pid"`
+	Comm           string      `json:"comm"`
+	Kind           string      `json:"kind"`
+	Function       string      `json:"function"`
+	Result         int32       `json:"result"`
+	Frames         []jsonFrame `json:"frames"`
+	Count          uint64      `json:"count"`
+	RequestedBytes uint64      `json:"requested_bytes"`
+}
+
+func jsonFrames(frames []symbolize.Frame) []jsonFrame {
+	out := make([]jsonFrame, len(frames))
+	for i, f := range frames {
+		out[i] = jsonFrame{Function: f.Name(), Module: f.Module, Address: f.Address}
+	}
+	return out
+}
+
+// WriteJSON writes the whole report: every (process, stack, kind) with all
+// its counters, the failed allocations and the loss counters.
+func WriteJSON(w io.Writer, r profiler.Report) error {
+	out := jsonReport{
+		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Events: r.Events, Libraries: r.Libraries,
+		Stacks: []jsonStack{}, Failures: []jsonFailure{},
+	}
+	for _, row := range r.Rows {
+		out.Stacks = append(out.Stacks, jsonStack{
+			PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), Frames: jsonFrames(row.Frames),
+			AllocatedBytes: row.AllocBytes, Allocations: row.AllocCount,
+			FreedBytes: row.FreeBytes, Frees: row.FreeCount,
+			ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,
+			LiveBytes: row.LiveBytes(), LiveAllocations: row.LiveCount(),
+		})
+	}
+	for _, f := range r.Failures {
+		out.Failures = append(out.Failures, jsonFailure{
+			PID: f.PID, Comm: f.Comm, Kind: f.Kind.String(), Function: f.Op.Symbol(), Result: f.Result,
+			Frames: jsonFrames(f.Frames), Count: f.Count, RequestedBytes: f.Bytes,
+		})
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}

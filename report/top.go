@@ -1,0 +1,132 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"text/tabwriter"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// TopRow is one line of `gpumem top`: one process and kind of memory.
+type TopRow struct {
+	PID       uint32
+	Comm      string
+	Kind      tracer.Kind
+	Live      uint64
+	Allocated uint64
+	Allocs    uint64
+	Frees     uint64 // explicit and at exit
+	Failures  uint64
+	Hottest   string // the caller of the driver on the stack holding most
+	hottest   uint64
+}
+
+// Top folds a report's stacks into one row per process and kind, sorted by
+// live bytes.
+func Top(r profiler.Report) []TopRow {
+	type key struct {
+		pid  uint32
+		kind tracer.Kind
+	}
+	rows := map[key]*TopRow{}
+	get := func(pid uint32, comm string, kind tracer.Kind) *TopRow {
+		k := key{pid, kind}
+		if rows[k] == nil {
+			rows[k] = &TopRow{PID: pid, Comm: comm, Kind: kind}
+		}
+		return rows[k]
+	}
+	for _, s := range r.Rows {
+		t := get(s.PID, s.Comm, s.Kind)
+		t.Live += s.LiveBytes()
+		t.Allocated += s.AllocBytes
+		t.Allocs += s.AllocCount
+		t.Frees += s.FreeCount + s.ImplicitFreeCount
+		weight := s.LiveBytes()
+		if t.Hottest == "" || weight > t.hottest {
+			t.Hottest, t.hottest = caller(s.Frames), weight
+		}
+	}
+	for _, f := range r.Failures {
+		get(f.PID, f.Comm, f.Kind).Failures += f.Count
+	}
+	out := make([]TopRow, 0, len(rows))
+	for _, t := range rows {
+		out = append(out, *t)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Live != out[j].Live {
+			return out[i].Live > out[j].Live
+		}
+		if out[i].Allocated != out[j].Allocated {
+			return out[i].Allocated > out[j].Allocated
+		}
+		return out[i].PID < out[j].PID
+	})
+	return out
+}
+
+// caller names the frame that called into the driver (frame 0 is the
+// driver function itself).
+func caller(frames []symbolize.Frame) string {
+	if len(frames) > 1 {
+		return frames[1].Name()
+	}
+	if len(frames) == 1 {
+		return frames[0].Name()
+	}
+	return "?"
+}
+
+// WriteTop writes a status line and the table of Top, at most limit rows
+// (all when limit <= 0).
+func WriteTop(w io.Writer, r profiler.Report, limit int) error {
+	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
+		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "PID\tCOMM\tKIND\tLIVE\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME")
+	rows := Top(r)
+	if limit > 0 && len(rows) > limit {
+		rows = rows[:limit]
+	}
+	for _, t := range rows {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, t.Comm, t.Kind,
+			HumanBytes(t.Live), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, t.Hottest)
+	}
+	return tw.Flush()
+}
+
+// HumanBytes formats a byte count with binary units: 1.5 MiB.
+func HumanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// WriteStacks writes the n stacks holding the most, each as a backtrace
+// (innermost first) under its live and allocated bytes.
+func WriteStacks(w io.Writer, r profiler.Report, n int) error {
+	for i, row := range r.Rows {
+		if i == n {
+			break
+		}
+		fmt.Fprintf(w, "%s live, %s allocated in %d calls: pid %d (%s), %s memory\n",
+			HumanBytes(row.LiveBytes()), HumanBytes(row.AllocBytes), row.AllocCount, row.PID, row.Comm, row.Kind)
+		for _, f := range row.Frames {
+			fmt.Fprintf(w, "    %s\n", f.Name())
+		}
+	}
+	_, err := fmt.Fprintf(w, "events %d, losses %d, unknown frees %d\n", r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
+	return err
+}

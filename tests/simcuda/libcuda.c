@@ -1,0 +1,345 @@
+/* A simulated CUDA driver: libcuda.so.1 for machines without a GPU.
+ *
+ * It exports the driver symbols gpu-mem probes, with the real signatures, and
+ * behaves like the driver where the tracer can see it: device pointers come
+ * from a deterministic address range and are reused after a free, frees of
+ * unknown pointers fail with CUDA_ERROR_INVALID_VALUE, and device memory is
+ * limited to SIMCUDA_CAPACITY bytes (default 80 GiB), beyond which allocations
+ * fail with CUDA_ERROR_OUT_OF_MEMORY. Host allocations return real memory so
+ * that callers may write to it.
+ */
+#include "cuda.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEVICE_BASE 0x7e0000000000ULL
+#define HANDLE_BASE 0x1000ULL
+#define ALIGNMENT 512ULL
+#define BUCKETS 65536
+#define DEFAULT_CAPACITY (80ULL << 30)
+
+enum space { SPACE_DEVICE, SPACE_HOST, SPACE_HANDLE };
+
+struct block {
+	uint64_t addr;
+	size_t size;   /* bytes reserved, rounded up to ALIGNMENT */
+	enum space space;
+	struct block *next;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct block *live[BUCKETS];
+static struct block *reusable; /* freed device ranges, most recent first */
+static uint64_t device_top = DEVICE_BASE;
+static uint64_t next_handle = HANDLE_BASE;
+static size_t device_used;
+static size_t capacity;
+
+static size_t device_capacity(void)
+{
+	if (!capacity) {
+		const char *env = getenv("SIMCUDA_CAPACITY");
+		capacity = env ? strtoull(env, NULL, 0) : DEFAULT_CAPACITY;
+	}
+	return capacity;
+}
+
+static unsigned bucket(uint64_t addr)
+{
+	return (unsigned)((addr >> 9) ^ (addr >> 25)) % BUCKETS;
+}
+
+static void insert(struct block *b)
+{
+	unsigned i = bucket(b->addr);
+	b->next = live[i];
+	live[i] = b;
+}
+
+static struct block *unlink_block(uint64_t addr, enum space space)
+{
+	for (struct block **p = &live[bucket(addr)]; *p; p = &(*p)->next) {
+		if ((*p)->addr == addr && (*p)->space == space) {
+			struct block *b = *p;
+			*p = b->next;
+			return b;
+		}
+	}
+	return NULL;
+}
+
+/* take_device_range reuses the most recently freed range of the same size,
+ * as real allocators do, so that tests see addresses come back. */
+static uint64_t take_device_range(size_t size)
+{
+	for (struct block **p = &reusable; *p; p = &(*p)->next) {
+		if ((*p)->size == size) {
+			struct block *b = *p;
+			uint64_t addr = b->addr;
+			*p = b->next;
+			free(b);
+			return addr;
+		}
+	}
+	uint64_t addr = device_top;
+	device_top += size;
+	return addr;
+}
+
+static CUresult reserve_device(unsigned long long *out, size_t bytes, enum space space)
+{
+	if (!out)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (bytes == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	size_t size = (bytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1);
+	struct block *b = malloc(sizeof(*b));
+	if (!b)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+
+	pthread_mutex_lock(&lock);
+	if (device_used + size > device_capacity()) {
+		pthread_mutex_unlock(&lock);
+		free(b);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	device_used += size;
+	b->size = size;
+	b->space = space;
+	b->addr = space == SPACE_HANDLE ? next_handle++ : take_device_range(size);
+	insert(b);
+	pthread_mutex_unlock(&lock);
+	*out = b->addr;
+	return CUDA_SUCCESS;
+}
+
+static CUresult release_device(uint64_t addr, enum space space)
+{
+	pthread_mutex_lock(&lock);
+	struct block *b = unlink_block(addr, space);
+	if (!b) {
+		pthread_mutex_unlock(&lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	device_used -= b->size;
+	if (space == SPACE_DEVICE) {
+		b->next = reusable;
+		reusable = b;
+	} else {
+		free(b);
+	}
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+static CUresult reserve_host(void **pp, size_t bytes)
+{
+	if (!pp || bytes == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct block *b = malloc(sizeof(*b));
+	void *mem = calloc(1, bytes);
+	if (!b || !mem) {
+		free(b);
+		free(mem);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	b->addr = (uint64_t)(uintptr_t)mem;
+	b->size = bytes;
+	b->space = SPACE_HOST;
+	pthread_mutex_lock(&lock);
+	insert(b);
+	pthread_mutex_unlock(&lock);
+	*pp = mem;
+	return CUDA_SUCCESS;
+}
+
+static CUresult release_host(void *p)
+{
+	pthread_mutex_lock(&lock);
+	struct block *b = unlink_block((uint64_t)(uintptr_t)p, SPACE_HOST);
+	pthread_mutex_unlock(&lock);
+	if (!b)
+		return CUDA_ERROR_INVALID_VALUE;
+	free(b);
+	free(p);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuInit(unsigned int flags)
+{
+	return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuDriverGetVersion(int *version)
+{
+	if (!version)
+		return CUDA_ERROR_INVALID_VALUE;
+	*version = 13000;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *count)
+{
+	if (!count)
+		return CUDA_ERROR_INVALID_VALUE;
+	*count = 1;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ordinal != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*device = ordinal;
+	return CUDA_SUCCESS;
+}
+
+static struct CUctx_st {
+	int device;
+} primary_ctx;
+static __thread CUcontext current_ctx;
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*pctx = &primary_ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+	current_ctx = ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pctx = current_ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+	if (!free_bytes || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	*total = device_capacity();
+	*free_bytes = *total - device_used;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+			    size_t Height, unsigned int ElementSizeBytes)
+{
+	if (!pPitch || WidthInBytes == 0 || Height == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
+		return CUDA_ERROR_INVALID_VALUE;
+	size_t pitch = (WidthInBytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1);
+	CUresult rc = reserve_device(dptr, pitch * Height, SPACE_DEVICE);
+	if (rc == CUDA_SUCCESS)
+		*pPitch = pitch;
+	return rc;
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+	(void)flags;
+	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+}
+
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+	return reserve_host(pp, bytesize);
+}
+
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+	(void)Flags;
+	return reserve_host(pp, bytesize);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	(void)hStream;
+	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	(void)hStream;
+	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+				 CUstream hStream)
+{
+	(void)pool;
+	(void)hStream;
+	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+				      CUstream hStream)
+{
+	(void)pool;
+	(void)hStream;
+	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+		     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	(void)prop;
+	if (flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	return reserve_device(handle, size, SPACE_HANDLE);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	return release_device(dptr, SPACE_DEVICE);
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+	return release_host(p);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+	(void)hStream;
+	return release_device(dptr, SPACE_DEVICE);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+	(void)hStream;
+	return release_device(dptr, SPACE_DEVICE);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	return release_device(handle, SPACE_HANDLE);
+}

@@ -1,0 +1,300 @@
+/* A CUDA driver workload with known allocation sites, for tests and the demo.
+ *
+ * Protocol: prints "ready PID", waits for a line on stdin, runs the scenario,
+ * prints "done" plus "expect ..." lines with the totals it produced, waits
+ * for a line (or EOF) on stdin, and exits. With SIMWORK_NOWAIT=1 it does not
+ * wait at all (the demo).
+ *
+ * Scenarios:
+ *   kinds          every allocation and free function once, known sizes
+ *   threads N SEC  N threads allocating and freeing for SEC seconds
+ *   oom BYTES      one allocation of BYTES (over SIMCUDA_CAPACITY: fails)
+ *   hold BYTES     one device allocation kept until exit
+ *   demo           a small model's weights, activations and a leak; with
+ *                  SIMWORK_NOWAIT it then holds its memory for a minute
+ */
+#include "../simcuda/cuda.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NOINLINE __attribute__((noinline))
+#define CHECK(call)                                                              \
+	do {                                                                     \
+		CUresult rc_ = (call);                                           \
+		if (rc_ != CUDA_SUCCESS) {                                       \
+			fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #call, rc_); \
+			exit(1);                                                 \
+		}                                                                \
+	} while (0)
+
+static int nowait;
+
+static void wait_line(void)
+{
+	char line[64];
+	if (!nowait && !fgets(line, sizeof(line), stdin))
+		return;
+}
+
+/* ---- kinds ---- */
+
+static CUdeviceptr before_attach;
+
+NOINLINE static void alloc_device(CUdeviceptr out[3])
+{
+	for (int i = 0; i < 3; i++)
+		CHECK(cuMemAlloc_v2(&out[i], 1 << 20));
+}
+
+NOINLINE static void alloc_pitched(CUdeviceptr *out)
+{
+	size_t pitch;
+	CHECK(cuMemAllocPitch_v2(out, &pitch, 1000, 30, 4));
+	if (pitch != 1024)
+		exit(1);
+}
+
+NOINLINE static void alloc_managed(CUdeviceptr *out)
+{
+	CHECK(cuMemAllocManaged(out, 2 << 20, 1));
+}
+
+NOINLINE static void alloc_host(void **a, void **b)
+{
+	CHECK(cuMemAllocHost_v2(a, 4096));
+	CHECK(cuMemHostAlloc(b, 8192, 0));
+}
+
+NOINLINE static void alloc_async(CUdeviceptr out[4])
+{
+	CHECK(cuMemAllocAsync(&out[0], 65536, NULL));
+	CHECK(cuMemAllocAsync(&out[1], 65536, NULL));
+	CHECK(cuMemAllocAsync_ptsz(&out[2], 32768, NULL));
+	CHECK(cuMemAllocFromPoolAsync(&out[3], 131072, NULL, NULL));
+}
+
+NOINLINE static void alloc_pool_ptsz(CUdeviceptr *out)
+{
+	CHECK(cuMemAllocFromPoolAsync_ptsz(out, 16384, NULL, NULL));
+}
+
+NOINLINE static void alloc_vmm(CUmemGenericAllocationHandle out[2])
+{
+	CHECK(cuMemCreate(&out[0], 2 << 20, NULL, 0));
+	CHECK(cuMemCreate(&out[1], 4 << 20, NULL, 0));
+}
+
+NOINLINE static void free_some(CUdeviceptr dev[3], void *host_b, CUdeviceptr async[4],
+			       CUdeviceptr pool_ptsz, CUmemGenericAllocationHandle vmm[2])
+{
+	CHECK(cuMemFree_v2(dev[1]));
+	CHECK(cuMemFreeHost(host_b));
+	CHECK(cuMemFreeAsync(async[1], NULL));
+	CHECK(cuMemFreeAsync_ptsz(async[2], NULL));
+	CHECK(cuMemFreeAsync(pool_ptsz, NULL));
+	CHECK(cuMemRelease(vmm[0]));
+	/* allocated before the tracer attached: an unknown free */
+	CHECK(cuMemFree_v2(before_attach));
+	/* a free the driver refuses: not a free */
+	if (cuMemFree_v2(0x10) != CUDA_ERROR_INVALID_VALUE)
+		exit(1);
+}
+
+static void kinds_setup(void)
+{
+	CHECK(cuMemAlloc_v2(&before_attach, 12345));
+}
+
+static void kinds(void)
+{
+	CUdeviceptr dev[3], pitched, managed, async[4], pool_ptsz;
+	CUmemGenericAllocationHandle vmm[2];
+	void *host_a, *host_b;
+
+	alloc_device(dev);
+	alloc_pitched(&pitched);
+	alloc_managed(&managed);
+	alloc_host(&host_a, &host_b);
+	alloc_async(async);
+	alloc_pool_ptsz(&pool_ptsz);
+	alloc_vmm(vmm);
+	free_some(dev, host_b, async, pool_ptsz, vmm);
+	printf("done\n");
+}
+
+/* ---- threads ---- */
+
+struct worker {
+	int index;
+	double seconds;
+	unsigned long long allocs, alloc_bytes, frees, freed_bytes;
+};
+
+#define WINDOW 8
+
+NOINLINE static void worker_free(struct worker *w, CUdeviceptr p, size_t size)
+{
+	CHECK(cuMemFree_v2(p));
+	w->frees++;
+	w->freed_bytes += size;
+}
+
+NOINLINE static void *worker_loop(void *arg)
+{
+	struct worker *w = arg;
+	CUdeviceptr live[WINDOW] = {0};
+	size_t sizes[WINDOW] = {0};
+	struct timespec start, now;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (unsigned long i = 0;; i++) {
+		if ((i & 255) == 0) {
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if (now.tv_sec - start.tv_sec + (now.tv_nsec - start.tv_nsec) / 1e9 >= w->seconds)
+				break;
+		}
+		int slot = i % WINDOW;
+		if (live[slot])
+			worker_free(w, live[slot], sizes[slot]);
+		sizes[slot] = 4096 * (w->index + 1) + 512 * (i % 7);
+		CHECK(cuMemAlloc_v2(&live[slot], sizes[slot]));
+		w->allocs++;
+		w->alloc_bytes += sizes[slot];
+	}
+	/* keep the first half of the window live, free the rest */
+	for (int slot = WINDOW / 2; slot < WINDOW; slot++)
+		if (live[slot])
+			worker_free(w, live[slot], sizes[slot]);
+	return NULL;
+}
+
+static void threads(int n, double seconds)
+{
+	pthread_t tids[64];
+	struct worker workers[64];
+	if (n < 1 || n > 64)
+		exit(2);
+	for (int i = 0; i < n; i++) {
+		workers[i] = (struct worker){.index = i, .seconds = seconds};
+		pthread_create(&tids[i], NULL, worker_loop, &workers[i]);
+	}
+	unsigned long long allocs = 0, alloc_bytes = 0, frees = 0, freed_bytes = 0;
+	for (int i = 0; i < n; i++) {
+		pthread_join(tids[i], NULL);
+		allocs += workers[i].allocs;
+		alloc_bytes += workers[i].alloc_bytes;
+		frees += workers[i].frees;
+		freed_bytes += workers[i].freed_bytes;
+	}
+	printf("done\nexpect allocs=%llu alloc_bytes=%llu frees=%llu freed_bytes=%llu\n", allocs,
+	       alloc_bytes, frees, freed_bytes);
+}
+
+/* ---- oom, hold ---- */
+
+NOINLINE static void allocate_too_much(size_t bytes)
+{
+	CUdeviceptr p;
+	CUresult rc = cuMemAlloc_v2(&p, bytes);
+	printf("done\nexpect result=%d\n", rc);
+}
+
+NOINLINE static void hold(size_t bytes)
+{
+	CUdeviceptr p;
+	CHECK(cuMemAlloc_v2(&p, bytes));
+	printf("done\n");
+}
+
+/* ---- demo ---- */
+
+NOINLINE static void load_weights(CUdeviceptr *layers, int n)
+{
+	for (int i = 0; i < n; i++)
+		CHECK(cuMemAlloc_v2(&layers[i], 64 << 20));
+}
+
+NOINLINE static void allocate_kv_cache(CUdeviceptr *cache)
+{
+	CHECK(cuMemAlloc_v2(cache, 512 << 20));
+}
+
+NOINLINE static CUdeviceptr forward_activation(size_t bytes)
+{
+	CUdeviceptr p;
+	CHECK(cuMemAllocAsync(&p, bytes, NULL));
+	return p;
+}
+
+NOINLINE static void forward(int step, CUdeviceptr *leaked)
+{
+	CUdeviceptr a = forward_activation(16 << 20);
+	CUdeviceptr b = forward_activation(8 << 20);
+	CHECK(cuMemFreeAsync(a, NULL));
+	if (step % 4 == 0)
+		*leaked = b; /* kept by mistake: the leak the profile shows */
+	else
+		CHECK(cuMemFreeAsync(b, NULL));
+}
+
+NOINLINE static void pin_staging_buffer(void **p)
+{
+	CHECK(cuMemAllocHost_v2(p, 32 << 20));
+}
+
+static void demo(void)
+{
+	CUdeviceptr layers[12], cache, leaked[16];
+	void *staging;
+	load_weights(layers, 12);
+	allocate_kv_cache(&cache);
+	pin_staging_buffer(&staging);
+	for (int step = 0; step < 64; step++) {
+		forward(step, &leaked[step / 4]);
+		usleep(20000);
+	}
+	printf("done\n");
+	/* hold the memory, as a server would, until stopped */
+	if (nowait)
+		sleep(60);
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	nowait = getenv("SIMWORK_NOWAIT") != NULL;
+	if (argc < 2) {
+		fprintf(stderr, "usage: simwork kinds|threads N SEC|oom BYTES|hold BYTES|demo\n");
+		return 2;
+	}
+	CHECK(cuInit(0));
+	CUcontext ctx;
+	CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+	CHECK(cuCtxSetCurrent(ctx));
+	const char *scenario = argv[1];
+	if (!strcmp(scenario, "kinds"))
+		kinds_setup();
+
+	printf("ready %d\n", getpid());
+	wait_line();
+	if (!strcmp(scenario, "kinds"))
+		kinds();
+	else if (!strcmp(scenario, "threads") && argc == 4)
+		threads(atoi(argv[2]), atof(argv[3]));
+	else if (!strcmp(scenario, "oom") && argc == 3)
+		allocate_too_much(strtoull(argv[2], NULL, 0));
+	else if (!strcmp(scenario, "hold") && argc == 3)
+		hold(strtoull(argv[2], NULL, 0));
+	else if (!strcmp(scenario, "demo"))
+		demo();
+	else {
+		fprintf(stderr, "simwork: unknown scenario %s\n", scenario);
+		return 2;
+	}
+	wait_line();
+	return 0;
+}

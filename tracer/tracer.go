@@ -1,0 +1,226 @@
+package tracer
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+)
+
+// ErrPermission is returned by New when the kernel refuses to load BPF.
+var ErrPermission = errors.New("loading BPF programs needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")
+
+// Options configure a Tracer.
+type Options struct {
+	// PIDs, when not empty, limits tracing to these processes, in BPF.
+	PIDs []uint32
+}
+
+// Tracer owns the loaded BPF program, its links and the ring buffer reader.
+type Tracer struct {
+	coll   *ebpf.Collection
+	reader *ringbuf.Reader
+	exit   link.Link
+
+	mu    sync.Mutex
+	links []link.Link
+}
+
+// New loads the BPF program and starts watching process exits. Nothing is
+// traced until Attach is called with a driver library.
+func New(opts Options) (*Tracer, error) {
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrPermission, err)
+	}
+	spec, err := loadGpumem()
+	if err != nil {
+		return nil, fmt.Errorf("read BPF object: %w", err)
+	}
+	if len(opts.PIDs) > 0 {
+		if err := spec.Variables["filter_pids"].Set(true); err != nil {
+			return nil, fmt.Errorf("set filter_pids: %w", err)
+		}
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return nil, fmt.Errorf("%w: %v", ErrPermission, err)
+		}
+		return nil, fmt.Errorf("load BPF program: %w", err)
+	}
+	t := &Tracer{coll: coll}
+	if err := t.setup(opts); err != nil {
+		t.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *Tracer) setup(opts Options) error {
+	for _, pid := range opts.PIDs {
+		if err := t.coll.Maps["target_pids"].Put(pid, uint8(1)); err != nil {
+			return fmt.Errorf("filter pid %d: %w", pid, err)
+		}
+	}
+	var err error
+	t.exit, err = link.AttachRawTracepoint(link.RawTracepointOptions{
+		Name:    "sched_process_exit",
+		Program: t.coll.Programs["gpumem_exit"],
+	})
+	if err != nil {
+		return fmt.Errorf("attach sched_process_exit: %w", err)
+	}
+	t.reader, err = ringbuf.NewReader(t.coll.Maps["events"])
+	if err != nil {
+		return fmt.Errorf("open ring buffer: %w", err)
+	}
+	return nil
+}
+
+// Attach puts the entry and return probes on every driver function that the
+// library at path exports, and returns the functions it found. Symbols a
+// driver version lacks (the _ptsz variants, say) are skipped; a library
+// exporting none of them is an error.
+func (t *Tracer) Attach(path string) ([]string, error) {
+	symbols, cookies, err := driverFunctions(path)
+	if err != nil {
+		return nil, err
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	opts := &link.UprobeMultiOptions{Cookies: cookies}
+	enter, err := ex.UprobeMulti(symbols, t.coll.Programs["gpumem_enter"], opts)
+	if err != nil {
+		return nil, fmt.Errorf("attach entry probes to %s: %w", path, err)
+	}
+	leave, err := ex.UretprobeMulti(symbols, t.coll.Programs["gpumem_leave"], opts)
+	if err != nil {
+		enter.Close()
+		return nil, fmt.Errorf("attach return probes to %s: %w", path, err)
+	}
+	t.mu.Lock()
+	t.links = append(t.links, enter, leave)
+	t.mu.Unlock()
+	return symbols, nil
+}
+
+// driverFunctions lists the traced functions the library exports, with
+// their ops as attach cookies.
+func driverFunctions(path string) ([]string, []uint64, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	exported := map[string]bool{}
+	for _, read := range []func() ([]elf.Symbol, error){f.DynamicSymbols, f.Symbols} {
+		syms, _ := read() // stripped files lack .symtab; the driver exports in .dynsym
+		for _, s := range syms {
+			if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Value != 0 {
+				exported[s.Name] = true
+			}
+		}
+	}
+	var symbols []string
+	var cookies []uint64
+	for op, info := range ops {
+		if exported[info.symbol] {
+			symbols = append(symbols, info.symbol)
+			cookies = append(cookies, uint64(op))
+		}
+	}
+	if len(symbols) == 0 {
+		return nil, nil, fmt.Errorf("%s exports none of the CUDA memory functions", path)
+	}
+	return symbols, cookies, nil
+}
+
+// Read blocks for the next event. It reuses ev.Stack's storage. After Close
+// it returns an error wrapping os.ErrClosed; after Flush, once every event
+// sent before it has been read, ringbuf.ErrFlushed.
+func (t *Tracer) Read(ev *Event) error {
+	var rec ringbuf.Record
+	if err := t.reader.ReadInto(&rec); err != nil {
+		return err
+	}
+	return decode(rec.RawSample, ev)
+}
+
+// Flush makes Read return the events already sent, then ringbuf.ErrFlushed.
+func (t *Tracer) Flush() error { return t.reader.Flush() }
+
+// Losses are the counts of everything the BPF side could not deliver whole.
+type Losses struct {
+	RingBufferFull   uint64 `json:"ring_buffer_full"`  // events dropped
+	InflightFull     uint64 `json:"inflight_full"`     // calls not tracked
+	StackLost        uint64 `json:"stack_lost"`        // events without their stack
+	ResultUnreadable uint64 `json:"result_unreadable"` // allocations whose pointer could not be read
+	ProcessesFull    uint64 `json:"processes_full"`    // process exits that will not be reported
+}
+
+// Total is the sum of all losses.
+func (l Losses) Total() uint64 {
+	return l.RingBufferFull + l.InflightFull + l.StackLost + l.ResultUnreadable + l.ProcessesFull
+}
+
+// Losses reads the loss counters.
+func (t *Tracer) Losses() (Losses, error) {
+	var l Losses
+	var err error
+	if l.RingBufferFull, err = sumPerCPU(t.coll.Maps["events_lost_samples"], 0); err != nil {
+		return l, err
+	}
+	for key, dst := range map[gpumemGpumemLoss]*uint64{
+		gpumemGpumemLossGPUMEM_LOSS_INFLIGHT_FULL:  &l.InflightFull,
+		gpumemGpumemLossGPUMEM_LOSS_STACK:          &l.StackLost,
+		gpumemGpumemLossGPUMEM_LOSS_READ_RESULT:    &l.ResultUnreadable,
+		gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL: &l.ProcessesFull,
+	} {
+		if *dst, err = sumPerCPU(t.coll.Maps["losses"], uint32(key)); err != nil {
+			return l, err
+		}
+	}
+	return l, nil
+}
+
+func sumPerCPU(m *ebpf.Map, key uint32) (uint64, error) {
+	var values []uint64
+	if err := m.Lookup(key, &values); err != nil {
+		return 0, fmt.Errorf("read %s[%d]: %w", m, key, err)
+	}
+	var sum uint64
+	for _, v := range values {
+		sum += v
+	}
+	return sum, nil
+}
+
+// Close detaches every probe and frees the BPF objects.
+func (t *Tracer) Close() error {
+	t.mu.Lock()
+	closeAll(t.links)
+	t.links = nil
+	t.mu.Unlock()
+	if t.exit != nil {
+		t.exit.Close()
+	}
+	if t.reader != nil {
+		t.reader.Close()
+	}
+	t.coll.Close()
+	return nil
+}
+
+func closeAll(links []link.Link) {
+	for _, l := range links {
+		l.Close()
+	}
+}
