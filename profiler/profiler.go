@@ -22,6 +22,9 @@ import (
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
+// ErrNoProcess is returned by New for a requested process that does not exist.
+var ErrNoProcess = errors.New("no process with pid")
+
 // Config says what to trace.
 type Config struct {
 	// Library, when set, is the only driver library attached; discovery is off.
@@ -80,7 +83,7 @@ func New(cfg Config) (*Profiler, error) {
 	pids := make([]uint32, 0, len(cfg.PIDs))
 	for _, pid := range cfg.PIDs {
 		if _, err := os.Stat(filepath.Join(cfg.ProcRoot, strconv.Itoa(pid))); pid <= 0 || err != nil {
-			return nil, fmt.Errorf("no process with pid %d", pid)
+			return nil, fmt.Errorf("%w %d", ErrNoProcess, pid)
 		}
 		pids = append(pids, uint32(pid))
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -41,7 +42,7 @@ func main() {
 
 func exitCode(err error) int {
 	var usage usageError
-	if errors.As(err, &usage) || errors.Is(err, tracer.ErrPermission) {
+	if errors.As(err, &usage) || errors.Is(err, tracer.ErrPermission) || errors.Is(err, profiler.ErrNoProcess) {
 		return exitUsage
 	}
 	return exitFailure

@@ -1,13 +1,15 @@
 /* A CUDA driver workload with known allocation sites, for tests and the demo.
  *
  * Protocol: prints "ready PID", waits for a line on stdin, runs the scenario,
- * prints "done" plus "expect ..." lines with the totals it produced, waits
+ * prints "done" and one "expect k=v ..." line with the totals it produced, waits
  * for a line (or EOF) on stdin, and exits. With SIMWORK_NOWAIT=1 it does not
  * wait at all (the demo).
  *
  * Scenarios:
  *   kinds          every allocation and free function once, known sizes
- *   threads N SEC  N threads allocating and freeing for SEC seconds
+ *   threads N SEC [RATE]
+ *                  N threads allocating and freeing for SEC seconds, each
+ *                  at most RATE allocations per second (default: no limit)
  *   oom BYTES      one allocation of BYTES (over SIMCUDA_CAPACITY: fails)
  *   hold BYTES     one device allocation kept until exit
  *   demo           a small model's weights, activations and a leak; with
@@ -124,7 +126,7 @@ static void kinds(void)
 	alloc_pool_ptsz(&pool_ptsz);
 	alloc_vmm(vmm);
 	free_some(dev, host_b, async, pool_ptsz, vmm);
-	printf("done\n");
+	printf("done\nexpect\n");
 }
 
 /* ---- threads ---- */
@@ -132,6 +134,7 @@ static void kinds(void)
 struct worker {
 	int index;
 	double seconds;
+	double rate;
 	unsigned long long allocs, alloc_bytes, frees, freed_bytes;
 };
 
@@ -152,10 +155,13 @@ NOINLINE static void *worker_loop(void *arg)
 	struct timespec start, now;
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (unsigned long i = 0;; i++) {
-		if ((i & 255) == 0) {
+		if ((i & 15) == 0) {
 			clock_gettime(CLOCK_MONOTONIC, &now);
-			if (now.tv_sec - start.tv_sec + (now.tv_nsec - start.tv_nsec) / 1e9 >= w->seconds)
+			double elapsed = now.tv_sec - start.tv_sec + (now.tv_nsec - start.tv_nsec) / 1e9;
+			if (elapsed >= w->seconds)
 				break;
+			if (w->rate > 0 && i / w->rate > elapsed)
+				usleep((useconds_t)((i / w->rate - elapsed) * 1e6));
 		}
 		int slot = i % WINDOW;
 		if (live[slot])
@@ -172,14 +178,14 @@ NOINLINE static void *worker_loop(void *arg)
 	return NULL;
 }
 
-static void threads(int n, double seconds)
+static void threads(int n, double seconds, double rate)
 {
 	pthread_t tids[64];
 	struct worker workers[64];
 	if (n < 1 || n > 64)
 		exit(2);
 	for (int i = 0; i < n; i++) {
-		workers[i] = (struct worker){.index = i, .seconds = seconds};
+		workers[i] = (struct worker){.index = i, .seconds = seconds, .rate = rate};
 		pthread_create(&tids[i], NULL, worker_loop, &workers[i]);
 	}
 	unsigned long long allocs = 0, alloc_bytes = 0, frees = 0, freed_bytes = 0;
@@ -207,7 +213,7 @@ NOINLINE static void hold(size_t bytes)
 {
 	CUdeviceptr p;
 	CHECK(cuMemAlloc_v2(&p, bytes));
-	printf("done\n");
+	printf("done\nexpect\n");
 }
 
 /* ---- demo ---- */
@@ -257,7 +263,7 @@ static void demo(void)
 		forward(step, &leaked[step / 4]);
 		usleep(20000);
 	}
-	printf("done\n");
+	printf("done\nexpect\n");
 	/* hold the memory, as a server would, until stopped */
 	if (nowait)
 		sleep(60);
@@ -268,7 +274,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC|oom BYTES|hold BYTES|demo\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|demo\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -283,8 +289,8 @@ int main(int argc, char **argv)
 	wait_line();
 	if (!strcmp(scenario, "kinds"))
 		kinds();
-	else if (!strcmp(scenario, "threads") && argc == 4)
-		threads(atoi(argv[2]), atof(argv[3]));
+	else if (!strcmp(scenario, "threads") && (argc == 4 || argc == 5))
+		threads(atoi(argv[2]), atof(argv[3]), argc == 5 ? atof(argv[4]) : 0);
 	else if (!strcmp(scenario, "oom") && argc == 3)
 		allocate_too_much(strtoull(argv[2], NULL, 0));
 	else if (!strcmp(scenario, "hold") && argc == 3)

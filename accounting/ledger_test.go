@@ -1,0 +1,117 @@
+package accounting
+
+import (
+	"testing"
+
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+var (
+	weights = Key{PID: 10, Stack: 1, Kind: tracer.KindDevice}
+	cache   = Key{PID: 10, Stack: 2, Kind: tracer.KindDevice}
+	other   = Key{PID: 11, Stack: 1, Kind: tracer.KindDevice}
+)
+
+func TestFreeReleasesWhatItsAllocationCharged(t *testing.T) {
+	l := New()
+	l.Alloc(weights, 0x1000, false, 100, 1)
+	l.Alloc(weights, 0x2000, false, 200, 2)
+	l.Alloc(cache, 0x3000, false, 300, 3)
+	l.Free(10, 0x2000, false, 4)
+	l.Free(10, 0x3000, false, 5)
+
+	s := l.Snapshot()
+	if got, want := s.Rows[weights], (Counters{AllocBytes: 300, AllocCount: 2, FreeBytes: 200, FreeCount: 1}); got != want {
+		t.Errorf("weights %+v, want %+v", got, want)
+	}
+	if got := s.Rows[cache]; got.LiveBytes() != 0 || got.LiveCount() != 0 {
+		t.Errorf("cache %+v", got)
+	}
+}
+
+func TestHandlesAndPointersAreApart(t *testing.T) {
+	l := New()
+	vmm := Key{PID: 10, Stack: 3, Kind: tracer.KindVMM}
+	l.Alloc(vmm, 0x1000, true, 64, 1)
+	l.Alloc(weights, 0x1000, false, 32, 2)
+	l.Free(10, 0x1000, true, 3)
+	s := l.Snapshot()
+	if s.Rows[vmm].LiveBytes() != 0 || s.Rows[weights].LiveBytes() != 32 || s.Stats.UnknownFrees != 0 {
+		t.Errorf("%+v", s)
+	}
+}
+
+func TestUnknownFrees(t *testing.T) {
+	l := New()
+	l.Free(10, 0x1000, false, 1) // process never seen
+	l.Alloc(weights, 0x2000, false, 8, 2)
+	l.Free(10, 0x3000, false, 3) // pointer never seen
+	if got := l.Snapshot().Stats.UnknownFrees; got != 2 {
+		t.Errorf("unknown frees %d", got)
+	}
+}
+
+// A free of pointer P on one thread races with another thread getting P back
+// from the driver: the new allocation's event arrives first. The free,
+// stamped before the reuse, releases the old allocation.
+func TestFreeRacingWithReuse(t *testing.T) {
+	l := New()
+	l.Alloc(weights, 0x1000, false, 100, 1)
+	l.Alloc(cache, 0x1000, false, 300, 5) // returned at 5
+	l.Free(10, 0x1000, false, 4)          // entered at 4
+	s := l.Snapshot()
+	if s.Rows[weights].LiveBytes() != 0 || s.Rows[cache].LiveBytes() != 300 || s.Stats.UnknownFrees != 0 {
+		t.Errorf("%+v", s)
+	}
+	l.Free(10, 0x1000, false, 6)
+	if s := l.Snapshot(); s.Rows[cache].LiveBytes() != 0 {
+		t.Errorf("%+v", s)
+	}
+}
+
+// A pointer allocated before the tracer attached is freed and handed out
+// again, and the new allocation's event arrives first: the free is unknown.
+func TestFreeOfUnseenAllocationBeforeReuse(t *testing.T) {
+	l := New()
+	l.Alloc(weights, 0x1000, false, 100, 5)
+	l.Free(10, 0x1000, false, 4)
+	s := l.Snapshot()
+	if s.Rows[weights].LiveBytes() != 100 || s.Stats.UnknownFrees != 1 {
+		t.Errorf("%+v", s)
+	}
+}
+
+func TestExitReleasesImplicitly(t *testing.T) {
+	l := New()
+	l.Alloc(weights, 0x1000, false, 100, 1)
+	l.Alloc(weights, 0x2000, false, 50, 2)
+	l.Alloc(other, 0x1000, false, 7, 3)
+	l.Free(10, 0x2000, false, 4)
+	l.Exit(10)
+	s := l.Snapshot()
+	want := Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 50, FreeCount: 1, ImplicitFreeBytes: 100, ImplicitFreeCount: 1}
+	if s.Rows[weights] != want || s.Rows[weights].LiveBytes() != 0 {
+		t.Errorf("after exit %+v, want %+v", s.Rows[weights], want)
+	}
+	if s.Rows[other].LiveBytes() != 7 || s.Stats.ProcessExits != 1 {
+		t.Errorf("other process touched: %+v", s)
+	}
+	if pids := l.LivePIDs(); len(pids) != 1 || pids[0] != 11 {
+		t.Errorf("live pids %v", pids)
+	}
+}
+
+func TestFailuresAreNotAllocations(t *testing.T) {
+	l := New()
+	l.Fail(weights, 1, tracer.CUDAOutOfMemory, 1<<40)
+	l.Fail(weights, 1, tracer.CUDAOutOfMemory, 1<<40)
+	l.FailedFree()
+	s := l.Snapshot()
+	if len(s.Rows) != 0 {
+		t.Errorf("rows %+v", s.Rows)
+	}
+	f := s.Failures[FailureKey{Key: weights, Op: 1, Result: 2}]
+	if f.Count != 2 || f.Bytes != 2<<40 || s.Stats.FailedFrees != 1 {
+		t.Errorf("failures %+v stats %+v", s.Failures, s.Stats)
+	}
+}

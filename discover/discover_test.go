@@ -1,0 +1,86 @@
+package discover
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+func TestParseMapsLine(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want Mapping
+		ok   bool
+	}{
+		{
+			"7f1c2a000000-7f1c2a200000 r-xp 00001000 fd:01 1234567 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04",
+			Mapping{Start: 0x7f1c2a000000, End: 0x7f1c2a200000, Perms: "r-xp", Offset: 0x1000, Dev: "fd:01", Inode: 1234567, Path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04"},
+			true,
+		},
+		{
+			"7f00-7f10 r-xp 00000000 00:2a 99 /opt/my venv/lib/libcuda.so.1 (deleted)",
+			Mapping{Start: 0x7f00, End: 0x7f10, Perms: "r-xp", Dev: "00:2a", Inode: 99, Path: "/opt/my venv/lib/libcuda.so.1", Deleted: true},
+			true,
+		},
+		{"7ffd-7ffe rw-p 00000000 00:00 0 [stack]", Mapping{}, false},
+		{"7ffd-7ffe rw-p 00000000 00:00 0", Mapping{}, false},
+		{"garbage", Mapping{}, false},
+	} {
+		got, ok := ParseMapsLine(tc.line)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("%q: %+v %v, want %+v %v", tc.line, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestIsDriverLibrary(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/usr/lib/libcuda.so":                   true,
+		"/x/libcuda.so.1":                       true,
+		"/x/libcuda.so.580.159.04":              true,
+		"/x/libcudart.so.12":                    false,
+		"/x/libcuda.sox":                        false,
+		"/site-packages/nvidia/libcuda_stub.so": false,
+	} {
+		if got := IsDriverLibrary(path); got != want {
+			t.Errorf("%s: %v", path, got)
+		}
+	}
+}
+
+// TestScanWhileProcessesExit scans /proc while short-lived processes come
+// and go: no error, no crash.
+func TestScanWhileProcessesExit(t *testing.T) {
+	stop := make(chan struct{})
+	spawned := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				spawned <- n
+				return
+			default:
+				exec.Command("true").Run()
+				n++
+			}
+		}
+	}()
+	deadline := time.Now().Add(2 * time.Second)
+	scans := 0
+	for time.Now().Before(deadline) {
+		if _, err := Scan("/proc", nil); err != nil {
+			t.Fatalf("scan %d: %v", scans, err)
+		}
+		scans++
+	}
+	close(stop)
+	if n := <-spawned; n < 10 || scans < 2 {
+		t.Fatalf("only %d processes and %d scans", n, scans)
+	}
+	// A pid that does not exist is skipped, not an error.
+	if libs, err := Scan("/proc", []int{os.Getpid(), 1 << 30}); err != nil || len(libs) != 0 {
+		t.Fatalf("%v %v", libs, err)
+	}
+}

@@ -1,0 +1,106 @@
+package symbolize
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// A C++ program that prints a function's address and its own pid, then
+// waits: a real process to symbolize through /proc, with a mangled name.
+const program = `
+#include <cstdio>
+#include <unistd.h>
+namespace model {
+struct Runner {
+	__attribute__((noinline)) static void allocate_kv_cache(int) { std::puts("x"); }
+};
+}
+int main() {
+	std::printf("%d %lx\n", getpid(), (unsigned long)&model::Runner::allocate_kv_cache);
+	std::fflush(stdout);
+	getchar();
+}
+`
+
+func startProgram(t *testing.T) (pid int, addr uint64, stop func()) {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "prog.cc")
+	if err := os.WriteFile(src, []byte(program), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "prog")
+	if out, err := exec.Command("c++", "-O1", "-fPIE", "-pie", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("c++: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop = func() { stdin.Close(); cmd.Wait() }
+	t.Cleanup(stop)
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(line)
+	pid, _ = strconv.Atoi(fields[0])
+	addr, _ = strconv.ParseUint(fields[1], 16, 64)
+	return pid, addr, stop
+}
+
+func TestFramesOfARunningProcess(t *testing.T) {
+	pid, addr, stop := startProgram(t)
+	s := New("/proc")
+	// Frames looks each return address up one byte back: pass addr+1 so the
+	// lookup lands on the function's first byte.
+	frames := s.Frames(uint32(pid), []uint64{addr + 1, 0x10})
+	if got := frames[0].Function; got != "model::Runner::allocate_kv_cache" {
+		t.Errorf("function %q, want the demangled name without parameters", got)
+	}
+	if filepath.Base(frames[0].Module) != "prog" {
+		t.Errorf("module %q", frames[0].Module)
+	}
+	// A position-independent executable: the frame's address is the ELF
+	// address, the same in every process, not the randomized runtime one.
+	if frames[0].Address >= 0x100000 {
+		t.Errorf("address %#x is not an ELF address", frames[0].Address)
+	}
+	if frames[1].Function != "" || frames[1].Name() != "[unknown]+0xf" {
+		t.Errorf("unmapped frame %+v named %q", frames[1], frames[1].Name())
+	}
+
+	// After the process is gone, its cached mappings still resolve.
+	stop()
+	again := s.Frames(uint32(pid), []uint64{addr + 1})
+	if again[0] != frames[0] {
+		t.Errorf("%+v != %+v", again[0], frames[0])
+	}
+}
+
+func TestUnresolvedFrameKeepsModuleAndOffset(t *testing.T) {
+	f := Frame{Module: "/usr/lib/libcuda.so.1", Address: 0x1234}
+	if got := f.Name(); got != "libcuda.so.1+0x1234" {
+		t.Errorf("%q", got)
+	}
+	named := Frame{Function: "c10::cuda::CUDACachingAllocator::malloc", Module: "/x/libc10_cuda.so"}
+	if got := named.Name(); got != named.Function {
+		t.Errorf("%q", got)
+	}
+}
+
+func TestLookupStaysInsideSymbols(t *testing.T) {
+	e := &elfSymbols{symbols: []symbol{{value: 0x100, size: 0x10, name: "f"}, {value: 0x200, name: "sizeless"}}}
+	for addr, want := range map[uint64]string{0xff: "", 0x100: "f", 0x10f: "f", 0x110: "", 0x250: "sizeless"} {
+		if got := e.lookup(addr); got != want {
+			t.Errorf("%#x: %q, want %q", addr, got, want)
+		}
+	}
+}

@@ -1,0 +1,275 @@
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// cli is a running gpumem command whose stderr is watched.
+type cli struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdout bytes.Buffer
+	lines  chan string
+}
+
+func startCLI(t *testing.T, args ...string) *cli {
+	t.Helper()
+	c := &cli{t: t, cmd: exec.Command(gpumem, args...), lines: make(chan string, 100)}
+	c.cmd.Stdout = &c.stdout
+	stderr, err := c.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			t.Log("gpumem: " + sc.Text())
+			c.lines <- sc.Text()
+		}
+		close(c.lines)
+	}()
+	t.Cleanup(func() { c.cmd.Process.Kill(); c.cmd.Wait() })
+	return c
+}
+
+func (c *cli) waitStderr(want string) {
+	c.t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case line, ok := <-c.lines:
+			if !ok {
+				c.t.Fatalf("gpumem ended before saying %q", want)
+			}
+			if strings.Contains(line, want) {
+				return
+			}
+		case <-timeout:
+			c.t.Fatalf("gpumem did not say %q", want)
+		}
+	}
+}
+
+// interrupt stops the command as Ctrl-C would and waits for it.
+func (c *cli) interrupt() {
+	c.t.Helper()
+	c.cmd.Process.Signal(os.Interrupt)
+	if err := c.cmd.Wait(); err != nil {
+		c.t.Fatalf("gpumem: %v", err)
+	}
+}
+
+// recordKinds records the kinds scenario with the given output flags.
+func recordKinds(t *testing.T, args ...string) (pid int) {
+	w := startWorkload(t, nil, simwork, "kinds")
+	c := startCLI(t, append([]string{"record", "--pid", strconv.Itoa(w.pid)}, args...)...)
+	c.waitStderr("attached to")
+	w.run()
+	c.interrupt()
+	w.exit()
+	return w.pid
+}
+
+func TestRecordPprof(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "gpu.pb.gz")
+	recordKinds(t, "--format", "pprof", "-o", out)
+
+	// Read back with pprof's own package: exact values per function.
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p, err := profile.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, st := range p.SampleType {
+		types = append(types, st.Type+"/"+st.Unit)
+	}
+	if got := strings.Join(types, " "); got != "alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes" {
+		t.Errorf("sample types %s", got)
+	}
+	inuse := map[string]int64{}
+	for _, s := range p.Sample {
+		inuse[s.Location[1].Line[0].Function.Name] += s.Value[3]
+		if s.Label["kind"] == nil || s.Label["comm"][0] != "simwork" || s.NumLabel["pid"] == nil {
+			t.Errorf("labels %v %v", s.Label, s.NumLabel)
+		}
+	}
+	want := map[string]int64{
+		"alloc_device": 2 << 20, "alloc_pitched": 30720, "alloc_managed": 2 << 20, "alloc_host": 4096,
+		"alloc_async": 65536 + 131072, "alloc_pool_ptsz": 0, "alloc_vmm": 4 << 20,
+	}
+	for fn, bytes := range want {
+		if inuse[fn] != bytes {
+			t.Errorf("%s: inuse %d, want %d", fn, inuse[fn], bytes)
+		}
+	}
+
+	// And with go tool pprof, as a user would.
+	top, err := exec.Command("go", "tool", "pprof", "-top", "-cum", "-unit=B", out).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool pprof: %v\n%s", err, top)
+	}
+	for _, want := range []string{
+		" 2097152B .* alloc_device$", " 4194304B .* alloc_vmm$", " 196608B .* alloc_async$",
+		" 4194304B .* cuMemCreate$", " 8620032B .* kinds$",
+	} {
+		if !matchLine(string(top), want) {
+			t.Errorf("pprof -top has no line matching %q:\n%s", want, top)
+		}
+	}
+}
+
+func TestRecordFolded(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "gpu.folded")
+	recordKinds(t, "--format", "folded", "--value", "alloc", "-o", out)
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		stack, value, ok := strings.Cut(line, " ")
+		n, err := strconv.Atoi(value)
+		if !ok || err != nil || !strings.HasPrefix(stack, "simwork;") {
+			t.Fatalf("bad folded line %q", line)
+		}
+		frames := strings.Split(stack, ";")
+		sums[strings.Join(frames[len(frames)-3:], ";")] += n
+	}
+	for stack, bytes := range map[string]int{
+		"kinds;alloc_device;cuMemAlloc_v2":       3 << 20,
+		"kinds;alloc_vmm;cuMemCreate":            6 << 20,
+		"kinds;alloc_host;cuMemHostAlloc":        8192,
+		"kinds;alloc_pitched;cuMemAllocPitch_v2": 30720,
+	} {
+		if sums[stack] != bytes {
+			t.Errorf("%s: %d, want %d\n%s", stack, sums[stack], bytes, data)
+		}
+	}
+}
+
+func TestRecordJSON(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "gpu.json")
+	pid := recordKinds(t, "--format", "json", "-o", out)
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Stacks []struct {
+			PID            int    `json:"pid"`
+			Kind           string `json:"kind"`
+			Frames         []struct{ Function string }
+			AllocatedBytes uint64 `json:"allocated_bytes"`
+			FreedBytes     uint64 `json:"freed_bytes"`
+			LiveBytes      uint64 `json:"live_bytes"`
+		}
+		Losses map[string]uint64
+		Ledger map[string]uint64
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	var live uint64
+	kinds := map[string]bool{}
+	for _, s := range r.Stacks {
+		if s.PID != pid || s.AllocatedBytes-s.FreedBytes != s.LiveBytes {
+			t.Errorf("stack %+v", s)
+		}
+		live += s.LiveBytes
+		kinds[s.Kind] = true
+	}
+	if live != 8620032 || len(kinds) != 4 {
+		t.Errorf("live %d, kinds %v", live, kinds)
+	}
+	if len(r.Losses) != 5 || r.Ledger["unknown_frees"] != 1 {
+		t.Errorf("losses %v, ledger %v", r.Losses, r.Ledger)
+	}
+}
+
+func TestTopPlainLines(t *testing.T) {
+	w := startWorkload(t, nil, simwork, "hold", "5000000")
+	c := startCLI(t, "top", "--pid", strconv.Itoa(w.pid), "--interval", "200ms")
+	c.waitStderr("attached to")
+	w.run()
+	time.Sleep(500 * time.Millisecond)
+	c.interrupt()
+	out := c.stdout.String()
+	if strings.Contains(out, "\033[") {
+		t.Errorf("escape codes in non-terminal output")
+	}
+	want := strconv.Itoa(w.pid) + " +simwork +device +4.8 MiB +4.8 MiB +1 +0 +0 +hold$"
+	if !matchLine(out, want) {
+		t.Errorf("no line matching %q in:\n%s", want, out)
+	}
+	w.exit()
+}
+
+// TestClearErrors: what the user must fix is one line and exit code 2.
+func TestClearErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		argv []string
+		want string
+	}{
+		{"not root", []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", gpumem, "record"}, "needs root"},
+		{"user namespace", []string{"unshare", "--user", "--map-root-user", gpumem, "record"}, "needs root"},
+		{"no such pid", []string{gpumem, "record", "--pid", "999999999"}, "no process with pid 999999999"},
+		{"bad format", []string{gpumem, "record", "--format", "xml"}, `unknown --format "xml"`},
+		{"bad value", []string{gpumem, "record", "--value", "peak"}, `unknown value "peak"`},
+		{"bad flag", []string{gpumem, "record", "--bogus"}, "unknown flag: --bogus"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tc.argv[0], tc.argv[1:]...)
+			cmd.Dir = t.TempDir()
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+				t.Fatalf("exit %v, want code 2; output:\n%s", err, out)
+			}
+			first, _, _ := strings.Cut(string(out), "\n")
+			if !strings.HasPrefix(first, "gpumem: ") || !strings.Contains(first, tc.want) {
+				t.Errorf("first line %q, want gpumem: ...%s...", first, tc.want)
+			}
+		})
+	}
+}
+
+// TestSaysItIsWaiting: with no driver library mapped, gpumem says so.
+func TestSaysItIsWaiting(t *testing.T) {
+	sleep := exec.Command("sleep", "30")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleep.Process.Kill(); sleep.Wait() }()
+	c := startCLI(t, "record", "--pid", strconv.Itoa(sleep.Process.Pid), "-o", filepath.Join(t.TempDir(), "out.pb.gz"))
+	c.waitStderr("waiting for a process to load libcuda.so")
+	c.interrupt()
+}
+
+func matchLine(text, pattern string) bool {
+	re := regexpMustCompile("(?m)" + pattern)
+	return re.MatchString(text)
+}
+
+var regexpMustCompile = regexp.MustCompile

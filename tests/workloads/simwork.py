@@ -1,0 +1,87 @@
+"""A CUDA driver workload in Python, calling the driver through ctypes.
+
+Same protocol as simwork.c: prints "ready PID", waits for a line on stdin,
+runs, prints "done" and "expect ..." totals, waits for a line (or EOF), exits.
+The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
+
+    python3 simwork.py model       nested functions, four threads, frees
+"""
+import ctypes
+import os
+import sys
+import threading
+
+cuda = ctypes.CDLL(os.environ.get("SIMCUDA_LIB", "libcuda.so.1"))
+cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+
+totals = {"allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0}
+totals_lock = threading.Lock()
+
+
+def count(key_count, key_bytes, nbytes):
+    with totals_lock:
+        totals[key_count] += 1
+        totals[key_bytes] += nbytes
+
+
+def cuda_malloc(nbytes):
+    ptr = ctypes.c_uint64()
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), nbytes)
+    if rc != 0:
+        raise MemoryError(f"cuMemAlloc_v2({nbytes}) = {rc}")
+    count("allocs", "alloc_bytes", nbytes)
+    return ptr.value
+
+
+def cuda_free(ptr, nbytes):
+    rc = cuda.cuMemFree_v2(ptr)
+    if rc != 0:
+        raise RuntimeError(f"cuMemFree_v2 = {rc}")
+    count("frees", "freed_bytes", nbytes)
+
+
+def load_model(layers):
+    def allocate_layer(i):
+        return cuda_malloc((i + 1) << 20)
+
+    return [allocate_layer(i) for i in range(layers)]
+
+
+def worker(index, iterations):
+    held = []
+    for i in range(iterations):
+        nbytes = 4096 * (index + 1)
+        held.append((cuda_malloc(nbytes), nbytes))
+        if len(held) > 4:
+            cuda_free(*held.pop(0))
+    for ptr, nbytes in held[:2]:
+        cuda_free(ptr, nbytes)
+
+
+def model():
+    weights = load_model(8)
+    cuda_free(weights[0], 1 << 20)
+    threads = [threading.Thread(target=worker, args=(i, 500)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def main():
+    scenarios = {"model": model}
+    if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
+        print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
+        sys.exit(2)
+    cuda.cuInit(0)
+    print(f"ready {os.getpid()}", flush=True)
+    sys.stdin.readline()
+    scenarios[sys.argv[1]]()
+    print("done", flush=True)
+    print("expect " + " ".join(f"{k}={v}" for k, v in totals.items()), flush=True)
+    sys.stdin.readline()
+
+
+if __name__ == "__main__":
+    main()
