@@ -6,7 +6,11 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: build generate sim demo test clean
+.PHONY: setup build generate check-generated sim demo test clean
+
+# Install toolchains and Go modules (Debian, as root). Cheap when done.
+setup:
+	./scripts/setup.sh
 
 build: bin/gpumem
 
@@ -15,6 +19,10 @@ bin/gpumem: $(shell find . -name '*.go' -not -path './build/*') tracer/gpumem_x8
 
 generate:
 	cd tracer && IG=$(IG) $(GO) generate ./...
+
+# The committed object must be what program.bpf.c compiles to.
+check-generated: generate
+	@git diff --exit-code --stat -- tracer/ || { echo "tracer/: BPF object out of date: run make generate and commit"; exit 1; }
 
 # The simulated driver and its workloads. simwork finds libcuda.so.1 beside
 # itself (RUNPATH $ORIGIN), so LD_LIBRARY_PATH can point it at another copy.
@@ -27,11 +35,14 @@ $(SIM)/libcuda.so.1: tests/simcuda/libcuda.c tests/simcuda/cuda.h
 $(SIM)/simwork: tests/workloads/simwork.c tests/simcuda/cuda.h $(SIM)/libcuda.so.1
 	cc $(SIM_CFLAGS) -o $@ $< -L$(SIM) -l:libcuda.so.1 -Wl,--enable-new-dtags,-rpath,'$$ORIGIN' -lpthread
 
-# Profile the demo workload on the simulated driver.
-demo: build sim
-	./bin/gpumem record --duration 3s --format pprof -o gpumem-demo.pb.gz --top 10 -- env SIMWORK_NOWAIT=1 $(SIM)/simwork demo
+# Profile the demo workload on the simulated driver: prints the stacks
+# holding the most and writes gpumem-demo.pb.gz (go tool pprof -top it).
+demo: setup build sim
+	./bin/gpumem record --duration 3s --library $(SIM)/libcuda.so.1 -o gpumem-demo.pb.gz --top 6 -- env SIMWORK_NOWAIT=1 $(SIM)/simwork demo
 
-test: build sim
+# Every test; the end-to-end ones load BPF and need root.
+test: setup check-generated build sim
+	$(GO) vet ./...
 	$(GO) test -count=1 ./...
 
 clean:
