@@ -157,6 +157,20 @@ func (t *Tracer) Read(ev *Event) error {
 // Flush makes Read return the events already sent, then ringbuf.ErrFlushed.
 func (t *Tracer) Flush() error { return t.reader.Flush() }
 
+// InFlight counts the driver calls entered and not yet returned.
+func (t *Tracer) InFlight() (int, error) {
+	var (
+		n     int
+		key   uint64
+		value gpumemGpumemCall
+	)
+	it := t.coll.Maps["inflight"].Iterate()
+	for it.Next(&key, &value) {
+		n++
+	}
+	return n, it.Err()
+}
+
 // Losses are the counts of everything the BPF side could not deliver whole.
 type Losses struct {
 	RingBufferFull   uint64 `json:"ring_buffer_full"`  // events dropped

@@ -6,7 +6,8 @@
  * unknown pointers fail with CUDA_ERROR_INVALID_VALUE, and device memory is
  * limited to SIMCUDA_CAPACITY bytes (default 80 GiB), beyond which allocations
  * fail with CUDA_ERROR_OUT_OF_MEMORY. Host allocations return real memory so
- * that callers may write to it.
+ * that callers may write to it. An allocation of exactly SIMCUDA_HANG_BYTES
+ * never returns, so that tests can kill a thread inside the driver.
  */
 #include "cuda.h"
 
@@ -14,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DEVICE_BASE 0x7e0000000000ULL
 #define HANDLE_BASE 0x1000ULL
@@ -89,8 +91,17 @@ static uint64_t take_device_range(size_t size)
 	return addr;
 }
 
+static void hang_if_asked(size_t bytes)
+{
+	const char *env = getenv("SIMCUDA_HANG_BYTES");
+	if (env && strtoull(env, NULL, 0) == bytes)
+		for (;;)
+			pause();
+}
+
 static CUresult reserve_device(unsigned long long *out, size_t bytes, enum space space)
 {
+	hang_if_asked(bytes);
 	if (!out)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (bytes == 0)
