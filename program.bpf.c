@@ -48,6 +48,23 @@ struct {
 	__type(value, __u8);
 } target_pids SEC(".maps");
 
+/* Python processes and how to walk their interpreter, set by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, struct gpumem_python);
+} python_procs SEC(".maps");
+
+/* Thread -> its PyThreadState, so that the interpreter's thread list is
+ * walked once per thread; entries are checked before use. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, GPUMEM_MAX_INFLIGHT);
+	__type(key, __u32);
+	__type(value, __u64);
+} python_threads SEC(".maps");
+
 /* One counter per kind of loss (enum gpumem_loss), summed by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -69,6 +86,8 @@ struct {
 const enum gpumem_event_type *gpumem_event_type_btf __attribute__((unused));
 const enum gpumem_loss *gpumem_loss_btf __attribute__((unused));
 const enum gpumem_op *gpumem_op_btf __attribute__((unused));
+const enum gpumem_py_flag *gpumem_py_flag_btf __attribute__((unused));
+const enum gpumem_pyframe_flag *gpumem_pyframe_flag_btf __attribute__((unused));
 
 
 GADGET_TRACER_MAP(events, GPUMEM_RINGBUF_BYTES);
@@ -121,14 +140,173 @@ static __always_inline bool finish_allocation(struct gpumem_event *e, const stru
 	return true;
 }
 
+/* Bounds of the interpreter walks. */
+#define GPUMEM_MAX_INTERPRETERS 4
+#define GPUMEM_MAX_THREADS 256
+/* Python frames plus the C-stack shim frames between them (3.12+). */
+#define GPUMEM_MAX_PY_WALK (GPUMEM_MAX_PY_FRAMES + 32)
+
+static __always_inline __u64 read_ptr(__u64 addr)
+{
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+static __always_inline __u8 read_u8(__u64 addr)
+{
+	__u8 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+/* The interpreter walks run under bpf_loop, so that the verifier checks one
+ * step rather than every iteration. Their state holds a copy of the
+ * process's gpumem_python. */
+struct find_thread {
+	struct gpumem_python py;
+	__u64 self;   /* the thread pointer sought */
+	__u64 interp; /* interpreter being searched */
+	__u64 ts;     /* next thread state to compare; 0: go to the next interpreter */
+	__u64 found;
+	__u32 interps;
+};
+
+static long find_thread_step(__u64 index, struct find_thread *c)
+{
+	if (!c->ts) {
+		c->interp = c->interps == 0 ? read_ptr(c->py.runtime + c->py.runtime_interpreters_head)
+					    : read_ptr(c->interp + c->py.interp_next);
+		if (!c->interp || ++c->interps > GPUMEM_MAX_INTERPRETERS)
+			return 1;
+		c->ts = read_ptr(c->interp + c->py.interp_threads_head);
+		return 0;
+	}
+	if (read_ptr(c->ts + c->py.tstate_thread_id) == c->self) {
+		c->found = c->ts;
+		return 1;
+	}
+	c->ts = read_ptr(c->ts + c->py.tstate_next);
+	return 0;
+}
+
+/* find_thread_state returns the PyThreadState of the calling thread, by its
+ * thread pointer: PyThreadState.thread_id is pthread_self(), which on x86-64
+ * is the fs base. The GIL holder is not used: ctypes and PyTorch release the
+ * GIL around native calls. */
+static __always_inline __u64 find_thread_state(const struct gpumem_python *py, __u32 tid)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct find_thread c = {.py = *py, .self = BPF_CORE_READ(task, thread.fsbase)};
+
+	__u64 *cached = bpf_map_lookup_elem(&python_threads, &tid);
+	if (cached && read_ptr(*cached + py->tstate_thread_id) == c.self)
+		return *cached;
+	bpf_loop(GPUMEM_MAX_INTERPRETERS * (GPUMEM_MAX_THREADS + 1), find_thread_step, &c, 0);
+	if (c.found)
+		bpf_map_update_elem(&python_threads, &tid, &c.found, BPF_ANY);
+	return c.found;
+}
+
+static __always_inline void read_frame(const struct gpumem_python *py, __u64 frame,
+				       struct gpumem_pyframe *f)
+{
+	f->code = read_ptr(frame + py->frame_code);
+	f->instr = 0;
+	bpf_probe_read_user(&f->instr, py->instr_size == 4 ? 4 : 8, (void *)(frame + py->frame_instr));
+	f->cls = 0;
+	f->flags = 0;
+	if (py->frame_is_entry != GPUMEM_PY_NO_FIELD && read_u8(frame + py->frame_is_entry))
+		f->flags = GPUMEM_PYFRAME_ENTRY;
+	if (py->frame_localsplus != GPUMEM_PY_NO_FIELD) {
+		/* 3.10: one evaluation loop per frame; no qualified names, so keep
+		 * the class of the first argument: the object itself when it is
+		 * a class (cls), else its type (self). */
+		f->flags = GPUMEM_PYFRAME_ENTRY;
+		__u64 arg = read_ptr(frame + py->frame_localsplus);
+		if (arg) {
+			__u64 type = read_ptr(arg + 8); /* ob_type */
+			__u64 tp_flags = read_ptr(type + py->type_flags);
+			f->cls = tp_flags & (1UL << 31) /* Py_TPFLAGS_TYPE_SUBCLASS */ ? arg : type;
+		}
+	}
+}
+
+struct walk_frames {
+	struct gpumem_python py;
+	__u64 frame;
+	__u32 n;
+	__u16 flags;
+};
+
+static long walk_frames_step(__u64 index, struct walk_frames *c)
+{
+	__u32 zero = 0;
+	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e || !c->frame)
+		return 1;
+	if (c->n >= GPUMEM_MAX_PY_FRAMES) {
+		c->flags |= GPUMEM_PY_TRUNCATED;
+		return 1;
+	}
+	if (c->py.owner_cstack && read_u8(c->frame + c->py.frame_owner) == c->py.owner_cstack) {
+		/* A shim: the frame inside it was entered from C. */
+		if (c->n > 0)
+			e->pystack[(c->n - 1) & (GPUMEM_MAX_PY_FRAMES - 1)].flags |= GPUMEM_PYFRAME_ENTRY;
+	} else {
+		read_frame(&c->py, c->frame, &e->pystack[c->n & (GPUMEM_MAX_PY_FRAMES - 1)]);
+		c->n++;
+	}
+	__u64 previous;
+	if (bpf_probe_read_user(&previous, sizeof(previous), (void *)(c->frame + c->py.frame_previous))) {
+		c->flags |= GPUMEM_PY_READ_ERROR;
+		return 1;
+	}
+	c->frame = previous;
+	return 0;
+}
+
+/* capture_python walks the calling thread's Python frames, innermost first,
+ * into e->pystack. */
+static __always_inline void capture_python(struct gpumem_event *e)
+{
+	struct gpumem_python *py = bpf_map_lookup_elem(&python_procs, &e->pid);
+	if (!py)
+		return;
+	__u64 ts = find_thread_state(py, e->tid);
+	if (!ts) {
+		e->py_flags = GPUMEM_PY_NO_THREAD;
+		return;
+	}
+	struct walk_frames c = {.py = *py, .frame = read_ptr(ts + py->tstate_frame)};
+	if (py->cframe_current_frame != GPUMEM_PY_NO_FIELD)
+		c.frame = read_ptr(c.frame + py->cframe_current_frame);
+	bpf_loop(GPUMEM_MAX_PY_WALK, walk_frames_step, &c, 0);
+	if (c.frame && !c.flags)
+		c.flags = GPUMEM_PY_TRUNCATED; /* more shims than the walk allows */
+	e->pystack_len = c.n;
+	e->py_flags = c.flags;
+}
+
+/* capture_stack puts the native user stack right after the Python frames. */
 static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_event *e)
 {
-	long n = bpf_get_stack(ctx, e->ustack, sizeof(e->ustack), BPF_F_USER_STACK);
+	__u32 py = e->pystack_len;
+	if (py > GPUMEM_MAX_PY_FRAMES)
+		py = GPUMEM_MAX_PY_FRAMES;
+	long n = bpf_get_stack(ctx, (void *)&e->pystack[py], sizeof(e->ustack), BPF_F_USER_STACK);
 	if (n <= 0) {
 		count_loss(GPUMEM_LOSS_STACK);
 		return 0;
 	}
 	return (__u32)n / sizeof(e->ustack[0]);
+}
+
+static __always_inline __u64 event_size(const struct gpumem_event *e)
+{
+	__u64 size = offsetof(struct gpumem_event, pystack) +
+		     e->pystack_len * sizeof(e->pystack[0]) + e->ustack_len * sizeof(e->ustack[0]);
+	return size > sizeof(*e) ? sizeof(*e) : size;
 }
 
 /* leave turns the call in flight into an event. Allocations are stamped at
@@ -154,6 +332,8 @@ static __always_inline int leave(struct pt_regs *ctx)
 	e->pid = id >> 32;
 	e->tid = (__u32)id;
 	e->ustack_len = 0;
+	e->pystack_len = 0;
+	e->py_flags = 0;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 
 	if (gpumem_op_is_free(call->op)) {
@@ -166,16 +346,14 @@ static __always_inline int leave(struct pt_regs *ctx)
 		e->bytes = call->bytes;
 		if (e->result == 0 && !finish_allocation(e, call))
 			goto out;
+		capture_python(e);
 		e->ustack_len = capture_stack(ctx, e);
 		__u8 one = 1;
 		if (bpf_map_update_elem(&traced_pids, &e->pid, &one, BPF_ANY))
 			count_loss(GPUMEM_LOSS_PROCESSES_FULL);
 	}
 
-	__u64 size = offsetof(struct gpumem_event, ustack) + e->ustack_len * sizeof(e->ustack[0]);
-	if (size > sizeof(*e))
-		size = sizeof(*e);
-	gadget_output_buf(ctx, &events, e, size);
+	gadget_output_buf(ctx, &events, e, event_size(e));
 out:
 	bpf_map_delete_elem(&inflight, &id);
 	return 0;
@@ -211,8 +389,10 @@ int gpumem_exit(void *ctx)
 	e->address = 0;
 	e->bytes = 0;
 	e->ustack_len = 0;
+	e->pystack_len = 0;
+	e->py_flags = 0;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	gadget_output_buf(ctx, &events, e, offsetof(struct gpumem_event, ustack));
+	gadget_output_buf(ctx, &events, e, offsetof(struct gpumem_event, pystack));
 	return 0;
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -33,28 +34,51 @@ func IsDriverLibrary(path string) bool {
 	return base == "libcuda.so" || strings.HasPrefix(base, "libcuda.so.")
 }
 
+// pythonFile matches the files that may hold a CPython runtime: the
+// interpreter (python3.12) or its shared library (libpython3.12.so.1.0).
+var pythonFile = regexp.MustCompile(`^(?:lib)?python(3\.\d+)`)
+
+// PythonVersion returns the minor version ("3.12") of a mapped CPython
+// interpreter or library, and false for any other file.
+func PythonVersion(path string) (string, bool) {
+	m := pythonFile.FindStringSubmatch(filepath.Base(path))
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
+}
+
+// Result is what one scan found.
+type Result struct {
+	Libraries []Library // each driver library once
+	Python    []int     // processes that map a CPython interpreter or library
+}
+
 // Scan reads /proc/PID/maps of the given processes (all of /proc when pids is
-// empty) and returns each driver library once. Processes that exit during
-// the scan, or whose maps cannot be read, are skipped: the next scan sees
-// what is there then.
-func Scan(procRoot string, pids []int) ([]Library, error) {
+// empty). Processes that exit during the scan, or whose maps cannot be read,
+// are skipped: the next scan sees what is there then.
+func Scan(procRoot string, pids []int) (Result, error) {
 	if len(pids) == 0 {
 		var err error
 		if pids, err = listPIDs(procRoot); err != nil {
-			return nil, err
+			return Result{}, err
 		}
 	}
 	seen := map[string]bool{}
-	var libs []Library
+	var r Result
 	for _, pid := range pids {
-		for _, lib := range mappedLibraries(procRoot, pid) {
+		libs, python := scanProcess(procRoot, pid)
+		for _, lib := range libs {
 			if !seen[lib.ID()] {
 				seen[lib.ID()] = true
-				libs = append(libs, lib)
+				r.Libraries = append(r.Libraries, lib)
 			}
 		}
+		if python {
+			r.Python = append(r.Python, pid)
+		}
 	}
-	return libs, nil
+	return r, nil
 }
 
 func listPIDs(procRoot string) ([]int, error) {
@@ -71,16 +95,21 @@ func listPIDs(procRoot string) ([]int, error) {
 	return pids, nil
 }
 
-func mappedLibraries(procRoot string, pid int) []Library {
+func scanProcess(procRoot string, pid int) (libs []Library, python bool) {
 	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "maps"))
 	if err != nil {
-		return nil
+		return nil, false
 	}
-	var libs []Library
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		m, ok := ParseMapsLine(sc.Text())
-		if !ok || !IsDriverLibrary(m.Path) || m.Deleted {
+		if !ok || m.Deleted {
+			continue
+		}
+		if _, ok := PythonVersion(m.Path); ok {
+			python = true
+		}
+		if !IsDriverLibrary(m.Path) {
 			continue
 		}
 		libs = append(libs, Library{
@@ -90,7 +119,7 @@ func mappedLibraries(procRoot string, pid int) []Library {
 			PID:   pid,
 		})
 	}
-	return libs
+	return libs, python
 }
 
 // Mapping is one line of /proc/PID/maps.

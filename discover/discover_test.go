@@ -49,6 +49,20 @@ func TestIsDriverLibrary(t *testing.T) {
 	}
 }
 
+func TestPythonVersion(t *testing.T) {
+	for path, want := range map[string]string{
+		"/usr/bin/python3.11": "3.11",
+		"/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0": "3.12",
+		"/usr/lib/x86_64-linux-gnu/libpython3.10.so.1.0":        "3.10",
+		"/usr/bin/python-config":                                "",
+		"/x/mypython3.12":                                       "",
+	} {
+		if got, _ := PythonVersion(path); got != want {
+			t.Errorf("%s: %q, want %q", path, got, want)
+		}
+	}
+}
+
 // TestScanWhileProcessesExit scans /proc while short-lived processes come
 // and go: no error, no crash.
 func TestScanWhileProcessesExit(t *testing.T) {
@@ -80,7 +94,7 @@ func TestScanWhileProcessesExit(t *testing.T) {
 		t.Fatalf("only %d processes and %d scans", n, scans)
 	}
 	// A pid that does not exist is skipped, not an error.
-	if libs, err := Scan("/proc", []int{os.Getpid(), 1 << 30}); err != nil || len(libs) != 0 {
-		t.Fatalf("%v %v", libs, err)
+	if r, err := Scan("/proc", []int{os.Getpid(), 1 << 30}); err != nil || len(r.Libraries) != 0 || len(r.Python) != 0 {
+		t.Fatalf("%+v %v", r, err)
 	}
 }

@@ -63,6 +63,8 @@ type locationKey struct {
 	module   string
 	address  uint64
 	function string
+	file     string
+	line     int64
 }
 
 type builder struct {
@@ -73,15 +75,19 @@ type builder struct {
 }
 
 func (b *builder) location(f symbolize.Frame) *profile.Location {
-	key := locationKey{f.Module, f.Address, f.Name()}
+	key := locationKey{f.Module, f.Address, f.Name(), f.File, f.Line}
 	if loc, ok := b.locations[key]; ok {
 		return loc
+	}
+	file := f.File // Python frames name their source file
+	if file == "" {
+		file = filepath.Base(f.Module)
 	}
 	loc := &profile.Location{
 		ID:      uint64(len(b.p.Location) + 1),
 		Address: f.Address,
 		Mapping: b.mapping(f.Module),
-		Line:    []profile.Line{{Function: b.function(f.Name(), f.Module)}},
+		Line:    []profile.Line{{Function: b.function(f.Name(), file), Line: f.Line}},
 	}
 	b.p.Location = append(b.p.Location, loc)
 	b.locations[key] = loc
@@ -102,8 +108,8 @@ func (b *builder) mapping(module string) *profile.Mapping {
 	return m
 }
 
-func (b *builder) function(name, module string) *profile.Function {
-	key := name + "\x00" + module
+func (b *builder) function(name, file string) *profile.Function {
+	key := name + "\x00" + file
 	if fn, ok := b.functions[key]; ok {
 		return fn
 	}
@@ -111,7 +117,7 @@ func (b *builder) function(name, module string) *profile.Function {
 		ID:         uint64(len(b.p.Function) + 1),
 		Name:       name,
 		SystemName: name,
-		Filename:   filepath.Base(module),
+		Filename:   file,
 	}
 	b.p.Function = append(b.p.Function, fn)
 	b.functions[key] = fn

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/discover"
+	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -46,6 +47,10 @@ type Profiler struct {
 	cfg Config
 	tr  *tracer.Tracer
 	sym *symbolize.Symbolizer
+	py  *pystack.Resolver
+	// notPython are processes mapping Python files that are not Python
+	// processes gpu-mem can walk; not retried while they live.
+	notPython map[int]bool
 
 	mu       sync.Mutex
 	ledger   *accounting.Ledger
@@ -55,6 +60,7 @@ type Profiler struct {
 	events   uint64
 	attached map[string]discover.Library
 	failed   map[string]bool // libraries whose attach failed, logged once
+	pyStats  PythonStats
 	flushes  uint64
 	flushed  *sync.Cond
 	// losses are the tracer's last counts, kept when it is closed.
@@ -92,14 +98,16 @@ func New(cfg Config) (*Profiler, error) {
 		return nil, err
 	}
 	p := &Profiler{
-		cfg:      cfg,
-		tr:       tr,
-		sym:      symbolize.New(cfg.ProcRoot),
-		ledger:   accounting.New(),
-		stackIDs: map[string]accounting.StackID{},
-		comms:    map[uint32]string{},
-		attached: map[string]discover.Library{},
-		failed:   map[string]bool{},
+		cfg:       cfg,
+		tr:        tr,
+		sym:       symbolize.New(cfg.ProcRoot),
+		py:        pystack.NewResolver(),
+		notPython: map[int]bool{},
+		ledger:    accounting.New(),
+		stackIDs:  map[string]accounting.StackID{},
+		comms:     map[uint32]string{},
+		attached:  map[string]discover.Library{},
+		failed:    map[string]bool{},
 	}
 	p.flushed = sync.NewCond(&p.mu)
 	if cfg.Library != "" {
@@ -192,8 +200,7 @@ func (p *Profiler) handle(ev *tracer.Event) {
 	defer p.mu.Unlock()
 	p.events++
 	if ev.Exit {
-		p.ledger.Exit(ev.PID)
-		p.sym.Forget(ev.PID)
+		p.forget(ev.PID)
 		return
 	}
 	p.comms[ev.PID] = ev.Comm
@@ -203,42 +210,132 @@ func (p *Profiler) handle(ev *tracer.Event) {
 	case ev.Op.IsFree():
 		p.ledger.FailedFree()
 	case ev.Result == tracer.CUDASuccess:
+		p.countPython(ev)
 		key := accounting.Key{PID: ev.PID, Stack: p.intern(ev), Kind: ev.Op.Kind()}
 		p.ledger.Alloc(key, ev.Address, ev.Op.Handles(), ev.Bytes, ev.Timestamp)
 	default:
+		p.countPython(ev)
 		key := accounting.Key{PID: ev.PID, Stack: p.intern(ev), Kind: ev.Op.Kind()}
 		p.ledger.Fail(key, ev.Op, ev.Result, ev.Bytes)
 	}
 }
 
+// PythonStats count how the Python frames of allocation events were read.
+type PythonStats struct {
+	Processes uint64 `json:"processes"` // Python processes registered
+	Events    uint64 `json:"events"`    // allocation events from them
+	// Missing are their events without Python frames: from threads with
+	// no Python thread state, or sent before the process was registered.
+	Missing    uint64 `json:"missing"`
+	NoThread   uint64 `json:"no_thread"`   // no thread state for the calling thread
+	Truncated  uint64 `json:"truncated"`   // deeper than 128 frames: outermost dropped
+	ReadErrors uint64 `json:"read_errors"` // the frame chain broke while read
+}
+
+// countPython counts an allocation event of a Python process, registering
+// the process now if the scans have not yet.
+func (p *Profiler) countPython(ev *tracer.Event) {
+	if !p.py.Has(ev.PID) && !p.addPython(int(ev.PID)) {
+		return
+	}
+	s := &p.pyStats
+	s.Events++
+	if len(ev.PyFrames) == 0 {
+		s.Missing++
+	}
+	if ev.PyFlags&tracer.PyNoThread != 0 {
+		s.NoThread++
+	}
+	if ev.PyFlags&tracer.PyTruncated != 0 {
+		s.Truncated++
+	}
+	if ev.PyFlags&tracer.PyReadError != 0 {
+		s.ReadErrors++
+	}
+}
+
+// addPython registers a Python process with the BPF program and the
+// resolver; false when pid is not one (yet).
+func (p *Profiler) addPython(pid int) bool {
+	if p.notPython[pid] {
+		return false
+	}
+	proc, err := pystack.Detect(p.cfg.ProcRoot, pid)
+	switch {
+	case errors.Is(err, pystack.ErrNotReady):
+		return false
+	case errors.Is(err, pystack.ErrNotPython):
+		p.notPython[pid] = true
+		return false
+	case err != nil:
+		p.notPython[pid] = true
+		p.cfg.Logf("no Python frames for %v", err)
+		return false
+	}
+	if err := p.tr.AddPython(uint32(pid), proc.Walk()); err != nil {
+		p.cfg.Logf("%v", err)
+		return false
+	}
+	if err := p.py.Add(proc); err != nil {
+		p.tr.RemovePython(uint32(pid))
+		p.cfg.Logf("pid %d: %v", pid, err)
+		return false
+	}
+	p.pyStats.Processes++
+	p.cfg.Logf("pid %d: Python %s frames", pid, proc.Version)
+	return true
+}
+
+// forget drops what is kept of a process that exited.
+func (p *Profiler) forget(pid uint32) {
+	p.ledger.Exit(pid)
+	p.sym.Forget(pid)
+	if p.py.Has(pid) {
+		p.py.Forget(pid)
+		p.tr.RemovePython(pid)
+	}
+	delete(p.notPython, int(pid))
+}
+
 // intern returns the ID of the event's stack, symbolizing it the first time
 // it is seen, while the process is alive to be read.
 func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
-	raw := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)
-	key := fmt.Sprintf("%d/%d/%s", ev.PID, ev.Op, raw)
+	native := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)
+	py := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))
+	key := fmt.Sprintf("%d/%d/%s/%s", ev.PID, ev.Op, native, py)
 	if id, ok := p.stackIDs[key]; ok {
 		return id
 	}
 	driver := symbolize.Frame{Function: ev.Op.Symbol(), Module: "libcuda.so.1"}
-	frames := append([]symbolize.Frame{driver}, p.sym.Frames(ev.PID, ev.Stack)...)
+	merged := pystack.Merge(p.sym.Frames(ev.PID, ev.Stack), p.py.Frames(ev.PID, ev.PyFrames))
+	frames := append([]symbolize.Frame{driver}, merged...)
 	id := accounting.StackID(len(p.stacks))
 	p.stacks = append(p.stacks, Stack{PID: ev.PID, Frames: frames})
 	p.stackIDs[key] = id
 	return id
 }
 
-// scan attaches to driver libraries that appeared, and releases the memory
-// of traced processes that are gone without their exit being seen.
+// scan registers Python processes, attaches to driver libraries that
+// appeared, and releases the memory of traced processes that are gone
+// without their exit being seen.
 func (p *Profiler) scan(first bool) {
 	p.releaseVanished()
-	if p.cfg.Library != "" {
-		return
-	}
-	libs, err := discover.Scan(p.cfg.ProcRoot, p.cfg.PIDs)
+	found, err := discover.Scan(p.cfg.ProcRoot, p.cfg.PIDs)
 	if err != nil {
 		p.cfg.Logf("scan processes: %v", err)
 		return
 	}
+	p.mu.Lock()
+	for _, pid := range found.Python {
+		if !p.py.Has(uint32(pid)) {
+			p.addPython(pid)
+		}
+	}
+	p.mu.Unlock()
+	if p.cfg.Library != "" {
+		return
+	}
+	libs := found.Libraries
 	for _, lib := range libs {
 		if _, ok := p.attached[lib.ID()]; ok {
 			continue
@@ -268,10 +365,13 @@ func (p *Profiler) attach(lib discover.Library) error {
 func (p *Profiler) releaseVanished() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, pid := range p.ledger.LivePIDs() {
+	pids := p.ledger.LivePIDs()
+	for pid := range p.notPython {
+		pids = append(pids, uint32(pid))
+	}
+	for _, pid := range pids {
 		if _, err := os.Stat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(int(pid)))); errors.Is(err, os.ErrNotExist) {
-			p.ledger.Exit(pid)
-			p.sym.Forget(pid)
+			p.forget(pid)
 		}
 	}
 }

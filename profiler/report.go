@@ -16,6 +16,7 @@ type Report struct {
 	Failures  []Failure // by count, descending
 	Losses    tracer.Losses
 	Ledger    accounting.Stats
+	Python    PythonStats
 	Events    uint64   // events read
 	Libraries []string // driver libraries attached
 }
@@ -50,7 +51,7 @@ func (p *Profiler) Report() (Report, error) {
 		losses, err = p.tr.Losses()
 	}
 	snap := p.ledger.Snapshot()
-	r := Report{Time: time.Now(), Losses: losses, Ledger: snap.Stats, Events: p.events}
+	r := Report{Time: time.Now(), Losses: losses, Ledger: snap.Stats, Python: p.pyStats, Events: p.events}
 	for _, lib := range p.attached {
 		r.Libraries = append(r.Libraries, lib.Path)
 	}

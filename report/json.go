@@ -12,19 +12,22 @@ import (
 )
 
 type jsonReport struct {
-	Time      time.Time        `json:"time"`
-	Stacks    []jsonStack      `json:"stacks"`
-	Failures  []jsonFailure    `json:"failures"`
-	Losses    tracer.Losses    `json:"losses"`
-	Ledger    accounting.Stats `json:"ledger"`
-	Events    uint64           `json:"events"`
-	Libraries []string         `json:"libraries"`
+	Time      time.Time            `json:"time"`
+	Stacks    []jsonStack          `json:"stacks"`
+	Failures  []jsonFailure        `json:"failures"`
+	Losses    tracer.Losses        `json:"losses"`
+	Ledger    accounting.Stats     `json:"ledger"`
+	Python    profiler.PythonStats `json:"python"`
+	Events    uint64               `json:"events"`
+	Libraries []string             `json:"libraries"`
 }
 
 type jsonFrame struct {
 	Function string `json:"function"`
 	Module   string `json:"module,omitempty"`
-	Address  uint64 `json:"address"`
+	Address  uint64 `json:"address,omitempty"`
+	File     string `json:"file,omitempty"`
+	Line     int64  `json:"line,omitempty"`
 }
 
 type jsonStack struct {
@@ -56,7 +59,7 @@ type jsonFailure struct {
 func jsonFrames(frames []symbolize.Frame) []jsonFrame {
 	out := make([]jsonFrame, len(frames))
 	for i, f := range frames {
-		out[i] = jsonFrame{Function: f.Name(), Module: f.Module, Address: f.Address}
+		out[i] = jsonFrame{Function: f.Name(), Module: f.Module, Address: f.Address, File: f.File, Line: f.Line}
 	}
 	return out
 }
@@ -65,7 +68,7 @@ func jsonFrames(frames []symbolize.Frame) []jsonFrame {
 // its counters, the failed allocations and the loss counters.
 func WriteJSON(w io.Writer, r profiler.Report) error {
 	out := jsonReport{
-		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Events: r.Events, Libraries: r.Libraries,
+		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Python: r.Python, Events: r.Events, Libraries: r.Libraries,
 		Stacks: []jsonStack{}, Failures: []jsonFailure{},
 	}
 	for _, row := range r.Rows {

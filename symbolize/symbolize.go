@@ -18,11 +18,14 @@ import (
 	"github.com/gpu-mem/gpu-mem/discover"
 )
 
-// Frame is one symbolized stack frame.
+// Frame is one symbolized stack frame: native, or Python (File and Line set,
+// Function the qualified name).
 type Frame struct {
 	Function string // demangled name; empty when no symbol covers the address
 	Module   string // path of the mapped file, as the process sees it
 	Address  uint64 // address in the file's ELF address space (runtime address if no module)
+	File     string // source file, for Python frames
+	Line     int64  // source line, for Python frames; 0 when unknown
 }
 
 // Name is the frame as profiles show it: the function, or module+0xaddress

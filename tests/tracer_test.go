@@ -251,9 +251,9 @@ func TestProcessesStayApart(t *testing.T) {
 // ctypes from nested functions and four threads, under every interpreter.
 func TestPythonWorkloadExact(t *testing.T) {
 	for _, python := range pythons(t) {
-		t.Run(filepath.Base(filepath.Dir(filepath.Dir(python)))+"-"+filepath.Base(python), func(t *testing.T) {
+		t.Run(pythonName(python), func(t *testing.T) {
 			s := startProfiler(t, profiler.Config{Library: simLib})
-			w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "model")
+			w := startPython(t, s, python, "model")
 			expect := w.run()
 			r := s.report()
 			c := processTotals(r, w.pid)
@@ -263,6 +263,9 @@ func TestPythonWorkloadExact(t *testing.T) {
 			}
 			if c != want {
 				t.Errorf("books %+v, workload counted %+v", c, want)
+			}
+			if r.Python.Events != want.AllocCount || r.Python.Missing != 0 {
+				t.Errorf("python stats %+v for %d allocations", r.Python, want.AllocCount)
 			}
 			assertNoLosses(t, r)
 			w.exit()

@@ -1,6 +1,7 @@
 package tracer
 
 import (
+	"encoding/binary"
 	"fmt"
 	"unsafe"
 
@@ -20,20 +21,48 @@ type Event struct {
 	// Stack holds user return addresses, innermost first, taken when the
 	// driver call returned: the first is in the caller of the driver.
 	Stack []uint64
+	// PyFrames are the calling thread's Python frames, innermost first,
+	// when the process is a registered Python process.
+	PyFrames []PyFrame
+	PyFlags  PyFlags
 }
 
-const stackOffset = int(unsafe.Offsetof(gpumemGpumemEvent{}.Ustack))
+// PyFrame is one Python frame as the BPF program read it; package pystack
+// names it.
+type PyFrame struct {
+	Code  uint64 // PyCodeObject address
+	Instr uint64 // f_lasti (3.10) or the instruction pointer
+	Class uint64 // 3.10: the class of self or cls, else 0
+	// Entry marks the first frame run by a native call of the evaluation
+	// loop: the Python frames of one _PyEval_EvalFrameDefault end with it.
+	Entry bool
+}
 
-// decode reads one ring buffer record. Records are the C struct
-// gpumem_event cut after its used stack frames.
+// PyFlags say how complete an event's Python stack is.
+type PyFlags uint16
+
+const (
+	PyTruncated = PyFlags(gpumemGpumemPyFlagGPUMEM_PY_TRUNCATED)  // outermost frames dropped
+	PyNoThread  = PyFlags(gpumemGpumemPyFlagGPUMEM_PY_NO_THREAD)  // a Python process, but no thread state
+	PyReadError = PyFlags(gpumemGpumemPyFlagGPUMEM_PY_READ_ERROR) // the frame chain broke
+)
+
+const (
+	headerSize  = int(unsafe.Offsetof(gpumemGpumemEvent{}.Pystack))
+	pyFrameSize = int(unsafe.Sizeof(gpumemGpumemPyframe{}))
+)
+
+// decode reads one ring buffer record: the C struct gpumem_event's header,
+// then pystack_len Python frames, then ustack_len native frames.
 func decode(raw []byte, ev *Event) error {
-	if len(raw) < stackOffset {
-		return fmt.Errorf("short event: %d bytes, want at least %d", len(raw), stackOffset)
+	if len(raw) < headerSize {
+		return fmt.Errorf("short event: %d bytes, want at least %d", len(raw), headerSize)
 	}
 	var e gpumemGpumemEvent
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&e)), unsafe.Sizeof(e)), raw)
-	if int(e.UstackLen) > len(e.Ustack) || stackOffset+int(e.UstackLen)*8 > len(raw) {
-		return fmt.Errorf("event claims %d stack frames in %d bytes", e.UstackLen, len(raw))
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&e)), headerSize), raw)
+	stackAt := headerSize + int(e.PystackLen)*pyFrameSize
+	if int(e.UstackLen) > len(e.Ustack) || int(e.PystackLen) > len(e.Pystack) || stackAt+int(e.UstackLen)*8 > len(raw) {
+		return fmt.Errorf("event claims %d Python and %d native frames in %d bytes", e.PystackLen, e.UstackLen, len(raw))
 	}
 	*ev = Event{
 		Exit:      e.Type == uint16(gpumemGpumemEventTypeGPUMEM_EVENT_EXIT),
@@ -45,7 +74,19 @@ func decode(raw []byte, ev *Event) error {
 		Address:   e.Address,
 		Bytes:     e.Bytes,
 		Timestamp: e.Timestamp,
-		Stack:     append(ev.Stack[:0], e.Ustack[:e.UstackLen]...),
+		Stack:     ev.Stack[:0],
+		PyFrames:  ev.PyFrames[:0],
+		PyFlags:   PyFlags(e.PyFlags),
+	}
+	for i := range int(e.PystackLen) {
+		f := (*gpumemGpumemPyframe)(unsafe.Pointer(&raw[headerSize+i*pyFrameSize]))
+		ev.PyFrames = append(ev.PyFrames, PyFrame{
+			Code: f.Code, Instr: f.Instr, Class: f.Cls,
+			Entry: f.Flags&uint32(gpumemGpumemPyframeFlagGPUMEM_PYFRAME_ENTRY) != 0,
+		})
+	}
+	for i := range int(e.UstackLen) {
+		ev.Stack = append(ev.Stack, binary.LittleEndian.Uint64(raw[stackAt+i*8:]))
 	}
 	return nil
 }

@@ -24,19 +24,21 @@ type gpumemGpumemCall struct {
 }
 
 type gpumemGpumemEvent struct {
-	_         structs.HostLayout
-	Timestamp uint64
-	Address   uint64
-	Bytes     uint64
-	Pid       uint32
-	Tid       uint32
-	Result    int32
-	Type      uint16
-	Op        uint16
-	UstackLen uint32
-	Comm      [16]int8
-	_         [4]byte
-	Ustack    [127]uint64
+	_          structs.HostLayout
+	Timestamp  uint64
+	Address    uint64
+	Bytes      uint64
+	Pid        uint32
+	Tid        uint32
+	Result     int32
+	Type       uint16
+	Op         uint16
+	UstackLen  uint32
+	PystackLen uint16
+	PyFlags    uint16
+	Comm       [16]int8
+	Pystack    [128]gpumemGpumemPyframe
+	Ustack     [127]uint64
 }
 
 type gpumemGpumemEventType uint32
@@ -76,6 +78,51 @@ const (
 	gpumemGpumemOpGPUMEM_OP_MEM_RELEASE                    gpumemGpumemOp = 15
 )
 
+type gpumemGpumemPyFlag uint32
+
+const (
+	gpumemGpumemPyFlagGPUMEM_PY_TRUNCATED  gpumemGpumemPyFlag = 1
+	gpumemGpumemPyFlagGPUMEM_PY_NO_THREAD  gpumemGpumemPyFlag = 2
+	gpumemGpumemPyFlagGPUMEM_PY_READ_ERROR gpumemGpumemPyFlag = 4
+)
+
+type gpumemGpumemPyframe struct {
+	_     structs.HostLayout
+	Code  uint64
+	Instr uint64
+	Cls   uint64
+	Flags uint32
+	Pad   uint32
+}
+
+type gpumemGpumemPyframeFlag uint32
+
+const (
+	gpumemGpumemPyframeFlagGPUMEM_PYFRAME_ENTRY gpumemGpumemPyframeFlag = 1
+)
+
+type gpumemGpumemPython struct {
+	_                       structs.HostLayout
+	Runtime                 uint64
+	RuntimeInterpretersHead uint16
+	InterpNext              uint16
+	InterpThreadsHead       uint16
+	TstateNext              uint16
+	TstateThreadId          uint16
+	TstateFrame             uint16
+	CframeCurrentFrame      uint16
+	FramePrevious           uint16
+	FrameCode               uint16
+	FrameInstr              uint16
+	FrameOwner              uint16
+	FrameIsEntry            uint16
+	FrameLocalsplus         uint16
+	TypeFlags               uint16
+	InstrSize               uint8
+	OwnerCstack             uint8
+	_                       [2]byte
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -85,6 +132,8 @@ const (
 	gpumemMapGadgetHeap                        = "gadget_heap"
 	gpumemMapInflight                          = "inflight"
 	gpumemMapLosses                            = "losses"
+	gpumemMapPythonProcs                       = "python_procs"
+	gpumemMapPythonThreads                     = "python_threads"
 	gpumemMapScratch                           = "scratch"
 	gpumemMapTargetPids                        = "target_pids"
 	gpumemMapTracedPids                        = "traced_pids"
@@ -99,6 +148,8 @@ const (
 	gpumemVarGpumemEventTypeBtf                = "gpumem_event_type_btf"
 	gpumemVarGpumemLossBtf                     = "gpumem_loss_btf"
 	gpumemVarGpumemOpBtf                       = "gpumem_op_btf"
+	gpumemVarGpumemPyFlagBtf                   = "gpumem_py_flag_btf"
+	gpumemVarGpumemPyframeFlagBtf              = "gpumem_pyframe_flag_btf"
 )
 
 // loadGpumem returns the embedded CollectionSpec for gpumem.
@@ -157,6 +208,8 @@ type gpumemMapSpecs struct {
 	GadgetHeap        *ebpf.MapSpec `ebpf:"gadget_heap"`
 	Inflight          *ebpf.MapSpec `ebpf:"inflight"`
 	Losses            *ebpf.MapSpec `ebpf:"losses"`
+	PythonProcs       *ebpf.MapSpec `ebpf:"python_procs"`
+	PythonThreads     *ebpf.MapSpec `ebpf:"python_threads"`
 	Scratch           *ebpf.MapSpec `ebpf:"scratch"`
 	TargetPids        *ebpf.MapSpec `ebpf:"target_pids"`
 	TracedPids        *ebpf.MapSpec `ebpf:"traced_pids"`
@@ -174,6 +227,8 @@ type gpumemVariableSpecs struct {
 	GpumemEventTypeBtf                *ebpf.VariableSpec `ebpf:"gpumem_event_type_btf"`
 	GpumemLossBtf                     *ebpf.VariableSpec `ebpf:"gpumem_loss_btf"`
 	GpumemOpBtf                       *ebpf.VariableSpec `ebpf:"gpumem_op_btf"`
+	GpumemPyFlagBtf                   *ebpf.VariableSpec `ebpf:"gpumem_py_flag_btf"`
+	GpumemPyframeFlagBtf              *ebpf.VariableSpec `ebpf:"gpumem_pyframe_flag_btf"`
 }
 
 // gpumemObjects contains all objects after they have been loaded into the kernel.
@@ -201,6 +256,8 @@ type gpumemMaps struct {
 	GadgetHeap        *ebpf.Map `ebpf:"gadget_heap"`
 	Inflight          *ebpf.Map `ebpf:"inflight"`
 	Losses            *ebpf.Map `ebpf:"losses"`
+	PythonProcs       *ebpf.Map `ebpf:"python_procs"`
+	PythonThreads     *ebpf.Map `ebpf:"python_threads"`
 	Scratch           *ebpf.Map `ebpf:"scratch"`
 	TargetPids        *ebpf.Map `ebpf:"target_pids"`
 	TracedPids        *ebpf.Map `ebpf:"traced_pids"`
@@ -213,6 +270,8 @@ func (m *gpumemMaps) Close() error {
 		m.GadgetHeap,
 		m.Inflight,
 		m.Losses,
+		m.PythonProcs,
+		m.PythonThreads,
 		m.Scratch,
 		m.TargetPids,
 		m.TracedPids,
@@ -231,6 +290,8 @@ type gpumemVariables struct {
 	GpumemEventTypeBtf                *ebpf.Variable `ebpf:"gpumem_event_type_btf"`
 	GpumemLossBtf                     *ebpf.Variable `ebpf:"gpumem_loss_btf"`
 	GpumemOpBtf                       *ebpf.Variable `ebpf:"gpumem_op_btf"`
+	GpumemPyFlagBtf                   *ebpf.Variable `ebpf:"gpumem_py_flag_btf"`
+	GpumemPyframeFlagBtf              *ebpf.Variable `ebpf:"gpumem_pyframe_flag_btf"`
 }
 
 // gpumemPrograms contains all programs after they have been loaded into the kernel.

@@ -157,6 +157,26 @@ func (t *Tracer) Read(ev *Event) error {
 // Flush makes Read return the events already sent, then ringbuf.ErrFlushed.
 func (t *Tracer) Flush() error { return t.reader.Flush() }
 
+// PythonWalk tells the BPF program how to walk one process's interpreter:
+// the address of _PyRuntime and the field offsets (struct gpumem_python).
+type PythonWalk = gpumemGpumemPython
+
+// PyNoField marks a field a Python version lacks.
+const PyNoField = 0xffff
+
+// AddPython makes the BPF program capture the Python frames of process pid.
+func (t *Tracer) AddPython(pid uint32, walk PythonWalk) error {
+	if err := t.coll.Maps["python_procs"].Put(pid, walk); err != nil {
+		return fmt.Errorf("register python process %d: %w", pid, err)
+	}
+	return nil
+}
+
+// RemovePython forgets an exited Python process.
+func (t *Tracer) RemovePython(pid uint32) {
+	t.coll.Maps["python_procs"].Delete(pid)
+}
+
 // InFlight counts the driver calls entered and not yet returned.
 func (t *Tracer) InFlight() (int, error) {
 	var (

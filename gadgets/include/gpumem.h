@@ -8,6 +8,8 @@
 /* 127 frames: the most bpf_get_stack returns with the default
  * kernel.perf_event_max_stack. */
 #define GPUMEM_MAX_STACK_DEPTH 127
+/* Python frames kept per event, innermost first. */
+#define GPUMEM_MAX_PY_FRAMES 128
 #define GPUMEM_MAX_INFLIGHT 16384
 #define GPUMEM_MAX_PROCESSES 16384
 #define GPUMEM_RINGBUF_BYTES (16 * 1024 * 1024)
@@ -49,6 +51,53 @@ enum gpumem_loss {
 	GPUMEM_LOSS_MAX,
 };
 
+/* event.py_flags */
+enum gpumem_py_flag {
+	GPUMEM_PY_TRUNCATED = 1,  /* deeper than GPUMEM_MAX_PY_FRAMES: outermost frames dropped */
+	GPUMEM_PY_NO_THREAD = 2,  /* a Python process, but no thread state for this thread */
+	GPUMEM_PY_READ_ERROR = 4, /* the frame chain could not be read to its end */
+};
+
+/* gpumem_pyframe.flags */
+enum gpumem_pyframe_flag {
+	/* The frame is the first one a C-level call of the evaluation loop
+	 * (one native _PyEval_EvalFrameDefault frame) runs. */
+	GPUMEM_PYFRAME_ENTRY = 1,
+};
+
+#define GPUMEM_PY_NO_FIELD 0xffff
+
+/* How to walk one process's interpreter, from user space (pystack/): the
+ * address of _PyRuntime and the offsets, in bytes, of the fields followed.
+ * A field a version lacks is GPUMEM_PY_NO_FIELD. */
+struct gpumem_python {
+	__u64 runtime;
+	__u16 runtime_interpreters_head;
+	__u16 interp_next;
+	__u16 interp_threads_head;
+	__u16 tstate_next;
+	__u16 tstate_thread_id;     /* pthread_self(): the thread pointer (fs base) */
+	__u16 tstate_frame;         /* the current frame, or the _PyCFrame holding it */
+	__u16 cframe_current_frame; /* 3.11, 3.12 */
+	__u16 frame_previous;
+	__u16 frame_code;
+	__u16 frame_instr;          /* 3.10: int f_lasti; later: instruction pointer */
+	__u16 frame_owner;          /* 3.12+: char owner */
+	__u16 frame_is_entry;       /* 3.11: bool is_entry */
+	__u16 frame_localsplus;     /* 3.10: first local, for self or cls */
+	__u16 type_flags;           /* 3.10: PyTypeObject.tp_flags */
+	__u8 instr_size;            /* bytes of frame_instr */
+	__u8 owner_cstack;          /* owner value of C-stack shim frames; 0: none */
+};
+
+struct gpumem_pyframe {
+	__u64 code;  /* PyCodeObject * */
+	__u64 instr; /* f_lasti (3.10) or instruction pointer */
+	__u64 cls;   /* 3.10: the class of the first argument (self or cls), else 0 */
+	__u32 flags; /* enum gpumem_pyframe_flag */
+	__u32 pad;
+};
+
 /* Arguments of a call between its entry and its return. */
 struct gpumem_call {
 	__u64 timestamp;
@@ -67,8 +116,13 @@ struct gpumem_event {
 	__s32 result;    /* CUresult */
 	__u16 type;      /* enum gpumem_event_type */
 	__u16 op;        /* enum gpumem_op */
-	__u32 ustack_len; /* frames used in ustack */
+	__u32 ustack_len; /* native frames, sent right after the pystack_len Python frames */
+	__u16 pystack_len;
+	__u16 py_flags;   /* enum gpumem_py_flag */
 	char comm[16];
+	struct gpumem_pyframe pystack[GPUMEM_MAX_PY_FRAMES];
+	/* Room for the native stack when all Python frames are used; with fewer,
+	 * it starts right after the last one, so that events stay short. */
 	__u64 ustack[GPUMEM_MAX_STACK_DEPTH];
 };
 

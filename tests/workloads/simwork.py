@@ -4,8 +4,12 @@ Same protocol as simwork.c: prints "ready PID", waits for a line on stdin,
 runs, prints "done" and "expect ..." totals, waits for a line (or EOF), exits.
 The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
 
-    python3 simwork.py model       nested functions, four threads, frees
+    python3 simwork.py model   nested functions, four threads, frees
+    python3 simwork.py sites   one allocation of a distinct size from each kind
+                               of Python code; expects lineSIZE=LINE for each,
+                               LINE being the caller's line of cuda_malloc
 """
+import asyncio
 import ctypes
 import os
 import sys
@@ -17,6 +21,7 @@ cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
 
 totals = {"allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0}
 totals_lock = threading.Lock()
+callers = {}  # size -> line of the call to cuda_malloc
 
 
 def count(key_count, key_bytes, nbytes):
@@ -26,8 +31,9 @@ def count(key_count, key_bytes, nbytes):
 
 
 def cuda_malloc(nbytes):
+    callers[nbytes] = sys._getframe(1).f_lineno
     ptr = ctypes.c_uint64()
-    rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), nbytes)
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), nbytes)  # the driver call
     if rc != 0:
         raise MemoryError(f"cuMemAlloc_v2({nbytes}) = {rc}")
     count("allocs", "alloc_bytes", nbytes)
@@ -69,8 +75,90 @@ def model():
         t.join()
 
 
+# ---- sites: each allocates once, with a size of its own ----
+
+
+def module_function():
+    cuda_malloc(1001)
+
+
+class Model:
+    def method(self):
+        cuda_malloc(1002)
+
+    @classmethod
+    def class_method(cls):
+        cuda_malloc(1003)
+
+    @staticmethod
+    def static_method():
+        cuda_malloc(1004)
+
+
+def outer():
+    def inner():
+        cuda_malloc(1005)
+
+    inner()
+
+
+class Outer:
+    class Inner:
+        def method(self):
+            cuda_malloc(1006)
+
+
+def generate_buffers():
+    yield cuda_malloc(1007)
+
+
+async def load_async():
+    await asyncio.sleep(0)
+    cuda_malloc(1008)
+
+
+def thread_one():
+    cuda_malloc(1011)
+
+
+def thread_two():
+    cuda_malloc(1012)
+
+
+def thread_three():
+    cuda_malloc(1013)
+
+
+def thread_four():
+    cuda_malloc(1014)
+
+
+def recurse(depth):
+    if depth == 0:
+        cuda_malloc(1020)
+    else:
+        recurse(depth - 1)
+
+
+def sites():
+    module_function()
+    Model().method()
+    Model.class_method()
+    Model.static_method()
+    outer()
+    Outer.Inner().method()
+    list(generate_buffers())
+    asyncio.run(load_async())
+    threads = [threading.Thread(target=f) for f in (thread_one, thread_two, thread_three, thread_four)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    recurse(200)
+
+
 def main():
-    scenarios = {"model": model}
+    scenarios = {"model": model, "sites": sites}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
@@ -79,7 +167,8 @@ def main():
     sys.stdin.readline()
     scenarios[sys.argv[1]]()
     print("done", flush=True)
-    print("expect " + " ".join(f"{k}={v}" for k, v in totals.items()), flush=True)
+    expect = dict(totals, **{f"line{size}": line for size, line in sorted(callers.items())})
+    print("expect " + " ".join(f"{k}={v}" for k, v in expect.items()), flush=True)
     sys.stdin.readline()
 
 

@@ -1,0 +1,112 @@
+// Package pystack reads Python stacks from outside the interpreter: it finds
+// a process's CPython runtime and the layout of its structures, hands the
+// BPF program what it needs to walk a thread's frames, and names the frames
+// it captured.
+package pystack
+
+import "github.com/gpu-mem/gpu-mem/tracer"
+
+// Layout is where CPython keeps what gpu-mem reads, in bytes, for one minor
+// version. Offsets were taken from each version's internal headers and are
+// checked against them by TestLayoutsMatchHeaders; 3.13 reads its own from
+// _Py_DebugOffsets.
+type Layout struct {
+	// The walk from _PyRuntime to a thread's frames (see struct
+	// gpumem_python); tracer.PyNoField where a version lacks the field.
+	RuntimeInterpretersHead uint16
+	InterpNext              uint16
+	InterpThreadsHead       uint16
+	TstateNext              uint16
+	TstateInterp            uint16
+	TstateThreadID          uint16
+	TstateFrame             uint16
+	CframeCurrentFrame      uint16
+	FramePrevious           uint16
+	FrameCode               uint16
+	FrameInstr              uint16
+	FrameOwner              uint16
+	FrameIsEntry            uint16
+	FrameLocalsplus         uint16
+	TypeFlags               uint16
+	InstrSize               uint8 // 4: f_lasti, an index; 8: an instruction pointer
+	OwnerCstack             uint8 // owner of C-stack shim frames; 0: no shims
+
+	// Code objects and the objects they point to.
+	CodeFilename    uint16
+	CodeName        uint16
+	CodeQualname    uint16 // tracer.PyNoField before 3.11
+	CodeFirstlineno uint16
+	CodeLinetable   uint16
+	CodeAdaptive    uint16 // first instruction, 3.11+
+	CodeVarnames    uint16 // 3.10: the tuple naming self or cls
+	UnicodeASCII    uint16 // sizeof(PyASCIIObject): ASCII text follows
+	UnicodeCompact  uint16 // sizeof(PyCompactUnicodeObject): other text follows
+	BytesData       uint16
+	TupleItems      uint16
+	TypeName        uint16
+}
+
+const no = tracer.PyNoField
+
+var layouts = map[string]Layout{
+	"3.10": {
+		RuntimeInterpretersHead: 32, InterpNext: 0, InterpThreadsHead: 8,
+		TstateNext: 8, TstateInterp: 16, TstateThreadID: 176, TstateFrame: 24, CframeCurrentFrame: no,
+		FramePrevious: 24, FrameCode: 32, FrameInstr: 96, FrameOwner: no, FrameIsEntry: no,
+		FrameLocalsplus: 352, TypeFlags: 168, InstrSize: 4,
+		CodeFilename: 104, CodeName: 112, CodeQualname: no, CodeFirstlineno: 40, CodeLinetable: 120,
+		CodeAdaptive: no, CodeVarnames: 72, UnicodeASCII: 48, UnicodeCompact: 72,
+		BytesData: 32, TupleItems: 24, TypeName: 24,
+	},
+	"3.11": {
+		RuntimeInterpretersHead: 40, InterpNext: 0, InterpThreadsHead: 16,
+		TstateNext: 8, TstateInterp: 16, TstateThreadID: 152, TstateFrame: 56, CframeCurrentFrame: 8,
+		FramePrevious: 48, FrameCode: 32, FrameInstr: 56, FrameOwner: 69, FrameIsEntry: 68,
+		FrameLocalsplus: no, TypeFlags: no, InstrSize: 8,
+		CodeFilename: 112, CodeName: 120, CodeQualname: 128, CodeFirstlineno: 72, CodeLinetable: 136,
+		CodeAdaptive: 184, CodeVarnames: no, UnicodeASCII: 48, UnicodeCompact: 72,
+		BytesData: 32, TupleItems: 24, TypeName: 24,
+	},
+	"3.12": {
+		RuntimeInterpretersHead: 40, InterpNext: 0, InterpThreadsHead: 72,
+		TstateNext: 8, TstateInterp: 16, TstateThreadID: 136, TstateFrame: 56, CframeCurrentFrame: 0,
+		FramePrevious: 8, FrameCode: 0, FrameInstr: 56, FrameOwner: 70, FrameIsEntry: no,
+		FrameLocalsplus: no, TypeFlags: no, InstrSize: 8, OwnerCstack: 3,
+		CodeFilename: 112, CodeName: 120, CodeQualname: 128, CodeFirstlineno: 68, CodeLinetable: 136,
+		CodeAdaptive: 192, CodeVarnames: no, UnicodeASCII: 40, UnicodeCompact: 56,
+		BytesData: 32, TupleItems: 24, TypeName: 24,
+	},
+	"3.13": {
+		RuntimeInterpretersHead: 632, InterpNext: 7264, InterpThreadsHead: 7344,
+		TstateNext: 8, TstateInterp: 16, TstateThreadID: 152, TstateFrame: 72, CframeCurrentFrame: no,
+		FramePrevious: 8, FrameCode: 0, FrameInstr: 56, FrameOwner: 70, FrameIsEntry: no,
+		FrameLocalsplus: no, TypeFlags: no, InstrSize: 8, OwnerCstack: 3,
+		CodeFilename: 112, CodeName: 120, CodeQualname: 128, CodeFirstlineno: 68, CodeLinetable: 136,
+		CodeAdaptive: 200, CodeVarnames: no, UnicodeASCII: 40, UnicodeCompact: 56,
+		BytesData: 32, TupleItems: 24, TypeName: 24,
+	},
+}
+
+// walk is what the BPF program needs for a process whose _PyRuntime is at
+// runtime.
+func (l Layout) walk(runtime uint64) tracer.PythonWalk {
+	return tracer.PythonWalk{
+		Runtime:                 runtime,
+		RuntimeInterpretersHead: l.RuntimeInterpretersHead,
+		InterpNext:              l.InterpNext,
+		InterpThreadsHead:       l.InterpThreadsHead,
+		TstateNext:              l.TstateNext,
+		TstateThreadId:          l.TstateThreadID,
+		TstateFrame:             l.TstateFrame,
+		CframeCurrentFrame:      l.CframeCurrentFrame,
+		FramePrevious:           l.FramePrevious,
+		FrameCode:               l.FrameCode,
+		FrameInstr:              l.FrameInstr,
+		FrameOwner:              l.FrameOwner,
+		FrameIsEntry:            l.FrameIsEntry,
+		FrameLocalsplus:         l.FrameLocalsplus,
+		TypeFlags:               l.TypeFlags,
+		InstrSize:               l.InstrSize,
+		OwnerCstack:             l.OwnerCstack,
+	}
+}

@@ -1,0 +1,150 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+)
+
+// pySites are the allocation sites of simwork.py's sites scenario: the size
+// each allocates, and the qualified name of its function, as 3.11+ and as
+// 3.10 (no co_qualname: the class comes from self or cls) name it.
+var pySites = []struct {
+	size          uint64
+	name, name310 string
+}{
+	{1001, "module_function", "module_function"},
+	{1002, "Model.method", "Model.method"},
+	{1003, "Model.class_method", "Model.class_method"},
+	{1004, "Model.static_method", "static_method"},
+	{1005, "outer.<locals>.inner", "inner"},
+	{1006, "Outer.Inner.method", "Inner.method"},
+	{1007, "generate_buffers", "generate_buffers"},
+	{1008, "load_async", "load_async"},
+	{1011, "thread_one", "thread_one"},
+	{1012, "thread_two", "thread_two"},
+	{1013, "thread_three", "thread_three"},
+	{1014, "thread_four", "thread_four"},
+	{1020, "recurse", "recurse"},
+}
+
+func pythonFrames(frames []symbolize.Frame) []symbolize.Frame {
+	var py []symbolize.Frame
+	for _, f := range frames {
+		if f.File != "" {
+			py = append(py, f)
+		}
+	}
+	return py
+}
+
+func frameNames(frames []symbolize.Frame) []string {
+	names := make([]string, len(frames))
+	for i, f := range frames {
+		names[i] = f.Name()
+	}
+	return names
+}
+
+// driverCallLine is the line of simwork.py's call into the driver.
+func driverCallLine(t *testing.T) int64 {
+	data, err := os.ReadFile(filepath.Join(repoRoot, "tests/workloads/simwork.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, "# the driver call") {
+			return int64(i + 1)
+		}
+	}
+	t.Fatal("no driver call in simwork.py")
+	return 0
+}
+
+// startPython starts simwork.py and waits until gpu-mem walks its frames.
+func startPython(t *testing.T, s *session, python, scenario string) *workload {
+	t.Helper()
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), scenario)
+	s.waitLog(fmt.Sprintf("pid %d: Python", w.pid), 3*time.Second)
+	return w
+}
+
+// TestPythonSites: every kind of Python code is named as Python names it,
+// with the line of the call, under every interpreter; every allocation event
+// has its Python frames.
+func TestPythonSites(t *testing.T) {
+	driverLine := driverCallLine(t)
+	for _, python := range pythons(t) {
+		t.Run(pythonName(python), func(t *testing.T) {
+			s := startProfiler(t, profiler.Config{Library: simLib})
+			w := startPython(t, s, python, "sites")
+			expect := w.run()
+			r := s.report()
+			is310 := strings.Contains(python, "3.10")
+
+			bySize := map[uint64]profiler.Row{}
+			for _, row := range r.Rows {
+				if row.PID == uint32(w.pid) {
+					bySize[row.AllocBytes] = row
+				}
+			}
+			for _, site := range pySites {
+				row, ok := bySize[site.size]
+				if !ok {
+					t.Errorf("no stack allocated %d bytes", site.size)
+					continue
+				}
+				py := pythonFrames(row.Frames)
+				if len(py) < 2 {
+					t.Errorf("%d bytes: Python frames %v", site.size, frameNames(row.Frames))
+					continue
+				}
+				want := site.name
+				if is310 {
+					want = site.name310
+				}
+				if py[0].Function != "cuda_malloc" || py[0].Line != driverLine {
+					t.Errorf("%d bytes: innermost %s line %d, want cuda_malloc line %d", site.size, py[0].Function, py[0].Line, driverLine)
+				}
+				if py[1].Function != want || uint64(py[1].Line) != expect[fmt.Sprintf("line%d", site.size)] {
+					t.Errorf("%d bytes: caller %s line %d, want %s line %d", site.size, py[1].Function, py[1].Line, want, expect[fmt.Sprintf("line%d", site.size)])
+				}
+				if !strings.HasSuffix(py[1].File, "simwork.py") || row.LiveBytes() != site.size {
+					t.Errorf("%d bytes: file %s, live %d", site.size, py[1].File, row.LiveBytes())
+				}
+			}
+
+			// The whole merged stack of one site: the driver, the native
+			// frames of the call, then Python from the innermost out.
+			names := frameNames(pythonFrames(bySize[1001].Frames))
+			if got, want := strings.Join(names, " <- "), "cuda_malloc <- module_function <- sites <- main <- <module>"; got != want {
+				t.Errorf("stack %s, want %s", got, want)
+			}
+			if f := bySize[1001].Frames; f[0].Function != "cuMemAlloc_v2" || f[1].File != "" {
+				t.Errorf("native frames of the call not first: %v", frameNames(f))
+			}
+			// 200-deep recursion: the innermost 128 frames are kept.
+			deep := pythonFrames(bySize[1020].Frames)
+			if len(deep) != 128 || deep[127].Function != "recurse" {
+				t.Errorf("recursion kept %d frames, outermost %v", len(deep), deep[len(deep)-1])
+			}
+
+			want := profiler.PythonStats{Processes: 1, Events: uint64(len(pySites)), Truncated: 1}
+			if r.Python != want {
+				t.Errorf("python stats %+v, want %+v", r.Python, want)
+			}
+			assertNoLosses(t, r)
+			w.exit()
+		})
+	}
+}
+
+func pythonName(path string) string {
+	return filepath.Base(filepath.Dir(filepath.Dir(path))) + "-" + filepath.Base(path)
+}
