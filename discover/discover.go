@@ -133,10 +133,11 @@ type Mapping struct {
 	Deleted    bool // the file was removed or replaced after it was mapped
 }
 
-// ParseMapsLine parses "start-end perms offset dev inode path".
+// ParseMapsLine parses "start-end perms offset dev inode [path]". Path is
+// empty for anonymous memory, and "[name]" for the kernel's ([stack], [vdso]).
 func ParseMapsLine(line string) (Mapping, bool) {
 	fields := strings.Fields(line)
-	if len(fields) < 6 || !strings.HasPrefix(fields[5], "/") {
+	if len(fields) < 5 {
 		return Mapping{}, false
 	}
 	start, end, ok := strings.Cut(fields[0], "-")
@@ -160,7 +161,9 @@ func ParseMapsLine(line string) (Mapping, bool) {
 	m.Perms = fields[1]
 	m.Dev = fields[3]
 	// Paths may contain spaces; the kernel appends " (deleted)".
-	m.Path = strings.Join(fields[5:], " ")
+	if len(fields) > 5 {
+		m.Path = strings.Join(fields[5:], " ")
+	}
 	if p, found := strings.CutSuffix(m.Path, " (deleted)"); found {
 		m.Path, m.Deleted = p, true
 	}

@@ -23,8 +23,9 @@ func TestParseMapsLine(t *testing.T) {
 			Mapping{Start: 0x7f00, End: 0x7f10, Perms: "r-xp", Dev: "00:2a", Inode: 99, Path: "/opt/my venv/lib/libcuda.so.1", Deleted: true},
 			true,
 		},
-		{"7ffd-7ffe rw-p 00000000 00:00 0 [stack]", Mapping{}, false},
-		{"7ffd-7ffe rw-p 00000000 00:00 0", Mapping{}, false},
+		{"7ffd-7ffe rw-p 00000000 00:00 0 [stack]", Mapping{Start: 0x7ffd, End: 0x7ffe, Perms: "rw-p", Dev: "00:00", Path: "[stack]"}, true},
+		{"7ffd-7ffe r-xp 00000000 00:00 0", Mapping{Start: 0x7ffd, End: 0x7ffe, Perms: "r-xp", Dev: "00:00"}, true},
+		{"7ffd-7ffe r-xp 00000000 00:00", Mapping{}, false},
 		{"garbage", Mapping{}, false},
 	} {
 		got, ok := ParseMapsLine(tc.line)

@@ -5,12 +5,14 @@ package symbolize
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"debug/elf"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/ianlancetaylor/demangle"
@@ -61,13 +63,17 @@ func New(procRoot string) *Symbolizer {
 }
 
 // Frames symbolizes return addresses of process pid, innermost first. Each
-// address is looked up one byte back, inside the call instruction.
+// address is looked up one byte back, inside the call instruction. The
+// frames end before the first address outside executable memory: no return
+// address can be there, so the frame-pointer chain had gone through code
+// built without frame pointers, and nothing beyond it is a caller. A
+// process whose maps cannot be read keeps every address, unresolved.
 func (s *Symbolizer) Frames(pid uint32, addrs []uint64) []Frame {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	frames := make([]Frame, len(addrs))
+	frames := make([]Frame, 0, len(addrs))
 	reloaded := false
-	for i, addr := range addrs {
+	for _, addr := range addrs {
 		m := s.lookupMapping(pid, addr-1)
 		if m == nil && !reloaded {
 			// Libraries loaded since the maps were read (dlopen).
@@ -75,7 +81,10 @@ func (s *Symbolizer) Frames(pid uint32, addrs []uint64) []Frame {
 			reloaded = true
 			m = s.lookupMapping(pid, addr-1)
 		}
-		frames[i] = s.frame(pid, m, addr-1)
+		if m == nil && len(s.procs[pid]) > 0 {
+			break
+		}
+		frames = append(frames, s.frame(pid, m, addr-1))
 	}
 	return frames
 }
@@ -90,6 +99,10 @@ func (s *Symbolizer) Forget(pid uint32) {
 func (s *Symbolizer) frame(pid uint32, m *mapping, addr uint64) Frame {
 	if m == nil {
 		return Frame{Address: addr}
+	}
+	if !strings.HasPrefix(m.Path, "/") {
+		// Anonymous executable memory: code generated at run time.
+		return Frame{Module: cmp.Or(m.Path, "[anon]"), Address: addr - m.Start}
 	}
 	if m.file == nil {
 		m.file = s.open(pid, m)

@@ -61,7 +61,7 @@ func TestFramesOfARunningProcess(t *testing.T) {
 	s := New("/proc")
 	// Frames looks each return address up one byte back: pass addr+1 so the
 	// lookup lands on the function's first byte.
-	frames := s.Frames(uint32(pid), []uint64{addr + 1, 0x10})
+	frames := s.Frames(uint32(pid), []uint64{addr + 1, 0x10, addr + 1})
 	if got := frames[0].Function; got != "model::Runner::allocate_kv_cache" {
 		t.Errorf("function %q, want the demangled name without parameters", got)
 	}
@@ -73,8 +73,9 @@ func TestFramesOfARunningProcess(t *testing.T) {
 	if frames[0].Address >= 0x100000 {
 		t.Errorf("address %#x is not an ELF address", frames[0].Address)
 	}
-	if frames[1].Function != "" || frames[1].Name() != "[unknown]+0xf" {
-		t.Errorf("unmapped frame %+v named %q", frames[1], frames[1].Name())
+	// 0x10 is in no executable mapping: the chain ends there.
+	if len(frames) != 1 {
+		t.Errorf("frames after an impossible return address: %+v", frames)
 	}
 
 	// After the process is gone, its cached mappings still resolve.
@@ -82,6 +83,13 @@ func TestFramesOfARunningProcess(t *testing.T) {
 	again := s.Frames(uint32(pid), []uint64{addr + 1})
 	if again[0] != frames[0] {
 		t.Errorf("%+v != %+v", again[0], frames[0])
+	}
+}
+
+func TestUnreadableProcessKeepsAddresses(t *testing.T) {
+	frames := New("/proc").Frames(1<<30, []uint64{0x1001, 0x2001})
+	if len(frames) != 2 || frames[0].Name() != "[unknown]+0x1000" {
+		t.Errorf("%+v", frames)
 	}
 }
 
