@@ -48,7 +48,7 @@ func Top(r profiler.Report) []TopRow {
 		t.Frees += s.FreeCount + s.ImplicitFreeCount
 		weight := s.LiveBytes()
 		if t.Hottest == "" || weight > t.hottest {
-			t.Hottest, t.hottest = caller(s.Frames), weight
+			t.Hottest, t.hottest = hottestFrame(s.Frames), weight
 		}
 	}
 	for _, f := range r.Failures {
@@ -70,9 +70,15 @@ func Top(r profiler.Report) []TopRow {
 	return out
 }
 
-// caller names the frame that called into the driver (frame 0 is the
-// driver function itself).
-func caller(frames []symbolize.Frame) string {
+// hottestFrame names the code a reader acts on: the innermost Python frame,
+// else the native frame that called the driver (frame 0 is the driver
+// function itself).
+func hottestFrame(frames []symbolize.Frame) string {
+	for _, f := range frames {
+		if f.File != "" {
+			return f.Name()
+		}
+	}
 	if len(frames) > 1 {
 		return frames[1].Name()
 	}

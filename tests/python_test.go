@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/pprof/profile"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -147,4 +150,65 @@ func TestPythonSites(t *testing.T) {
 
 func pythonName(path string) string {
 	return filepath.Base(filepath.Dir(filepath.Dir(path))) + "-" + filepath.Base(path)
+}
+
+// TestPythonInEveryOutput: pprof carries Python functions with their file and
+// line, folded and top name them.
+func TestPythonInEveryOutput(t *testing.T) {
+	python := "/root/.pyenv/versions/3.12.1/bin/python3.12"
+	dir := t.TempDir()
+	outputs := map[string]string{}
+	for _, format := range []string{"pprof", "folded"} {
+		outputs[format] = filepath.Join(dir, "out."+format)
+		w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "sites")
+		c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--format", format, "-o", outputs[format])
+		c.waitStderr("Python 3.12 frames")
+		c.waitStderr("attached to")
+		expect := w.run()
+		c.interrupt()
+		w.exit()
+		outputs["line"] = strconv.FormatUint(expect["line1002"], 10)
+	}
+
+	f, err := os.Open(outputs["pprof"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p, err := profile.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range p.Sample {
+		for _, loc := range s.Location {
+			l := loc.Line[0]
+			if l.Function.Name == "Model.method" {
+				found = strconv.FormatInt(l.Line, 10) == outputs["line"] && strings.HasSuffix(l.Function.Filename, "simwork.py") && s.Value[3] == 1002
+			}
+		}
+	}
+	if !found {
+		t.Errorf("pprof has no Model.method at simwork.py:%s with 1002 bytes in use", outputs["line"])
+	}
+
+	folded, err := os.ReadFile(outputs["folded"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !matchLine(string(folded), `^python3.12;.*<module>;main;sites;Model.method;cuda_malloc;.*cuMemAlloc_v2 1002$`) {
+		t.Errorf("folded:\n%s", folded)
+	}
+
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "model")
+	c := startCLI(t, "top", "--pid", strconv.Itoa(w.pid), "--interval", "200ms")
+	c.waitStderr("Python 3.12 frames")
+	c.waitStderr("attached to")
+	w.run()
+	time.Sleep(500 * time.Millisecond)
+	c.interrupt()
+	w.exit()
+	if !matchLine(c.stdout.String(), strconv.Itoa(w.pid)+` +python3.12 +device .* cuda_malloc$`) {
+		t.Errorf("top:\n%s", c.stdout.String())
+	}
 }
