@@ -190,6 +190,26 @@ func releaseImplicitly(a allocation) {
 	a.row.ImplicitFreeCount++
 }
 
+// DropExited removes the rows and failures of processes that exited, and
+// returns those processes: a long-running agent calls it once their last
+// numbers are exported, so that the books stay bounded.
+func (l *Ledger) DropExited() map[uint32]bool {
+	dropped := map[uint32]bool{}
+	for k := range l.rows {
+		if l.procs[k.PID] == nil {
+			dropped[k.PID] = true
+			delete(l.rows, k)
+		}
+	}
+	for k := range l.failures {
+		if l.procs[k.PID] == nil {
+			dropped[k.PID] = true
+			delete(l.failures, k)
+		}
+	}
+	return dropped
+}
+
 // LivePIDs are the processes that hold memory in the books.
 func (l *Ledger) LivePIDs() []uint32 {
 	pids := make([]uint32, 0, len(l.procs))

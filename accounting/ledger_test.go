@@ -115,3 +115,16 @@ func TestFailuresAreNotAllocations(t *testing.T) {
 		t.Errorf("failures %+v stats %+v", s.Failures, s.Stats)
 	}
 }
+
+func TestDropExited(t *testing.T) {
+	l := New()
+	l.Alloc(weights, 0x1000, false, 100, 1)
+	l.Alloc(other, 0x1000, false, 7, 2)
+	l.Fail(other, 1, tracer.CUDAOutOfMemory, 9)
+	l.Exit(11)
+	dropped := l.DropExited()
+	s := l.Snapshot()
+	if len(dropped) != 1 || !dropped[11] || len(s.Rows) != 1 || len(s.Failures) != 0 || s.Rows[weights].LiveBytes() != 100 {
+		t.Errorf("dropped %v, books %+v", dropped, s)
+	}
+}

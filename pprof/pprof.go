@@ -13,9 +13,26 @@ import (
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
-// Build turns a report into a profile with one sample per (process, stack,
-// memory kind), labelled with pid, comm and kind.
+// Values are a sample's values, in the order of the sample types:
+// alloc_objects, alloc_space, inuse_objects, inuse_space.
+type Values [4]int64
+
+// Totals are a row's values since tracing began: what it allocated, and what
+// it still holds.
+func Totals(row profiler.Row) Values {
+	return Values{int64(row.AllocCount), int64(row.AllocBytes), int64(row.LiveCount()), int64(row.LiveBytes())}
+}
+
+// Build makes a profile of the report's rows, one sample per (process,
+// stack, memory kind), labelled with pid, comm and kind.
 func Build(r profiler.Report) *profile.Profile {
+	return BuildRows(r.Rows, r.Time, 0, Totals)
+}
+
+// BuildRows makes a profile taken at t over duration of the given rows,
+// with the values that values gives each. Rows whose values are all zero are
+// left out.
+func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values func(profiler.Row) Values) *profile.Profile {
 	b := builder{
 		p: &profile.Profile{
 			SampleType: []*profile.ValueType{
@@ -25,7 +42,8 @@ func Build(r profiler.Report) *profile.Profile {
 				{Type: "inuse_space", Unit: "bytes"},
 			},
 			DefaultSampleType: "inuse_space",
-			TimeNanos:         r.Time.UnixNano(),
+			TimeNanos:         t.UnixNano(),
+			DurationNanos:     duration.Nanoseconds(),
 			PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
 			Period:            1,
 		},
@@ -33,12 +51,13 @@ func Build(r profiler.Report) *profile.Profile {
 		functions: map[string]*profile.Function{},
 		locations: map[locationKey]*profile.Location{},
 	}
-	for _, row := range r.Rows {
+	for _, row := range rows {
+		v := values(row)
+		if v == (Values{}) {
+			continue
+		}
 		s := &profile.Sample{
-			Value: []int64{
-				int64(row.AllocCount), int64(row.AllocBytes),
-				int64(row.LiveCount()), int64(row.LiveBytes()),
-			},
+			Value:    v[:],
 			Label:    map[string][]string{"comm": {row.Comm}, "kind": {row.Kind.String()}},
 			NumLabel: map[string][]int64{"pid": {int64(row.PID)}},
 		}

@@ -54,8 +54,10 @@ type Profiler struct {
 
 	mu       sync.Mutex
 	ledger   *accounting.Ledger
-	stacks   []Stack // by accounting.StackID
-	stackIDs map[string]accounting.StackID
+	stacks   map[accounting.StackID]Stack
+	stackIDs map[string]accounting.StackID // by pid, op and raw frames
+	pidKeys  map[uint32][]string           // the stackIDs keys of each process
+	nextID   accounting.StackID
 	comms    map[uint32]string
 	events   uint64
 	attached map[string]discover.Library
@@ -104,7 +106,9 @@ func New(cfg Config) (*Profiler, error) {
 		py:        pystack.NewResolver(),
 		notPython: map[int]bool{},
 		ledger:    accounting.New(),
+		stacks:    map[accounting.StackID]Stack{},
 		stackIDs:  map[string]accounting.StackID{},
+		pidKeys:   map[uint32][]string{},
 		comms:     map[uint32]string{},
 		attached:  map[string]discover.Library{},
 		failed:    map[string]bool{},
@@ -309,10 +313,27 @@ func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
 	driver := symbolize.Frame{Function: ev.Op.Symbol(), Module: "libcuda.so.1"}
 	merged := pystack.Merge(p.sym.Frames(ev.PID, ev.Stack), p.py.Frames(ev.PID, ev.PyFrames))
 	frames := append([]symbolize.Frame{driver}, merged...)
-	id := accounting.StackID(len(p.stacks))
-	p.stacks = append(p.stacks, Stack{PID: ev.PID, Frames: frames})
+	id := p.nextID
+	p.nextID++
+	p.stacks[id] = Stack{PID: ev.PID, Frames: frames}
 	p.stackIDs[key] = id
+	p.pidKeys[ev.PID] = append(p.pidKeys[ev.PID], key)
 	return id
+}
+
+// DropExited forgets the processes that exited: their rows, failures and
+// stacks. Reports taken before keep them.
+func (p *Profiler) DropExited() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for pid := range p.ledger.DropExited() {
+		for _, key := range p.pidKeys[pid] {
+			delete(p.stacks, p.stackIDs[key])
+			delete(p.stackIDs, key)
+		}
+		delete(p.pidKeys, pid)
+		delete(p.comms, pid)
+	}
 }
 
 // scan registers Python processes, attaches to driver libraries that

@@ -23,9 +23,8 @@ type Report struct {
 
 // Row is what one stack of one process did with one kind of memory.
 type Row struct {
-	PID    uint32
+	accounting.Key
 	Comm   string
-	Kind   tracer.Kind
 	Frames []symbolize.Frame // innermost first
 	accounting.Counters
 }
@@ -57,7 +56,7 @@ func (p *Profiler) Report() (Report, error) {
 	}
 	sort.Strings(r.Libraries)
 	for k, c := range snap.Rows {
-		r.Rows = append(r.Rows, Row{PID: k.PID, Comm: p.comms[k.PID], Kind: k.Kind, Frames: p.stacks[k.Stack].Frames, Counters: c})
+		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Frames: p.stacks[k.Stack].Frames, Counters: c})
 	}
 	sort.Slice(r.Rows, func(i, j int) bool {
 		a, b := r.Rows[i], r.Rows[j]
