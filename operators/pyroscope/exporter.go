@@ -1,0 +1,333 @@
+// Package pyroscope pushes GPU memory profiles to Grafana Pyroscope over
+// native gRPC (push.v1.PusherService/Push): one profile per process and
+// memory kind every interval, through a bounded queue that never blocks the
+// tracer.
+package pyroscope
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
+	typesv1 "github.com/grafana/pyroscope/api/gen/proto/go/types/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/pprof"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// Labels every series carries; dashboards/gpu-mem.json queries them.
+const (
+	LabelName    = "__name__"
+	LabelDelta   = "__delta__"
+	LabelService = "service_name"
+	LabelPID     = "pid"
+	LabelComm    = "comm"
+	LabelKind    = "kind"
+	LabelNode    = "node"
+	ProfileName  = "memory"
+)
+
+// Config says where and how to push.
+type Config struct {
+	URL       string        // http://host:4040 (cleartext HTTP/2) or https://host:4040 (TLS)
+	Interval  time.Duration // one profile per process and kind per interval
+	QueueSize int           // intervals kept while the server is unreachable
+
+	// Service overrides service_name, by default the process name.
+	Service string
+	Node    string // the node label
+
+	CAFile   string // TLS: trust these certificates instead of the system's
+	User     string // basic auth user
+	Password string // basic auth password (read from a file or the environment)
+	Token    string // bearer token (read from a file or the environment)
+	TenantID string // X-Scope-OrgID
+}
+
+// Stats are the exporter's counts, for the agent's status line.
+type Stats struct {
+	Pushed    uint64 // intervals delivered
+	Failed    uint64 // push attempts that failed (retried)
+	Dropped   uint64 // intervals dropped, oldest first, because the queue was full
+	Queued    int    // intervals waiting
+	LastError string // of the last failed attempt; credentials never appear
+}
+
+// Exporter turns reports into pushes. Export and Stats may be called from
+// any goroutine while Run sends.
+type Exporter struct {
+	cfg    Config
+	conn   *grpc.ClientConn
+	client pushv1.PusherServiceClient
+
+	mu    sync.Mutex
+	queue []*pushv1.PushRequest
+	ready chan struct{} // signalled when the queue grows
+	stats Stats
+	last  time.Time                              // end of the previous interval
+	prev  map[accounting.Key]accounting.Counters // counters at the previous export
+}
+
+// New checks the configuration and prepares the connection; nothing is
+// dialled until the first push.
+func New(cfg Config) (*Exporter, error) {
+	target, creds, err := transport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Interval <= 0 {
+		return nil, errors.New("pyroscope interval must be positive")
+	}
+	if cfg.QueueSize <= 0 {
+		return nil, errors.New("pyroscope queue must hold at least one interval")
+	}
+	conn, err := grpc.NewClient(target,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithUnaryInterceptor(authInterceptor(cfg)))
+	if err != nil {
+		return nil, fmt.Errorf("pyroscope %s: %w", cfg.URL, err)
+	}
+	return &Exporter{
+		cfg:    cfg,
+		conn:   conn,
+		client: pushv1.NewPusherServiceClient(conn),
+		ready:  make(chan struct{}, 1),
+		last:   time.Now(),
+		prev:   map[accounting.Key]accounting.Counters{},
+	}, nil
+}
+
+// transport reads the URL: its scheme chooses cleartext or TLS.
+func transport(cfg Config) (string, credentials.TransportCredentials, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return "", nil, fmt.Errorf("bad pyroscope URL %q: want http://HOST:PORT or https://HOST:PORT", cfg.URL)
+	}
+	switch u.Scheme {
+	case "http":
+		if cfg.CAFile != "" {
+			return "", nil, fmt.Errorf("a CA file needs an https:// pyroscope URL, not %q", cfg.URL)
+		}
+		return hostPort(u, "80"), insecure.NewCredentials(), nil
+	case "https":
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if cfg.CAFile != "" {
+			pem, err := os.ReadFile(cfg.CAFile)
+			if err != nil {
+				return "", nil, fmt.Errorf("pyroscope CA file: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return "", nil, fmt.Errorf("pyroscope CA file %s holds no PEM certificate", cfg.CAFile)
+			}
+		}
+		return hostPort(u, "443"), credentials.NewTLS(tc), nil
+	}
+	return "", nil, fmt.Errorf("bad pyroscope URL %q: scheme must be http or https", cfg.URL)
+}
+
+func hostPort(u *url.URL, port string) string {
+	if u.Port() != "" {
+		return u.Host
+	}
+	return u.Hostname() + ":" + port
+}
+
+// authInterceptor adds the credentials and tenant to every call.
+func authInterceptor(cfg Config) grpc.UnaryClientInterceptor {
+	var md []string
+	switch {
+	case cfg.Token != "":
+		md = append(md, "authorization", "Bearer "+cfg.Token)
+	case cfg.User != "":
+		md = append(md, "authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(cfg.User+":"+cfg.Password)))
+	}
+	if cfg.TenantID != "" {
+		md = append(md, "x-scope-orgid", cfg.TenantID)
+	}
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if len(md) > 0 {
+			ctx = metadata.AppendToOutgoingContext(ctx, md...)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+}
+
+// Export queues the interval ending with the report: per process and kind,
+// what was allocated since the previous export and what is live now. When
+// the queue is full, the oldest interval is dropped and counted.
+func (e *Exporter) Export(r profiler.Report) {
+	req := e.request(r)
+	e.mu.Lock()
+	if len(e.queue) == e.cfg.QueueSize {
+		e.queue = e.queue[1:]
+		e.stats.Dropped++
+	}
+	e.queue = append(e.queue, req)
+	e.mu.Unlock()
+	select {
+	case e.ready <- struct{}{}:
+	default:
+	}
+}
+
+type seriesKey struct {
+	pid  uint32
+	kind tracer.Kind
+}
+
+func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
+	start := e.last
+	e.last = r.Time
+	bySeries := map[seriesKey][]profiler.Row{}
+	current := make(map[accounting.Key]accounting.Counters, len(r.Rows))
+	for _, row := range r.Rows {
+		k := seriesKey{row.PID, row.Kind}
+		bySeries[k] = append(bySeries[k], row)
+		current[row.Key] = row.Counters
+	}
+	prev := e.prev
+	e.prev = current
+	interval := func(row profiler.Row) pprof.Values {
+		before := prev[row.Key]
+		return pprof.Values{
+			int64(row.AllocCount - before.AllocCount), int64(row.AllocBytes - before.AllocBytes),
+			int64(row.LiveCount()), int64(row.LiveBytes()),
+		}
+	}
+	keys := make([]seriesKey, 0, len(bySeries))
+	for k := range bySeries {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i].pid < keys[j].pid || keys[i].pid == keys[j].pid && keys[i].kind < keys[j].kind
+	})
+	req := &pushv1.PushRequest{}
+	for _, k := range keys {
+		rows := bySeries[k]
+		prof := pprof.BuildRows(rows, start, r.Time.Sub(start), interval)
+		if len(prof.Sample) == 0 {
+			continue
+		}
+		var buf bytes.Buffer
+		if err := prof.Write(&buf); err != nil {
+			continue // writing to memory does not fail
+		}
+		req.Series = append(req.Series, &pushv1.RawProfileSeries{
+			Labels:  e.labels(rows[0]),
+			Samples: []*pushv1.RawSample{{RawProfile: buf.Bytes()}},
+		})
+	}
+	return req
+}
+
+func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
+	service := e.cfg.Service
+	if service == "" {
+		service = row.Comm
+	}
+	pairs := []*typesv1.LabelPair{
+		{Name: LabelName, Value: ProfileName},
+		{Name: LabelDelta, Value: "false"},
+		{Name: LabelService, Value: service},
+		{Name: LabelPID, Value: strconv.FormatUint(uint64(row.PID), 10)},
+		{Name: LabelComm, Value: row.Comm},
+		{Name: LabelKind, Value: row.Kind.String()},
+	}
+	if e.cfg.Node != "" {
+		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})
+	}
+	return pairs
+}
+
+// Backoff bounds between failed attempts.
+const (
+	firstBackoff = 500 * time.Millisecond
+	maxBackoff   = 5 * time.Second
+	pushTimeout  = 10 * time.Second
+)
+
+// Run sends queued intervals in order until ctx is done, retrying a failed
+// push with exponential backoff.
+func (e *Exporter) Run(ctx context.Context) {
+	backoff := firstBackoff
+	for {
+		req := e.head()
+		if req == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-e.ready:
+				continue
+			}
+		}
+		if err := e.push(ctx, req); err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, maxBackoff)
+			continue
+		}
+		backoff = firstBackoff
+	}
+}
+
+func (e *Exporter) head() *pushv1.PushRequest {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.queue) == 0 {
+		return nil
+	}
+	return e.queue[0]
+}
+
+func (e *Exporter) push(ctx context.Context, req *pushv1.PushRequest) error {
+	ctx, cancel := context.WithTimeout(ctx, pushTimeout)
+	defer cancel()
+	_, err := e.client.Push(ctx, req)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		e.stats.Failed++
+		e.stats.LastError = err.Error()
+		return err
+	}
+	// The queue may have dropped req while it was sent: pop it only if it is
+	// still the head.
+	if len(e.queue) > 0 && e.queue[0] == req {
+		e.queue = e.queue[1:]
+	}
+	e.stats.Pushed++
+	return nil
+}
+
+// Stats returns the counts so far.
+func (e *Exporter) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.stats
+	s.Queued = len(e.queue)
+	return s
+}
+
+// Close releases the connection.
+func (e *Exporter) Close() error { return e.conn.Close() }

@@ -1,0 +1,343 @@
+package pyroscope
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// receiver is a real push.v1.PusherService on a loopback listener.
+type receiver struct {
+	pushv1.UnimplementedPusherServiceServer
+	auth string // required authorization header, if set
+
+	mu       sync.Mutex
+	requests []*pushv1.PushRequest
+	metadata []metadata.MD
+}
+
+func (r *receiver) Push(ctx context.Context, req *pushv1.PushRequest) (*pushv1.PushResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if r.auth != "" && (len(md["authorization"]) != 1 || md["authorization"][0] != r.auth) {
+		return nil, status.Error(codes.Unauthenticated, "invalid credentials")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.requests = append(r.requests, req)
+	r.metadata = append(r.metadata, md)
+	return &pushv1.PushResponse{}, nil
+}
+
+func (r *receiver) received() []*pushv1.PushRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*pushv1.PushRequest(nil), r.requests...)
+}
+
+// serve runs r on lis until the test ends.
+func serve(t *testing.T, r *receiver, lis net.Listener, opts ...grpc.ServerOption) *grpc.Server {
+	s := grpc.NewServer(opts...)
+	pushv1.RegisterPusherServiceServer(s, r)
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	return s
+}
+
+func listen(t *testing.T) net.Listener {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lis
+}
+
+func row(pid uint32, stack accounting.StackID, kind tracer.Kind, fn string, c accounting.Counters) profiler.Row {
+	return profiler.Row{
+		Key:      accounting.Key{PID: pid, Stack: stack, Kind: kind},
+		Comm:     "train",
+		Frames:   []symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: fn, File: "train.py", Line: 7}},
+		Counters: c,
+	}
+}
+
+func start(t *testing.T, cfg Config) *Exporter {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; e.Close() })
+	return e
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func labels(series *pushv1.RawProfileSeries) map[string]string {
+	m := map[string]string{}
+	for _, l := range series.Labels {
+		m[l.Name] = l.Value
+	}
+	return m
+}
+
+func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
+	lis := listen(t)
+	r := &receiver{}
+	serve(t, r, lis)
+	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4, Node: "gpu-node-1"})
+
+	t0 := time.Now()
+	e.Export(profiler.Report{Time: t0, Rows: []profiler.Row{
+		row(10, 1, tracer.KindDevice, "load_weights", accounting.Counters{AllocBytes: 100, AllocCount: 1}),
+		row(10, 2, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
+	}})
+	// In the second interval load_weights allocates 50 more and frees 100.
+	e.Export(profiler.Report{Time: t0.Add(time.Second), Rows: []profiler.Row{
+		row(10, 1, tracer.KindDevice, "load_weights", accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 100, FreeCount: 1}),
+		row(10, 2, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
+	}})
+	waitFor(t, "two pushes", func() bool { return len(r.received()) == 2 })
+
+	second := r.received()[1]
+	if len(second.Series) != 2 {
+		t.Fatalf("%d series, want one per kind", len(second.Series))
+	}
+	device := second.Series[0]
+	want := map[string]string{
+		"__name__": "memory", "__delta__": "false", "service_name": "train", "pid": "10",
+		"comm": "train", "kind": "device", "node": "gpu-node-1",
+	}
+	if got := labels(device); len(got) != len(want) {
+		t.Errorf("labels %v, want %v", got, want)
+	} else {
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("label %s=%q, want %q", k, got[k], v)
+			}
+		}
+	}
+	p, err := profile.ParseData(device.Samples[0].RawProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Sample) != 1 || p.SampleType[1].Type != "alloc_space" || p.SampleType[3].Type != "inuse_space" {
+		t.Fatalf("profile %v", p)
+	}
+	if got := p.Sample[0].Value; got[0] != 1 || got[1] != 50 || got[2] != 1 || got[3] != 50 {
+		t.Errorf("values %v, want [1 50 1 50]: allocated in the interval, live at its end", got)
+	}
+	if p.DurationNanos != time.Second.Nanoseconds() {
+		t.Errorf("duration %d", p.DurationNanos)
+	}
+	// The host series: nothing allocated in the interval, 8 bytes live.
+	hp, _ := profile.ParseData(second.Series[1].Samples[0].RawProfile)
+	if got := hp.Sample[0].Value; got[1] != 0 || got[3] != 8 {
+		t.Errorf("host values %v", got)
+	}
+	if s := e.Stats(); s.Pushed != 2 || s.Failed != 0 || s.Dropped != 0 || s.Queued != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestCredentialsAndTenant(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		auth string
+		ok   bool
+	}{
+		{"basic", Config{User: "gpu", Password: "s3cret", TenantID: "team-a"}, "Basic Z3B1OnMzY3JldA==", true},
+		{"bearer", Config{Token: "tok3n"}, "Bearer tok3n", true},
+		{"wrong password", Config{User: "gpu", Password: "wrong-s3cret"}, "Basic Z3B1OnMzY3JldA==", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lis := listen(t)
+			r := &receiver{auth: tc.auth}
+			serve(t, r, lis)
+			cfg := tc.cfg
+			cfg.URL, cfg.Interval, cfg.QueueSize = "http://"+lis.Addr().String(), time.Second, 2
+			e := start(t, cfg)
+			e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}})
+			if tc.ok {
+				waitFor(t, "a push", func() bool { return len(r.received()) == 1 })
+				if cfg.TenantID != "" && r.metadata[0]["x-scope-orgid"][0] != "team-a" {
+					t.Errorf("tenant %v", r.metadata[0])
+				}
+				return
+			}
+			waitFor(t, "a failure", func() bool { return e.Stats().Failed > 0 })
+			s := e.Stats()
+			if !strings.Contains(s.LastError, "Unauthenticated") || strings.Contains(s.LastError, "s3cret") || s.Queued != 1 {
+				t.Errorf("stats %+v", s)
+			}
+		})
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and returns the server's TLS
+// config and the CA file.
+func selfSigned(t *testing.T) (*tls.Config, string) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pyroscope"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}, caFile
+}
+
+func TestTLS(t *testing.T) {
+	serverTLS, caFile := selfSigned(t)
+	tlsLis, plainLis := listen(t), listen(t)
+	tlsRecv, plainRecv := &receiver{}, &receiver{}
+	serve(t, tlsRecv, tlsLis, grpc.Creds(credentials.NewTLS(serverTLS)))
+	serve(t, plainRecv, plainLis)
+	report := profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}}
+
+	ok := start(t, Config{URL: "https://" + tlsLis.Addr().String(), CAFile: caFile, Interval: time.Second, QueueSize: 2})
+	ok.Export(report)
+	waitFor(t, "a TLS push", func() bool { return len(tlsRecv.received()) == 1 })
+
+	for name, cfg := range map[string]Config{
+		"untrusted certificate": {URL: "https://" + tlsLis.Addr().String()},
+		"TLS to cleartext":      {URL: "https://" + plainLis.Addr().String(), CAFile: caFile},
+		"cleartext to TLS":      {URL: "http://" + tlsLis.Addr().String()},
+	} {
+		cfg.Interval, cfg.QueueSize = time.Second, 2
+		e := start(t, cfg)
+		e.Export(report)
+		waitFor(t, name+" failing", func() bool { return e.Stats().Failed > 0 })
+		if s := e.Stats(); s.Pushed != 0 || s.LastError == "" {
+			t.Errorf("%s: %+v", name, s)
+		}
+	}
+	if len(plainRecv.received()) != 0 {
+		t.Error("cleartext receiver got a push over TLS")
+	}
+}
+
+func TestBadConfiguration(t *testing.T) {
+	for _, cfg := range []Config{
+		{URL: ""},
+		{URL: "localhost:4040"},
+		{URL: "ftp://localhost:4040"},
+		{URL: "http://localhost:4040/pyroscope"},
+		{URL: "http://localhost:4040", CAFile: "/ca.pem"},
+		{URL: "https://localhost:4040", CAFile: "/nonexistent/ca.pem"},
+		{URL: "http://localhost:4040", QueueSize: 0},
+	} {
+		if cfg.QueueSize == 0 && cfg.URL != "http://localhost:4040" {
+			cfg.QueueSize = 1
+		}
+		cfg.Interval = time.Second
+		if _, err := New(cfg); err == nil {
+			t.Errorf("%+v: no error", cfg)
+		}
+	}
+}
+
+// TestReceiverDownThenUp: for 30 seconds nothing listens; intervals queue,
+// and the oldest are dropped and counted once the queue is full. Then the
+// receiver comes up on the same address and gets every queued interval, in
+// order.
+func TestReceiverDownThenUp(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		queue int
+	}{{"queue holds all", 64}, {"queue overflows", 8}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			lis := listen(t)
+			addr := lis.Addr().String()
+			lis.Close()
+			e := start(t, Config{URL: "http://" + addr, Interval: time.Second, QueueSize: tc.queue})
+
+			const intervals = 30
+			t0 := time.Now()
+			for i := range intervals {
+				e.Export(profiler.Report{Time: t0.Add(time.Duration(i+1) * time.Second), Rows: []profiler.Row{
+					row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: uint64(i + 1), AllocCount: uint64(i + 1)}),
+				}})
+				time.Sleep(time.Second)
+			}
+			down := e.Stats()
+			if down.Pushed != 0 || down.Failed == 0 || down.LastError == "" {
+				t.Errorf("while down: %+v", down)
+			}
+
+			lis, err := net.Listen("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &receiver{}
+			serve(t, r, lis)
+			kept := min(intervals, tc.queue)
+			waitFor(t, "the queue to drain", func() bool { return len(r.received()) == kept })
+			s := e.Stats()
+			if s.Pushed != uint64(kept) || s.Dropped != uint64(intervals-kept) || s.Queued != 0 {
+				t.Errorf("after: %+v, want %d pushed and %d dropped", s, kept, intervals-kept)
+			}
+			var last int64
+			for _, req := range r.received() {
+				p, err := profile.ParseData(req.Series[0].Samples[0].RawProfile)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.TimeNanos <= last {
+					t.Errorf("intervals out of order")
+				}
+				last = p.TimeNanos
+			}
+		})
+	}
+}
