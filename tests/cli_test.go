@@ -238,6 +238,8 @@ func TestClearErrors(t *testing.T) {
 		{"bad format", []string{gpumem, "record", "--format", "xml"}, `unknown --format "xml"`},
 		{"bad value", []string{gpumem, "record", "--value", "peak"}, `unknown value "peak"`},
 		{"bad flag", []string{gpumem, "record", "--bogus"}, "unknown flag: --bogus"},
+		{"bad pyroscope url", []string{gpumem, "agent", "--pyroscope-url", "pyroscope:4040"}, `bad pyroscope URL "pyroscope:4040"`},
+		{"missing password file", []string{gpumem, "agent", "--pyroscope-url", "http://localhost:4040", "--pyroscope-password-file", "/nonexistent"}, "read credential"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(tc.argv[0], tc.argv[1:]...)

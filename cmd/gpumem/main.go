@@ -33,7 +33,7 @@ func main() {
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w\n\n%s", err, cmd.UsageString())}
 	})
-	root.AddCommand(newRecordCommand(), newTopCommand())
+	root.AddCommand(newRecordCommand(), newTopCommand(), newAgentCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "gpumem: %v\n", err)
 		os.Exit(exitCode(err))

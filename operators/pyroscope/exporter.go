@@ -67,7 +67,7 @@ type Stats struct {
 	Failed    uint64 // push attempts that failed (retried)
 	Dropped   uint64 // intervals dropped, oldest first, because the queue was full
 	Queued    int    // intervals waiting
-	LastError string // of the last failed attempt; credentials never appear
+	LastError string // of the last attempt, if it failed; credentials never appear
 }
 
 // Exporter turns reports into pushes. Export and Stats may be called from
@@ -317,6 +317,7 @@ func (e *Exporter) push(ctx context.Context, req *pushv1.PushRequest) error {
 		e.queue = e.queue[1:]
 	}
 	e.stats.Pushed++
+	e.stats.LastError = ""
 	return nil
 }
 

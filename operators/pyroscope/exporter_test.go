@@ -14,17 +14,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/pprof/profile"
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
+
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -32,41 +30,10 @@ import (
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-// receiver is a real push.v1.PusherService on a loopback listener.
-type receiver struct {
-	pushv1.UnimplementedPusherServiceServer
-	auth string // required authorization header, if set
+type receiver = pyroscopetest.Receiver
 
-	mu       sync.Mutex
-	requests []*pushv1.PushRequest
-	metadata []metadata.MD
-}
-
-func (r *receiver) Push(ctx context.Context, req *pushv1.PushRequest) (*pushv1.PushResponse, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if r.auth != "" && (len(md["authorization"]) != 1 || md["authorization"][0] != r.auth) {
-		return nil, status.Error(codes.Unauthenticated, "invalid credentials")
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.requests = append(r.requests, req)
-	r.metadata = append(r.metadata, md)
-	return &pushv1.PushResponse{}, nil
-}
-
-func (r *receiver) received() []*pushv1.PushRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]*pushv1.PushRequest(nil), r.requests...)
-}
-
-// serve runs r on lis until the test ends.
-func serve(t *testing.T, r *receiver, lis net.Listener, opts ...grpc.ServerOption) *grpc.Server {
-	s := grpc.NewServer(opts...)
-	pushv1.RegisterPusherServiceServer(s, r)
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	return s
+func serve(t *testing.T, r *receiver, lis net.Listener, opts ...grpc.ServerOption) {
+	pyroscopetest.Serve(t, r, lis, opts...)
 }
 
 func listen(t *testing.T) net.Listener {
@@ -134,9 +101,9 @@ func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 		row(10, 1, tracer.KindDevice, "load_weights", accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 100, FreeCount: 1}),
 		row(10, 2, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
 	}})
-	waitFor(t, "two pushes", func() bool { return len(r.received()) == 2 })
+	waitFor(t, "two pushes", func() bool { return len(r.Received()) == 2 })
 
-	second := r.received()[1]
+	second := r.Received()[1]
 	if len(second.Series) != 2 {
 		t.Fatalf("%d series, want one per kind", len(second.Series))
 	}
@@ -190,16 +157,16 @@ func TestCredentialsAndTenant(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lis := listen(t)
-			r := &receiver{auth: tc.auth}
+			r := &receiver{Auth: tc.auth}
 			serve(t, r, lis)
 			cfg := tc.cfg
 			cfg.URL, cfg.Interval, cfg.QueueSize = "http://"+lis.Addr().String(), time.Second, 2
 			e := start(t, cfg)
 			e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}})
 			if tc.ok {
-				waitFor(t, "a push", func() bool { return len(r.received()) == 1 })
-				if cfg.TenantID != "" && r.metadata[0]["x-scope-orgid"][0] != "team-a" {
-					t.Errorf("tenant %v", r.metadata[0])
+				waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
+				if cfg.TenantID != "" && r.Metadata()[0]["x-scope-orgid"][0] != "team-a" {
+					t.Errorf("tenant %v", r.Metadata()[0])
 				}
 				return
 			}
@@ -246,7 +213,7 @@ func TestTLS(t *testing.T) {
 
 	ok := start(t, Config{URL: "https://" + tlsLis.Addr().String(), CAFile: caFile, Interval: time.Second, QueueSize: 2})
 	ok.Export(report)
-	waitFor(t, "a TLS push", func() bool { return len(tlsRecv.received()) == 1 })
+	waitFor(t, "a TLS push", func() bool { return len(tlsRecv.Received()) == 1 })
 
 	for name, cfg := range map[string]Config{
 		"untrusted certificate": {URL: "https://" + tlsLis.Addr().String()},
@@ -261,7 +228,7 @@ func TestTLS(t *testing.T) {
 			t.Errorf("%s: %+v", name, s)
 		}
 	}
-	if len(plainRecv.received()) != 0 {
+	if len(plainRecv.Received()) != 0 {
 		t.Error("cleartext receiver got a push over TLS")
 	}
 }
@@ -322,13 +289,13 @@ func TestReceiverDownThenUp(t *testing.T) {
 			r := &receiver{}
 			serve(t, r, lis)
 			kept := min(intervals, tc.queue)
-			waitFor(t, "the queue to drain", func() bool { return len(r.received()) == kept })
+			waitFor(t, "the queue to drain", func() bool { return len(r.Received()) == kept })
 			s := e.Stats()
 			if s.Pushed != uint64(kept) || s.Dropped != uint64(intervals-kept) || s.Queued != 0 {
 				t.Errorf("after: %+v, want %d pushed and %d dropped", s, kept, intervals-kept)
 			}
 			var last int64
-			for _, req := range r.received() {
+			for _, req := range r.Received() {
 				p, err := profile.ParseData(req.Series[0].Samples[0].RawProfile)
 				if err != nil {
 					t.Fatal(err)

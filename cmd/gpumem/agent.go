@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+	"github.com/gpu-mem/gpu-mem/profiler"
+)
+
+type agentOptions struct {
+	target       targetFlags
+	interval     time.Duration
+	duration     time.Duration
+	pyroscope    pyroscope.Config
+	passwordFile string
+	tokenFile    string
+}
+
+func newAgentCommand() *cobra.Command {
+	o := &agentOptions{}
+	cmd := &cobra.Command{
+		Use:   "agent [flags]",
+		Short: "Trace every process using the CUDA driver and export until stopped",
+		Long: `Agent is the always-on mode for hosts and DaemonSets. It traces every process
+that uses the CUDA driver and, every interval, logs one status line and, with
+--pyroscope-url, pushes one profile per process and memory kind to Grafana
+Pyroscope: the bytes allocated during the interval and the bytes live at its
+end. Pushes go through a bounded queue, retried with backoff; when the queue is
+full the oldest interval is dropped and counted. Tracing never waits for the
+server.
+
+Credentials are read from files or the environment (GPUMEM_PYROSCOPE_PASSWORD,
+GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
+		Example: `  gpumem agent --pyroscope-url http://pyroscope:4040
+  gpumem agent --pyroscope-url https://profiles.example.com --pyroscope-user 1234 \
+      --pyroscope-password-file /etc/gpumem/password --pyroscope-tenant team-a`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.run(cmd.Context())
+		},
+	}
+	fs := cmd.Flags()
+	o.target.register(fs)
+	host, _ := os.Hostname()
+	fs.DurationVar(&o.interval, "pyroscope-interval", 15*time.Second, "export and status interval")
+	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until stopped)")
+	fs.StringVar(&o.pyroscope.URL, "pyroscope-url", "", "Pyroscope server, http://HOST:PORT (cleartext HTTP/2) or https://HOST:PORT; none: status lines only")
+	fs.IntVar(&o.pyroscope.QueueSize, "pyroscope-queue", 20, "intervals kept while the server is unreachable")
+	fs.StringVar(&o.pyroscope.Service, "service-name", "", "service_name label (default: the process name)")
+	fs.StringVar(&o.pyroscope.Node, "node", host, "node label")
+	fs.StringVar(&o.pyroscope.CAFile, "pyroscope-ca-file", "", "PEM certificates to trust for an https:// server")
+	fs.StringVar(&o.pyroscope.User, "pyroscope-user", "", "basic auth user")
+	fs.StringVar(&o.passwordFile, "pyroscope-password-file", "", "file holding the basic auth password (or GPUMEM_PYROSCOPE_PASSWORD)")
+	fs.StringVar(&o.tokenFile, "pyroscope-token-file", "", "file holding a bearer token (or GPUMEM_PYROSCOPE_TOKEN)")
+	fs.StringVar(&o.pyroscope.TenantID, "pyroscope-tenant", "", "tenant, sent as X-Scope-OrgID")
+	return cmd
+}
+
+// secret reads a credential from a file, else from the environment.
+func secret(file, env string) (string, error) {
+	if file == "" {
+		return os.Getenv(env), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read credential: %w", err)
+	}
+	return strings.TrimRight(string(data), "\r\n"), nil
+}
+
+func (o *agentOptions) exporter() (*pyroscope.Exporter, error) {
+	if o.pyroscope.URL == "" {
+		return nil, nil
+	}
+	var err error
+	if o.pyroscope.Password, err = secret(o.passwordFile, "GPUMEM_PYROSCOPE_PASSWORD"); err != nil {
+		return nil, usageError{err}
+	}
+	if o.pyroscope.Token, err = secret(o.tokenFile, "GPUMEM_PYROSCOPE_TOKEN"); err != nil {
+		return nil, usageError{err}
+	}
+	o.pyroscope.Interval = o.interval
+	e, err := pyroscope.New(o.pyroscope)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return e, nil
+}
+
+func (o *agentOptions) run(ctx context.Context) error {
+	if o.interval <= 0 {
+		return usageError{fmt.Errorf("--pyroscope-interval must be positive")}
+	}
+	exp, err := o.exporter()
+	if err != nil {
+		return err
+	}
+	p, err := profiler.New(o.target.config())
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if o.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.duration)
+		defer cancel()
+	}
+	if exp != nil {
+		defer exp.Close()
+		go exp.Run(ctx)
+		logf("exporting to %s every %v", o.pyroscope.URL, o.interval)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+
+	ticker := time.NewTicker(o.interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-ticker.C:
+			o.export(p, exp)
+		}
+	}
+}
+
+// export pushes one interval and logs the status line.
+func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
+	r, err := p.Report()
+	if err != nil {
+		logf("reading loss counters: %v", err)
+	}
+	pids := map[uint32]bool{}
+	for _, row := range r.Rows {
+		pids[row.PID] = true
+	}
+	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees", len(pids), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
+	if exp != nil {
+		exp.Export(r)
+		s := exp.Stats()
+		line += fmt.Sprintf(", pushes %d done %d failed %d dropped %d queued", s.Pushed, s.Failed, s.Dropped, s.Queued)
+		if s.LastError != "" {
+			line += ", last error: " + s.LastError
+		}
+	}
+	logf("%s", line)
+	// Exited processes are in this interval's profiles; forget them now.
+	p.DropExited()
+}
