@@ -26,13 +26,13 @@ type recordOptions struct {
 	top      int
 }
 
-var defaultOutputs = map[string]string{"pprof": "gpumem.pb.gz", "folded": "gpumem.folded", "json": "gpumem.json"}
+var defaultOutputs = map[string]string{"pprof": "gpumem.pb.gz", "folded": "gpumem.folded", "json": "gpumem.json", "html": "gpumem.html"}
 
 func newRecordCommand() *cobra.Command {
 	o := &recordOptions{}
 	cmd := &cobra.Command{
 		Use:   "record [flags] [-- COMMAND [ARG...]]",
-		Short: "Record GPU memory per call stack to a pprof, folded or JSON file",
+		Short: "Record GPU memory per call stack to a pprof, folded, JSON or HTML file",
 		Long: `Record traces every process that uses the CUDA driver (or those of --pid, or
 COMMAND, which it starts) until --duration passes, COMMAND exits or Ctrl-C,
 then writes what each call stack allocated and still holds.
@@ -41,6 +41,7 @@ Memory allocated before recording started is not seen, and is not invented:
 frees of it are counted as unknown frees.`,
 		Example: `  gpumem record --duration 30s -o gpu.pb.gz && go tool pprof -top gpu.pb.gz
   gpumem record --pid 4242 --format folded --value alloc -o gpu.folded
+  gpumem record --duration 1m --format html -o gpu.html   # a flame graph to open in a browser
   gpumem record --library ./libcuda.so.1 -- python train.py`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return o.run(cmd.Context(), args)
@@ -50,15 +51,15 @@ frees of it are counted as unknown frees.`,
 	o.target.register(fs)
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C or COMMAND exits)")
 	fs.StringVar(&o.value, "value", "inuse", "bytes in folded output: inuse (live) or alloc (allocated)")
-	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded or json")
-	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, gpumem.folded or gpumem.json)")
+	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded, json or html (a flame graph)")
+	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, .folded, .json or .html)")
 	fs.IntVar(&o.top, "top", 5, "print the N stacks holding the most to stderr when done (0: none)")
 	return cmd
 }
 
 func (o *recordOptions) validate() error {
 	if _, ok := defaultOutputs[o.format]; !ok {
-		return usageError{fmt.Errorf("unknown --format %q: want pprof, folded or json", o.format)}
+		return usageError{fmt.Errorf("unknown --format %q: want pprof, folded, json or html", o.format)}
 	}
 	if _, err := report.ParseValue(o.value); err != nil {
 		return usageError{fmt.Errorf("--value: %w", err)}
@@ -146,6 +147,8 @@ func (o *recordOptions) write(r profiler.Report) error {
 		err = report.WriteFolded(w, r, report.Value(o.value))
 	case "json":
 		err = report.WriteJSON(w, r)
+	case "html":
+		err = report.WriteHTML(w, r)
 	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", o.output, err)
