@@ -20,9 +20,12 @@ bin/gpumem: $(shell find . -name '*.go' -not -path './build/*') tracer/gpumem_x8
 generate:
 	cd tracer && IG=$(IG) $(GO) generate ./...
 
-# The committed object must be what program.bpf.c compiles to.
-check-generated: generate
-	@git diff --exit-code --stat -- tracer/ || { echo "tracer/: BPF object out of date: run make generate and commit"; exit 1; }
+# The BPF object and its bindings must be what program.bpf.c compiles to.
+GENERATED = tracer/gpumem_x86_bpfel.go tracer/gpumem_x86_bpfel.o
+check-generated:
+	@sha256sum $(GENERATED) > build/generated.sha256 2>/dev/null || { mkdir -p build && sha256sum $(GENERATED) > build/generated.sha256; }
+	@$(MAKE) -s generate
+	@sha256sum --quiet -c build/generated.sha256 || { echo "tracer/: BPF object out of date with program.bpf.c: run make generate"; exit 1; }
 
 # The simulated driver and its workloads. simwork finds libcuda.so.1 beside
 # itself (RUNPATH $ORIGIN), so LD_LIBRARY_PATH can point it at another copy.

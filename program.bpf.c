@@ -20,13 +20,14 @@
 
 #include "gadgets/include/gpumem.h"
 
-/* Calls in flight, keyed by pid_tgid. An entry outlives its call only when
- * the thread dies inside the driver; the exit hook below removes it. */
+/* Calls in flight, a stack per thread (keyed by pid_tgid): a traced driver
+ * function may call another. A thread's entry stays until it exits; the exit
+ * hook below removes it, with any call the thread never returned from. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, GPUMEM_MAX_INFLIGHT);
 	__type(key, __u64);
-	__type(value, struct gpumem_call);
+	__type(value, struct gpumem_calls);
 } inflight SEC(".maps");
 
 /* Processes that allocated through the driver: only their exit is reported. */
@@ -65,6 +66,21 @@ struct {
 	__type(value, __u64);
 } python_threads SEC(".maps");
 
+/* Each thread's stack of current contexts, and each context's device. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_INFLIGHT);
+	__type(key, __u32);
+	__type(value, struct gpumem_ctx_stack);
+} thread_contexts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __s32);
+} context_devices SEC(".maps");
+
 /* One counter per kind of loss (enum gpumem_loss), summed by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -100,7 +116,7 @@ static __always_inline void count_loss(__u32 loss)
 		*n += 1;
 }
 
-static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 pitch_out)
+static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 aux)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
@@ -108,15 +124,30 @@ static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 pitc
 	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
 		return 0;
 
-	struct gpumem_call call = {
+	struct gpumem_calls *calls = bpf_map_lookup_elem(&inflight, &id);
+	if (!calls) {
+		static const struct gpumem_calls none;
+		if (bpf_map_update_elem(&inflight, &id, &none, BPF_NOEXIST) && bpf_map_lookup_elem(&inflight, &id) == NULL) {
+			count_loss(GPUMEM_LOSS_INFLIGHT_FULL);
+			return 0;
+		}
+		calls = bpf_map_lookup_elem(&inflight, &id);
+		if (!calls)
+			return 0;
+	}
+	/* Deeper calls are counted, not kept, so that returns still pair up. */
+	__u32 depth = calls->depth++;
+	if (depth >= GPUMEM_MAX_NESTED) {
+		count_loss(GPUMEM_LOSS_INFLIGHT_FULL);
+		return 0;
+	}
+	calls->calls[depth & (GPUMEM_MAX_NESTED - 1)] = (struct gpumem_call){
 		.timestamp = bpf_ktime_get_ns(),
 		.target = target,
 		.bytes = bytes,
-		.pitch_out = pitch_out,
+		.aux = aux,
 		.op = op,
 	};
-	if (bpf_map_update_elem(&inflight, &id, &call, BPF_ANY))
-		count_loss(GPUMEM_LOSS_INFLIGHT_FULL);
 	return 0;
 }
 
@@ -131,7 +162,7 @@ static __always_inline bool finish_allocation(struct gpumem_event *e, const stru
 	e->bytes = call->bytes;
 	if (call->op == GPUMEM_OP_MEM_ALLOC_PITCH) {
 		__u64 pitch;
-		if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)call->pitch_out)) {
+		if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)call->aux)) {
 			count_loss(GPUMEM_LOSS_READ_RESULT);
 			return false;
 		}
@@ -139,12 +170,6 @@ static __always_inline bool finish_allocation(struct gpumem_event *e, const stru
 	}
 	return true;
 }
-
-/* Bounds of the interpreter walks. */
-#define GPUMEM_MAX_INTERPRETERS 4
-#define GPUMEM_MAX_THREADS 256
-/* Python frames plus the C-stack shim frames between them (3.12+). */
-#define GPUMEM_MAX_PY_WALK (GPUMEM_MAX_PY_FRAMES + 32)
 
 static __always_inline __u64 read_ptr(__u64 addr)
 {
@@ -159,6 +184,88 @@ static __always_inline __u8 read_u8(__u64 addr)
 	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
 	return v;
 }
+
+/* CUmemAllocationProp.location: {CUmemLocationType type; int id;} after two
+ * enums; type 1 is CU_MEM_LOCATION_TYPE_DEVICE. */
+#define GPUMEM_PROP_LOCATION_TYPE 8
+#define GPUMEM_PROP_LOCATION_ID 12
+
+/* current_device is the device of the calling thread's current context;
+ * for cuMemCreate, the device its properties name. */
+static __always_inline __s32 current_device(const struct gpumem_call *call, __u32 tid)
+{
+	if (call->op == GPUMEM_OP_MEM_CREATE) {
+		__s32 loc[2] = {};
+		if (bpf_probe_read_user(loc, sizeof(loc), (void *)(call->aux + GPUMEM_PROP_LOCATION_TYPE)) || loc[0] != 1)
+			return GPUMEM_DEVICE_UNKNOWN;
+		return loc[1];
+	}
+	struct gpumem_ctx_stack *s = bpf_map_lookup_elem(&thread_contexts, &tid);
+	if (!s || s->depth == 0)
+		return GPUMEM_DEVICE_UNKNOWN;
+	__u64 ctx = s->ctx[(s->depth - 1) & (GPUMEM_MAX_CTX_STACK - 1)];
+	__s32 *dev = bpf_map_lookup_elem(&context_devices, &ctx);
+	return dev ? *dev : GPUMEM_DEVICE_UNKNOWN;
+}
+
+/* track_context applies a successful context call. */
+static __always_inline void track_context(const struct gpumem_call *call, __u32 tid)
+{
+	__u16 op = call->op;
+	__u64 ctx = call->target;
+
+	if (op == GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN || op == GPUMEM_OP_CTX_CREATE ||
+	    op == GPUMEM_OP_CTX_CREATE_V3 || op == GPUMEM_OP_CTX_CREATE_V4) {
+		ctx = read_ptr(call->target); /* the out-parameter */
+		__s32 dev = (__s32)call->bytes;
+		if (ctx)
+			bpf_map_update_elem(&context_devices, &ctx, &dev, BPF_ANY);
+		if (op == GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN)
+			return;
+		/* cuCtxCreate makes the context current, as a push, unless a
+		 * cuCtxPushCurrent_v2 it made inside was seen doing so. */
+		op = GPUMEM_OP_CTX_PUSH_CURRENT;
+	}
+	if (op == GPUMEM_OP_CTX_DESTROY) {
+		bpf_map_delete_elem(&context_devices, &ctx);
+		return;
+	}
+	struct gpumem_ctx_stack empty = {};
+	struct gpumem_ctx_stack *s = bpf_map_lookup_elem(&thread_contexts, &tid);
+	if (!s) {
+		bpf_map_update_elem(&thread_contexts, &tid, &empty, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&thread_contexts, &tid);
+		if (!s)
+			return;
+	}
+	switch (op) {
+	case GPUMEM_OP_CTX_SET_CURRENT:
+		if (s->depth == 0)
+			s->depth = 1;
+		s->ctx[(s->depth - 1) & (GPUMEM_MAX_CTX_STACK - 1)] = ctx;
+		if (!ctx)
+			s->depth = 0; /* cuCtxSetCurrent(NULL) unbinds */
+		break;
+	case GPUMEM_OP_CTX_PUSH_CURRENT:
+		if (call->op != GPUMEM_OP_CTX_PUSH_CURRENT && s->depth > 0 &&
+		    s->ctx[(s->depth - 1) & (GPUMEM_MAX_CTX_STACK - 1)] == ctx)
+			break;
+		if (s->depth < GPUMEM_MAX_CTX_STACK)
+			s->depth++;
+		s->ctx[(s->depth - 1) & (GPUMEM_MAX_CTX_STACK - 1)] = ctx;
+		break;
+	case GPUMEM_OP_CTX_POP_CURRENT:
+		if (s->depth > 0)
+			s->depth--;
+		break;
+	}
+}
+
+/* Bounds of the interpreter walks. */
+#define GPUMEM_MAX_INTERPRETERS 4
+#define GPUMEM_MAX_THREADS 256
+/* Python frames plus the C-stack shim frames between them (3.12+). */
+#define GPUMEM_MAX_PY_WALK (GPUMEM_MAX_PY_FRAMES + 32)
 
 /* The interpreter walks run under bpf_loop, so that the verifier checks one
  * step rather than every iteration. Their state holds a copy of the
@@ -318,13 +425,23 @@ static __always_inline int leave(struct pt_regs *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 zero = 0;
 
-	struct gpumem_call *call = bpf_map_lookup_elem(&inflight, &id);
-	if (!call)
+	struct gpumem_calls *calls = bpf_map_lookup_elem(&inflight, &id);
+	if (!calls || calls->depth == 0)
 		return 0; /* filtered out, or attached while the call was running */
+	__u32 depth = --calls->depth;
+	if (depth >= GPUMEM_MAX_NESTED)
+		return 0; /* too deep: counted at entry */
+	struct gpumem_call *call = &calls->calls[depth & (GPUMEM_MAX_NESTED - 1)];
+
+	if (gpumem_op_is_context(call->op)) {
+		if (PT_REGS_RC(ctx) == 0)
+			track_context(call, (__u32)id);
+		return 0;
+	}
 
 	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
 	if (!e)
-		goto out;
+		return 0;
 
 	e->type = GPUMEM_EVENT_CALL;
 	e->op = call->op;
@@ -334,6 +451,7 @@ static __always_inline int leave(struct pt_regs *ctx)
 	e->ustack_len = 0;
 	e->pystack_len = 0;
 	e->py_flags = 0;
+	e->device = GPUMEM_DEVICE_UNKNOWN;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 
 	if (gpumem_op_is_free(call->op)) {
@@ -345,7 +463,8 @@ static __always_inline int leave(struct pt_regs *ctx)
 		e->address = 0;
 		e->bytes = call->bytes;
 		if (e->result == 0 && !finish_allocation(e, call))
-			goto out;
+			return 0;
+		e->device = current_device(call, e->tid);
 		capture_python(e);
 		e->ustack_len = capture_stack(ctx, e);
 		__u8 one = 1;
@@ -354,8 +473,6 @@ static __always_inline int leave(struct pt_regs *ctx)
 	}
 
 	gadget_output_buf(ctx, &events, e, event_size(e));
-out:
-	bpf_map_delete_elem(&inflight, &id);
 	return 0;
 }
 
@@ -370,6 +487,8 @@ int gpumem_exit(void *ctx)
 	__u32 zero = 0;
 
 	bpf_map_delete_elem(&inflight, &id);
+	__u32 tid = (__u32)id;
+	bpf_map_delete_elem(&thread_contexts, &tid);
 
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
@@ -391,6 +510,7 @@ int gpumem_exit(void *ctx)
 	e->ustack_len = 0;
 	e->pystack_len = 0;
 	e->py_flags = 0;
+	e->device = GPUMEM_DEVICE_UNKNOWN;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	gadget_output_buf(ctx, &events, e, offsetof(struct gpumem_event, pystack));
 	return 0;
@@ -400,18 +520,31 @@ int gpumem_exit(void *ctx)
  * with uprobe_multi links: the attach cookie is the function's enum
  * gpumem_op. One link per library keeps attach and detach to one RCU grace
  * period each, where a perf-event uprobe per function costs 0.1s apiece to
- * detach. Every traced function takes its pointer (or its out-parameter)
- * first and its size second, except cuMemAllocPitch_v2. */
+ * detach. Every traced function takes its pointer, context or out-parameter
+ * first; allocations take their size second. */
 SEC("uprobe.multi/libcuda")
 int gpumem_enter(struct pt_regs *ctx)
 {
 	__u16 op = bpf_get_attach_cookie(ctx);
 	__u64 target = PT_REGS_PARM1(ctx);
 
-	if (op == GPUMEM_OP_MEM_ALLOC_PITCH)
+	switch (op) {
+	case GPUMEM_OP_MEM_ALLOC_PITCH:
 		/* (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) */
 		return enter(op, target, PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx));
-	if (gpumem_op_is_free(op))
+	case GPUMEM_OP_MEM_CREATE:
+		/* (handle, size, prop, flags) */
+		return enter(op, target, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
+	case GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN: /* (pctx, dev) */
+		return enter(op, target, PT_REGS_PARM2(ctx), 0);
+	case GPUMEM_OP_CTX_CREATE: /* (pctx, flags, dev) */
+		return enter(op, target, PT_REGS_PARM3(ctx), 0);
+	case GPUMEM_OP_CTX_CREATE_V3: /* (pctx, paramsArray, numParams, flags, dev) */
+		return enter(op, target, PT_REGS_PARM5(ctx), 0);
+	case GPUMEM_OP_CTX_CREATE_V4: /* (pctx, ctxCreateParams, flags, dev) */
+		return enter(op, target, PT_REGS_PARM4(ctx), 0);
+	}
+	if (gpumem_op_is_free(op) || gpumem_op_is_context(op))
 		return enter(op, target, 0, 0);
 	return enter(op, target, PT_REGS_PARM2(ctx), 0);
 }

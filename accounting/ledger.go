@@ -12,10 +12,14 @@ type StackID uint64
 
 // Key identifies one row of the books.
 type Key struct {
-	PID   uint32
-	Stack StackID
-	Kind  tracer.Kind
+	PID    uint32
+	Stack  StackID
+	Kind   tracer.Kind
+	Device int32 // device ordinal, or tracer.DeviceUnknown
 }
+
+// GPU names where the row's memory lives (see tracer.GPU).
+func (k Key) GPU() string { return tracer.GPU(k.Kind, k.Device) }
 
 // Counters are one row of the books. Live memory is what was allocated and
 // neither freed nor released by the process's exit.

@@ -24,7 +24,7 @@ func Totals(row profiler.Row) Values {
 }
 
 // Build makes a profile of the report's rows, one sample per (process,
-// stack, memory kind), labelled with pid, comm and kind.
+// stack, memory kind, device), labelled with pid, comm, kind and gpu.
 func Build(r profiler.Report) *profile.Profile {
 	return BuildRows(r.Rows, r.Time, 0, Totals)
 }
@@ -58,7 +58,7 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 		}
 		s := &profile.Sample{
 			Value:    v[:],
-			Label:    map[string][]string{"comm": {row.Comm}, "kind": {row.Kind.String()}},
+			Label:    map[string][]string{"comm": {row.Comm}, "kind": {row.Kind.String()}, "gpu": {row.GPU()}},
 			NumLabel: map[string][]int64{"pid": {int64(row.PID)}},
 		}
 		for _, f := range row.Frames {

@@ -32,6 +32,8 @@ type Config struct {
 	Library string
 	// PIDs, when set, limits tracing and discovery to these processes.
 	PIDs []int
+	// GPUs, when set, limits reports to memory on these device ordinals.
+	GPUs []int
 	// ProcRoot is where processes are read from; /proc by default.
 	ProcRoot string
 	// ScanInterval is how often /proc is scanned for new driver libraries
@@ -215,13 +217,21 @@ func (p *Profiler) handle(ev *tracer.Event) {
 		p.ledger.FailedFree()
 	case ev.Result == tracer.CUDASuccess:
 		p.countPython(ev)
-		key := accounting.Key{PID: ev.PID, Stack: p.intern(ev), Kind: ev.Op.Kind()}
-		p.ledger.Alloc(key, ev.Address, ev.Op.Handles(), ev.Bytes, ev.Timestamp)
+		p.ledger.Alloc(p.key(ev), ev.Address, ev.Op.Handles(), ev.Bytes, ev.Timestamp)
 	default:
 		p.countPython(ev)
-		key := accounting.Key{PID: ev.PID, Stack: p.intern(ev), Kind: ev.Op.Kind()}
-		p.ledger.Fail(key, ev.Op, ev.Result, ev.Bytes)
+		p.ledger.Fail(p.key(ev), ev.Op, ev.Result, ev.Bytes)
 	}
+}
+
+// key is the row an allocation event goes to. Host and managed memory do
+// not live on the device of the context they were made in.
+func (p *Profiler) key(ev *tracer.Event) accounting.Key {
+	k := accounting.Key{PID: ev.PID, Stack: p.intern(ev), Kind: ev.Op.Kind(), Device: ev.Device}
+	if k.Kind == tracer.KindHost || k.Kind == tracer.KindManaged {
+		k.Device = tracer.DeviceUnknown
+	}
+	return k
 }
 
 // PythonStats count how the Python frames of allocation events were read.

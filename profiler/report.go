@@ -1,6 +1,7 @@
 package profiler
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -31,11 +32,8 @@ type Row struct {
 
 // Failure counts failed allocations with one origin and error code.
 type Failure struct {
-	PID    uint32
+	accounting.FailureKey
 	Comm   string
-	Kind   tracer.Kind
-	Op     tracer.Op
-	Result int32
 	Frames []symbolize.Frame
 	accounting.Failures
 }
@@ -56,6 +54,9 @@ func (p *Profiler) Report() (Report, error) {
 	}
 	sort.Strings(r.Libraries)
 	for k, c := range snap.Rows {
+		if !p.onGPU(k) {
+			continue
+		}
 		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Frames: p.stacks[k.Stack].Frames, Counters: c})
 	}
 	sort.Slice(r.Rows, func(i, j int) bool {
@@ -69,11 +70,19 @@ func (p *Profiler) Report() (Report, error) {
 		return a.PID < b.PID
 	})
 	for k, f := range snap.Failures {
-		r.Failures = append(r.Failures, Failure{
-			PID: k.PID, Comm: p.comms[k.PID], Kind: k.Kind, Op: k.Op, Result: k.Result,
-			Frames: p.stacks[k.Stack].Frames, Failures: f,
-		})
+		if !p.onGPU(k.Key) {
+			continue
+		}
+		r.Failures = append(r.Failures, Failure{FailureKey: k, Comm: p.comms[k.PID], Frames: p.stacks[k.Stack].Frames, Failures: f})
 	}
 	sort.Slice(r.Failures, func(i, j int) bool { return r.Failures[i].Count > r.Failures[j].Count })
 	return r, err
+}
+
+// onGPU says whether a row is on the devices the report is limited to.
+func (p *Profiler) onGPU(k accounting.Key) bool {
+	if len(p.cfg.GPUs) == 0 {
+		return true
+	}
+	return (k.Kind == tracer.KindDevice || k.Kind == tracer.KindVMM) && slices.Contains(p.cfg.GPUs, int(k.Device))
 }

@@ -31,8 +31,9 @@ func ParseValue(s string) (Value, error) {
 
 // WriteFolded writes one line per distinct stack, frames outermost first and
 // separated by ';', then a space and the bytes. The process name is the
-// outermost frame, so that processes stay apart in a flame graph. Stacks
-// with no bytes are left out.
+// outermost frame, then where the memory lives ("gpu=0", "gpu=host"),
+// so that processes and devices stay apart in a flame graph. Stacks with no
+// bytes are left out.
 func WriteFolded(w io.Writer, r profiler.Report, v Value) error {
 	sums := map[string]uint64{}
 	for _, row := range r.Rows {
@@ -43,8 +44,8 @@ func WriteFolded(w io.Writer, r profiler.Report, v Value) error {
 		if bytes == 0 {
 			continue
 		}
-		names := make([]string, 0, len(row.Frames)+1)
-		names = append(names, row.Comm)
+		names := make([]string, 0, len(row.Frames)+2)
+		names = append(names, row.Comm, "gpu="+row.GPU())
 		for i := len(row.Frames) - 1; i >= 0; i-- {
 			names = append(names, strings.ReplaceAll(row.Frames[i].Name(), ";", ":"))
 		}

@@ -55,13 +55,15 @@ func where(f symbolize.Frame) string {
 }
 
 // WriteHTML writes a self-contained flame graph page (no network access
-// when opened): the root is every process, then one bar per process, then
-// the frames from the outermost; live and allocated bytes can be switched.
+// when opened): the root is every process, then one bar per process, one
+// per device, then the frames from the outermost; live and allocated bytes
+// can be switched.
 func WriteHTML(w io.Writer, r profiler.Report) error {
 	root := &flameNode{Name: "all processes"}
 	for _, row := range r.Rows {
-		node := root.child(fmt.Sprintf("%s (pid %d)", row.Comm, row.PID), "")
-		path := []*flameNode{root, node}
+		process := root.child(fmt.Sprintf("%s (pid %d)", row.Comm, row.PID), "")
+		node := process.child("[gpu "+row.GPU()+"]", "")
+		path := []*flameNode{root, process, node}
 		for i := len(row.Frames) - 1; i >= 0; i-- {
 			node = node.child(row.Frames[i].Name(), where(row.Frames[i]))
 			path = append(path, node)

@@ -34,6 +34,7 @@ type jsonStack struct {
 	PID                uint32      `json:"pid"`
 	Comm               string      `json:"comm"`
 	Kind               string      `json:"kind"`
+	GPU                string      `json:"gpu"`
 	Frames             []jsonFrame `json:"frames"` // innermost first
 	AllocatedBytes     uint64      `json:"allocated_bytes"`
 	Allocations        uint64      `json:"allocations"`
@@ -49,6 +50,7 @@ type jsonFailure struct {
 	PID            uint32      `json:"pid"`
 	Comm           string      `json:"comm"`
 	Kind           string      `json:"kind"`
+	GPU            string      `json:"gpu"`
 	Function       string      `json:"function"`
 	Result         int32       `json:"result"`
 	Frames         []jsonFrame `json:"frames"`
@@ -73,7 +75,7 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 	}
 	for _, row := range r.Rows {
 		out.Stacks = append(out.Stacks, jsonStack{
-			PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), Frames: jsonFrames(row.Frames),
+			PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), GPU: row.GPU(), Frames: jsonFrames(row.Frames),
 			AllocatedBytes: row.AllocBytes, Allocations: row.AllocCount,
 			FreedBytes: row.FreeBytes, Frees: row.FreeCount,
 			ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,
@@ -82,7 +84,7 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 	}
 	for _, f := range r.Failures {
 		out.Failures = append(out.Failures, jsonFailure{
-			PID: f.PID, Comm: f.Comm, Kind: f.Kind.String(), Function: f.Op.Symbol(), Result: f.Result,
+			PID: f.PID, Comm: f.Comm, Kind: f.Kind.String(), GPU: f.GPU(), Function: f.Op.Symbol(), Result: f.Result,
 			Frames: jsonFrames(f.Frames), Count: f.Count, RequestedBytes: f.Bytes,
 		})
 	}

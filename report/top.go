@@ -11,11 +11,12 @@ import (
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-// TopRow is one line of `gpumem top`: one process and kind of memory.
+// TopRow is one line of `gpumem top`: one process, kind of memory and device.
 type TopRow struct {
 	PID       uint32
 	Comm      string
 	Kind      tracer.Kind
+	GPU       string
 	Live      uint64
 	Allocated uint64
 	Allocs    uint64
@@ -25,23 +26,24 @@ type TopRow struct {
 	hottest   uint64
 }
 
-// Top folds a report's stacks into one row per process and kind, sorted by
-// live bytes.
+// Top folds a report's stacks into one row per process, kind and device,
+// sorted by live bytes.
 func Top(r profiler.Report) []TopRow {
 	type key struct {
 		pid  uint32
 		kind tracer.Kind
+		gpu  string
 	}
 	rows := map[key]*TopRow{}
-	get := func(pid uint32, comm string, kind tracer.Kind) *TopRow {
-		k := key{pid, kind}
+	get := func(pid uint32, comm string, kind tracer.Kind, gpu string) *TopRow {
+		k := key{pid, kind, gpu}
 		if rows[k] == nil {
-			rows[k] = &TopRow{PID: pid, Comm: comm, Kind: kind}
+			rows[k] = &TopRow{PID: pid, Comm: comm, Kind: kind, GPU: gpu}
 		}
 		return rows[k]
 	}
 	for _, s := range r.Rows {
-		t := get(s.PID, s.Comm, s.Kind)
+		t := get(s.PID, s.Comm, s.Kind, s.GPU())
 		t.Live += s.LiveBytes()
 		t.Allocated += s.AllocBytes
 		t.Allocs += s.AllocCount
@@ -52,7 +54,7 @@ func Top(r profiler.Report) []TopRow {
 		}
 	}
 	for _, f := range r.Failures {
-		get(f.PID, f.Comm, f.Kind).Failures += f.Count
+		get(f.PID, f.Comm, f.Kind, f.GPU()).Failures += f.Count
 	}
 	out := make([]TopRow, 0, len(rows))
 	for _, t := range rows {
@@ -94,13 +96,13 @@ func WriteTop(w io.Writer, r profiler.Report, limit int) error {
 	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
 		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tCOMM\tKIND\tLIVE\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME")
+	fmt.Fprintln(tw, "PID\tCOMM\tKIND\tGPU\tLIVE\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME")
 	rows := Top(r)
 	if limit > 0 && len(rows) > limit {
 		rows = rows[:limit]
 	}
 	for _, t := range rows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, t.Comm, t.Kind,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, t.Comm, t.Kind, t.GPU,
 			HumanBytes(t.Live), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, t.Hottest)
 	}
 	return tw.Flush()
@@ -127,8 +129,8 @@ func WriteStacks(w io.Writer, r profiler.Report, n int) error {
 		if i == n {
 			break
 		}
-		fmt.Fprintf(w, "%s live, %s allocated in %d calls: pid %d (%s), %s memory\n",
-			HumanBytes(row.LiveBytes()), HumanBytes(row.AllocBytes), row.AllocCount, row.PID, row.Comm, row.Kind)
+		fmt.Fprintf(w, "%s live, %s allocated in %d calls: pid %d (%s), %s memory, gpu %s\n",
+			HumanBytes(row.LiveBytes()), HumanBytes(row.AllocBytes), row.AllocCount, row.PID, row.Comm, row.Kind, row.GPU())
 		for _, f := range row.Frames {
 			fmt.Fprintf(w, "    %s\n", f.Name())
 		}

@@ -196,7 +196,7 @@ func TestPythonInEveryOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !matchLine(string(folded), `^python3.12;.*<module>;main;sites;Model.method;cuda_malloc;.*cuMemAlloc_v2 1002$`) {
+	if !matchLine(string(folded), `^python3.12;gpu=0;.*<module>;main;sites;Model.method;cuda_malloc;.*cuMemAlloc_v2 1002$`) {
 		t.Errorf("folded:\n%s", folded)
 	}
 
@@ -208,7 +208,7 @@ func TestPythonInEveryOutput(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	c.interrupt()
 	w.exit()
-	if !matchLine(c.stdout.String(), strconv.Itoa(w.pid)+` +python3.12 +device .* cuda_malloc$`) {
+	if !matchLine(c.stdout.String(), strconv.Itoa(w.pid)+` +python3.12 +device +0 .* cuda_malloc$`) {
 		t.Errorf("top:\n%s", c.stdout.String())
 	}
 }

@@ -17,6 +17,7 @@ type Event struct {
 	Comm      string //
 	Address   uint64 // pointer or VMM handle allocated or freed
 	Bytes     uint64 // allocated bytes; requested bytes when the call failed
+	Device    int32  // device ordinal of the calling thread's context, or DeviceUnknown
 	Timestamp uint64 // ns since boot: an allocation's return, a free's entry
 	// Stack holds user return addresses, innermost first, taken when the
 	// driver call returned: the first is in the caller of the driver.
@@ -74,6 +75,7 @@ func decode(raw []byte, ev *Event) error {
 		Address:   e.Address,
 		Bytes:     e.Bytes,
 		Timestamp: e.Timestamp,
+		Device:    e.Device,
 		Stack:     ev.Stack[:0],
 		PyFrames:  ev.PyFrames[:0],
 		PyFlags:   PyFlags(e.PyFlags),

@@ -18,9 +18,23 @@ type gpumemGpumemCall struct {
 	Timestamp uint64
 	Target    uint64
 	Bytes     uint64
-	PitchOut  uint64
+	Aux       uint64
 	Op        uint16
 	_         [6]byte
+}
+
+type gpumemGpumemCalls struct {
+	_     structs.HostLayout
+	Calls [4]gpumemGpumemCall
+	Depth uint32
+	_     [4]byte
+}
+
+type gpumemGpumemCtxStack struct {
+	_     structs.HostLayout
+	Ctx   [8]uint64
+	Depth uint32
+	_     [4]byte
 }
 
 type gpumemGpumemEvent struct {
@@ -36,6 +50,8 @@ type gpumemGpumemEvent struct {
 	UstackLen  uint32
 	PystackLen uint16
 	PyFlags    uint16
+	Device     int32
+	Pad        uint32
 	Comm       [16]int8
 	Pystack    [128]gpumemGpumemPyframe
 	Ustack     [127]uint64
@@ -76,6 +92,14 @@ const (
 	gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC                 gpumemGpumemOp = 13
 	gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC_PTSZ            gpumemGpumemOp = 14
 	gpumemGpumemOpGPUMEM_OP_MEM_RELEASE                    gpumemGpumemOp = 15
+	gpumemGpumemOpGPUMEM_OP_CTX_SET_CURRENT                gpumemGpumemOp = 32
+	gpumemGpumemOpGPUMEM_OP_CTX_PUSH_CURRENT               gpumemGpumemOp = 33
+	gpumemGpumemOpGPUMEM_OP_CTX_POP_CURRENT                gpumemGpumemOp = 34
+	gpumemGpumemOpGPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN      gpumemGpumemOp = 35
+	gpumemGpumemOpGPUMEM_OP_CTX_CREATE                     gpumemGpumemOp = 36
+	gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V3                  gpumemGpumemOp = 37
+	gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V4                  gpumemGpumemOp = 38
+	gpumemGpumemOpGPUMEM_OP_CTX_DESTROY                    gpumemGpumemOp = 39
 )
 
 type gpumemGpumemPyFlag uint32
@@ -127,6 +151,7 @@ type gpumemGpumemPython struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	gpumemMapContextDevices                    = "context_devices"
 	gpumemMapEvents                            = "events"
 	gpumemMapEventsLostSamples                 = "events_lost_samples"
 	gpumemMapGadgetHeap                        = "gadget_heap"
@@ -136,6 +161,7 @@ const (
 	gpumemMapPythonThreads                     = "python_threads"
 	gpumemMapScratch                           = "scratch"
 	gpumemMapTargetPids                        = "target_pids"
+	gpumemMapThreadContexts                    = "thread_contexts"
 	gpumemMapTracedPids                        = "traced_pids"
 	gpumemProgGpumemEnter                      = "gpumem_enter"
 	gpumemProgGpumemExit                       = "gpumem_exit"
@@ -203,6 +229,7 @@ type gpumemProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpumemMapSpecs struct {
+	ContextDevices    *ebpf.MapSpec `ebpf:"context_devices"`
 	Events            *ebpf.MapSpec `ebpf:"events"`
 	EventsLostSamples *ebpf.MapSpec `ebpf:"events_lost_samples"`
 	GadgetHeap        *ebpf.MapSpec `ebpf:"gadget_heap"`
@@ -212,6 +239,7 @@ type gpumemMapSpecs struct {
 	PythonThreads     *ebpf.MapSpec `ebpf:"python_threads"`
 	Scratch           *ebpf.MapSpec `ebpf:"scratch"`
 	TargetPids        *ebpf.MapSpec `ebpf:"target_pids"`
+	ThreadContexts    *ebpf.MapSpec `ebpf:"thread_contexts"`
 	TracedPids        *ebpf.MapSpec `ebpf:"traced_pids"`
 }
 
@@ -251,6 +279,7 @@ func (o *gpumemObjects) Close() error {
 //
 // It can be passed to loadGpumemObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpumemMaps struct {
+	ContextDevices    *ebpf.Map `ebpf:"context_devices"`
 	Events            *ebpf.Map `ebpf:"events"`
 	EventsLostSamples *ebpf.Map `ebpf:"events_lost_samples"`
 	GadgetHeap        *ebpf.Map `ebpf:"gadget_heap"`
@@ -260,11 +289,13 @@ type gpumemMaps struct {
 	PythonThreads     *ebpf.Map `ebpf:"python_threads"`
 	Scratch           *ebpf.Map `ebpf:"scratch"`
 	TargetPids        *ebpf.Map `ebpf:"target_pids"`
+	ThreadContexts    *ebpf.Map `ebpf:"thread_contexts"`
 	TracedPids        *ebpf.Map `ebpf:"traced_pids"`
 }
 
 func (m *gpumemMaps) Close() error {
 	return _GpumemClose(
+		m.ContextDevices,
 		m.Events,
 		m.EventsLostSamples,
 		m.GadgetHeap,
@@ -274,6 +305,7 @@ func (m *gpumemMaps) Close() error {
 		m.PythonThreads,
 		m.Scratch,
 		m.TargetPids,
+		m.ThreadContexts,
 		m.TracedPids,
 	)
 }

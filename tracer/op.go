@@ -1,5 +1,7 @@
 package tracer
 
+import "strconv"
+
 // Op is the driver function a call event comes from (enum gpumem_op).
 type Op uint16
 
@@ -39,7 +41,7 @@ func ParseKind(s string) (Kind, bool) {
 
 type opInfo struct {
 	symbol string
-	kind   Kind // the memory an allocation holds; zero for frees
+	kind   Kind // the memory an allocation holds; zero for other calls
 }
 
 // ops describes each enum gpumem_op of gadgets/include/gpumem.h.
@@ -59,6 +61,17 @@ var ops = map[Op]opInfo{
 	Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC):                 {"cuMemFreeAsync", 0},
 	Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC_PTSZ):            {"cuMemFreeAsync_ptsz", 0},
 	Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE):                    {"cuMemRelease", 0},
+
+	// Context calls, followed in BPF only: they say which device the
+	// calling thread allocates on.
+	Op(gpumemGpumemOpGPUMEM_OP_CTX_SET_CURRENT):           {"cuCtxSetCurrent", 0},
+	Op(gpumemGpumemOpGPUMEM_OP_CTX_PUSH_CURRENT):          {"cuCtxPushCurrent_v2", 0},
+	Op(gpumemGpumemOpGPUMEM_OP_CTX_POP_CURRENT):           {"cuCtxPopCurrent_v2", 0},
+	Op(gpumemGpumemOpGPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN): {"cuDevicePrimaryCtxRetain", 0},
+	Op(gpumemGpumemOpGPUMEM_OP_CTX_CREATE):                {"cuCtxCreate_v2", 0},
+	Op(gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V3):             {"cuCtxCreate_v3", 0},
+	Op(gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V4):             {"cuCtxCreate_v4", 0},
+	Op(gpumemGpumemOpGPUMEM_OP_CTX_DESTROY):               {"cuCtxDestroy_v2", 0},
 }
 
 // Symbol is the driver function's name.
@@ -69,8 +82,10 @@ func (o Op) Symbol() string {
 	return "unknown"
 }
 
-// IsFree tells frees from allocations.
-func (o Op) IsFree() bool { return ops[o].kind == 0 }
+// IsFree tells frees from allocations; events carry nothing else.
+func (o Op) IsFree() bool {
+	return o >= Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE) && o <= Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE)
+}
 
 // Kind is the memory an allocation op hands out.
 func (o Op) Kind() Kind { return ops[o].kind }
@@ -79,6 +94,25 @@ func (o Op) Kind() Kind { return ops[o].kind }
 // than a pointer: handles and pointers are different name spaces.
 func (o Op) Handles() bool {
 	return o == Op(gpumemGpumemOpGPUMEM_OP_MEM_CREATE) || o == Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE)
+}
+
+// DeviceUnknown is the device of an allocation made in a context gpu-mem
+// did not see created (before it attached), and of host and managed memory.
+const DeviceUnknown = -1
+
+// GPU names where memory of kind k made on device lives: the device
+// ordinal, "host" for page-locked host memory, "managed" for unified
+// memory, which migrates, and "unknown".
+func GPU(k Kind, device int32) string {
+	switch {
+	case k == KindHost:
+		return "host"
+	case k == KindManaged:
+		return "managed"
+	case device < 0:
+		return "unknown"
+	}
+	return strconv.Itoa(int(device))
 }
 
 // CUresult values gpu-mem names in its output.

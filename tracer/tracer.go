@@ -182,11 +182,11 @@ func (t *Tracer) InFlight() (int, error) {
 	var (
 		n     int
 		key   uint64
-		value gpumemGpumemCall
+		value gpumemGpumemCalls
 	)
 	it := t.coll.Maps["inflight"].Iterate()
 	for it.Next(&key, &value) {
-		n++
+		n += int(value.Depth)
 	}
 	return n, it.Err()
 }

@@ -9,14 +9,16 @@ import (
 // targetFlags are the flags that say what to trace, shared by every command.
 type targetFlags struct {
 	pids    []int
+	gpus    []int
 	library string
 }
 
 func (t *targetFlags) register(fs *pflag.FlagSet) {
 	fs.IntSliceVar(&t.pids, "pid", nil, "trace only these processes (repeat or comma-separate)")
+	fs.IntSliceVar(&t.gpus, "gpu", nil, "show only memory on these device ordinals (repeat or comma-separate)")
 	fs.StringVar(&t.library, "library", "", "attach to this driver library only, instead of finding every libcuda.so* mapped by a process")
 }
 
 func (t *targetFlags) config() profiler.Config {
-	return profiler.Config{PIDs: t.pids, Library: t.library, Logf: logf}
+	return profiler.Config{PIDs: t.pids, GPUs: t.gpus, Library: t.library, Logf: logf}
 }

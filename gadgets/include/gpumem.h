@@ -31,12 +31,38 @@ enum gpumem_op {
 	GPUMEM_OP_MEM_FREE_ASYNC,                /* cuMemFreeAsync */
 	GPUMEM_OP_MEM_FREE_ASYNC_PTSZ,           /* cuMemFreeAsync_ptsz */
 	GPUMEM_OP_MEM_RELEASE,                   /* cuMemRelease */
+
+	/* Context calls: which device each thread's allocations land on. */
+	GPUMEM_OP_CTX_SET_CURRENT = 32,          /* cuCtxSetCurrent */
+	GPUMEM_OP_CTX_PUSH_CURRENT,              /* cuCtxPushCurrent_v2 */
+	GPUMEM_OP_CTX_POP_CURRENT,               /* cuCtxPopCurrent_v2 */
+	GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN,     /* cuDevicePrimaryCtxRetain */
+	GPUMEM_OP_CTX_CREATE,                    /* cuCtxCreate_v2 */
+	GPUMEM_OP_CTX_CREATE_V3,                 /* cuCtxCreate_v3 */
+	GPUMEM_OP_CTX_CREATE_V4,                 /* cuCtxCreate_v4 */
+	GPUMEM_OP_CTX_DESTROY,                   /* cuCtxDestroy_v2 */
 };
 
 static __always_inline bool gpumem_op_is_free(__u16 op)
 {
-	return op >= GPUMEM_OP_MEM_FREE;
+	return op >= GPUMEM_OP_MEM_FREE && op <= GPUMEM_OP_MEM_RELEASE;
 }
+
+static __always_inline bool gpumem_op_is_context(__u16 op)
+{
+	return op >= GPUMEM_OP_CTX_SET_CURRENT;
+}
+
+/* The device of a call made with no context gpu-mem knows: made before it
+ * attached, or in a context it did not see created. */
+#define GPUMEM_DEVICE_UNKNOWN -1
+
+/* Contexts a thread pushed, innermost last; cuCtxSetCurrent replaces the top. */
+#define GPUMEM_MAX_CTX_STACK 8
+struct gpumem_ctx_stack {
+	__u64 ctx[GPUMEM_MAX_CTX_STACK];
+	__u32 depth;
+};
 
 enum gpumem_event_type {
 	GPUMEM_EVENT_CALL = 1, /* a driver call returned */
@@ -102,9 +128,17 @@ struct gpumem_pyframe {
 struct gpumem_call {
 	__u64 timestamp;
 	__u64 target;    /* out-parameter address (allocations) or the pointer/handle freed */
-	__u64 bytes;     /* requested bytes; the height for cuMemAllocPitch_v2 */
-	__u64 pitch_out; /* cuMemAllocPitch_v2's pPitch */
+	__u64 bytes;     /* requested bytes; the height for cuMemAllocPitch_v2; a context call's device */
+	__u64 aux;       /* cuMemAllocPitch_v2's pPitch; cuMemCreate's CUmemAllocationProp */
 	__u16 op;
+};
+
+/* Calls in flight on one thread: a traced driver function may call another
+ * (the simulated driver's cuCtxCreate pushes with cuCtxPushCurrent_v2). */
+#define GPUMEM_MAX_NESTED 4
+struct gpumem_calls {
+	struct gpumem_call calls[GPUMEM_MAX_NESTED];
+	__u32 depth;
 };
 
 struct gpumem_event {
@@ -119,6 +153,8 @@ struct gpumem_event {
 	__u32 ustack_len; /* native frames, sent right after the pystack_len Python frames */
 	__u16 pystack_len;
 	__u16 py_flags;   /* enum gpumem_py_flag */
+	__s32 device;     /* device ordinal, or GPUMEM_DEVICE_UNKNOWN */
+	__u32 pad;
 	char comm[16];
 	struct gpumem_pyframe pystack[GPUMEM_MAX_PY_FRAMES];
 	/* Room for the native stack when all Python frames are used; with fewer,

@@ -42,7 +42,7 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	}
 	// Labels the exporter sends; namespace and pod come with Kubernetes
 	// metadata (empty, and matched by "All", elsewhere).
-	labels := map[string]bool{LabelService: true, LabelPID: true, LabelComm: true, LabelKind: true, LabelNode: true, "namespace": true, "pod": true}
+	labels := map[string]bool{LabelService: true, LabelPID: true, LabelComm: true, LabelKind: true, LabelNode: true, LabelGPU: true, "namespace": true, "pod": true}
 	matcher := regexp.MustCompile(`([a-z_]+)=~?"`)
 	metric := regexp.MustCompile(`\bgpumem_(live_bytes|allocated_bytes_total|failures_total)\{`)
 	flames := 0

@@ -1,6 +1,6 @@
 // Package pyroscope pushes GPU memory profiles to Grafana Pyroscope over
-// native gRPC (push.v1.PusherService/Push): one profile per process and
-// memory kind every interval, through a bounded queue that never blocks the
+// native gRPC (push.v1.PusherService/Push): one profile per process, memory
+// kind and device every interval, through a bounded queue that never blocks the
 // tracer.
 package pyroscope
 
@@ -41,6 +41,7 @@ const (
 	LabelComm    = "comm"
 	LabelKind    = "kind"
 	LabelNode    = "node"
+	LabelGPU     = "gpu"
 	ProfileName  = "memory"
 )
 
@@ -191,6 +192,7 @@ func (e *Exporter) Export(r profiler.Report) {
 type seriesKey struct {
 	pid  uint32
 	kind tracer.Kind
+	gpu  string
 }
 
 func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
@@ -199,7 +201,7 @@ func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
 	bySeries := map[seriesKey][]profiler.Row{}
 	current := make(map[accounting.Key]accounting.Counters, len(r.Rows))
 	for _, row := range r.Rows {
-		k := seriesKey{row.PID, row.Kind}
+		k := seriesKey{row.PID, row.Kind, row.GPU()}
 		bySeries[k] = append(bySeries[k], row)
 		current[row.Key] = row.Counters
 	}
@@ -217,7 +219,14 @@ func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
 		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool {
-		return keys[i].pid < keys[j].pid || keys[i].pid == keys[j].pid && keys[i].kind < keys[j].kind
+		a, b := keys[i], keys[j]
+		if a.pid != b.pid {
+			return a.pid < b.pid
+		}
+		if a.kind != b.kind {
+			return a.kind < b.kind
+		}
+		return a.gpu < b.gpu
 	})
 	req := &pushv1.PushRequest{}
 	for _, k := range keys {
@@ -250,6 +259,7 @@ func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
 		{Name: LabelPID, Value: strconv.FormatUint(uint64(row.PID), 10)},
 		{Name: LabelComm, Value: row.Comm},
 		{Name: LabelKind, Value: row.Kind.String()},
+		{Name: LabelGPU, Value: row.GPU()},
 	}
 	if e.cfg.Node != "" {
 		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})

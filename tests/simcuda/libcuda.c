@@ -4,8 +4,12 @@
  * behaves like the driver where the tracer can see it: device pointers come
  * from a deterministic address range and are reused after a free, frees of
  * unknown pointers fail with CUDA_ERROR_INVALID_VALUE, and device memory is
- * limited to SIMCUDA_CAPACITY bytes (default 80 GiB), beyond which allocations
- * fail with CUDA_ERROR_OUT_OF_MEMORY. Host allocations return real memory so
+ * limited to SIMCUDA_CAPACITY bytes (default 80 GiB) per device, beyond which
+ * allocations fail with CUDA_ERROR_OUT_OF_MEMORY. There are SIMCUDA_DEVICES
+ * devices (default 1), with primary and created contexts and a per-thread
+ * context stack: device allocations land on the device of the calling
+ * thread's current context, and fail with CUDA_ERROR_INVALID_CONTEXT
+ * without one. Host allocations return real memory so
  * that callers may write to it. An allocation of exactly SIMCUDA_HANG_BYTES
  * never returns, so that tests can kill a thread inside the driver.
  */
@@ -18,6 +22,9 @@
 #include <unistd.h>
 
 #define DEVICE_BASE 0x7e0000000000ULL
+#define DEVICE_SPAN (1ULL << 36) /* address range of each device */
+#define MAX_DEVICES 16
+#define MAX_CTX_STACK 8
 #define HANDLE_BASE 0x1000ULL
 #define ALIGNMENT 512ULL
 #define BUCKETS 65536
@@ -29,16 +36,42 @@ struct block {
 	uint64_t addr;
 	size_t size;   /* bytes reserved, rounded up to ALIGNMENT */
 	enum space space;
+	int device;
 	struct block *next;
+};
+
+struct CUctx_st {
+	int device;
+	int primary;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct block *live[BUCKETS];
 static struct block *reusable; /* freed device ranges, most recent first */
-static uint64_t device_top = DEVICE_BASE;
+static uint64_t device_top[MAX_DEVICES];
 static uint64_t next_handle = HANDLE_BASE;
-static size_t device_used;
+static size_t device_used[MAX_DEVICES];
 static size_t capacity;
+static int devices;
+static struct CUctx_st primary[MAX_DEVICES];
+static __thread CUcontext ctx_stack[MAX_CTX_STACK];
+static __thread int ctx_depth;
+
+static int device_count(void)
+{
+	if (!devices) {
+		const char *env = getenv("SIMCUDA_DEVICES");
+		devices = env ? atoi(env) : 1;
+		if (devices < 1 || devices > MAX_DEVICES)
+			devices = 1;
+	}
+	return devices;
+}
+
+static CUcontext current(void)
+{
+	return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+}
 
 static size_t device_capacity(void)
 {
@@ -73,12 +106,13 @@ static struct block *unlink_block(uint64_t addr, enum space space)
 	return NULL;
 }
 
-/* take_device_range reuses the most recently freed range of the same size,
- * as real allocators do, so that tests see addresses come back. */
-static uint64_t take_device_range(size_t size)
+/* take_device_range reuses the most recently freed range of the same size
+ * on the device, as real allocators do, so that tests see addresses come
+ * back. */
+static uint64_t take_device_range(size_t size, int device)
 {
 	for (struct block **p = &reusable; *p; p = &(*p)->next) {
-		if ((*p)->size == size) {
+		if ((*p)->size == size && (*p)->device == device) {
 			struct block *b = *p;
 			uint64_t addr = b->addr;
 			*p = b->next;
@@ -86,8 +120,10 @@ static uint64_t take_device_range(size_t size)
 			return addr;
 		}
 	}
-	uint64_t addr = device_top;
-	device_top += size;
+	if (!device_top[device])
+		device_top[device] = DEVICE_BASE + device * DEVICE_SPAN;
+	uint64_t addr = device_top[device];
+	device_top[device] += size;
 	return addr;
 }
 
@@ -99,28 +135,38 @@ static void hang_if_asked(size_t bytes)
 			pause();
 }
 
-static CUresult reserve_device(unsigned long long *out, size_t bytes, enum space space)
+/* reserve_device allocates on device, or on the current context's device
+ * when device is negative. */
+static CUresult reserve_device(unsigned long long *out, size_t bytes, enum space space, int device)
 {
 	hang_if_asked(bytes);
 	if (!out)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (bytes == 0)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (device < 0) {
+		if (!current())
+			return CUDA_ERROR_INVALID_CONTEXT;
+		device = current()->device;
+	}
+	if (device >= device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
 	size_t size = (bytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1);
 	struct block *b = malloc(sizeof(*b));
 	if (!b)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 
 	pthread_mutex_lock(&lock);
-	if (device_used + size > device_capacity()) {
+	if (device_used[device] + size > device_capacity()) {
 		pthread_mutex_unlock(&lock);
 		free(b);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	device_used += size;
+	device_used[device] += size;
 	b->size = size;
 	b->space = space;
-	b->addr = space == SPACE_HANDLE ? next_handle++ : take_device_range(size);
+	b->device = device;
+	b->addr = space == SPACE_HANDLE ? next_handle++ : take_device_range(size, device);
 	insert(b);
 	pthread_mutex_unlock(&lock);
 	*out = b->addr;
@@ -135,7 +181,7 @@ static CUresult release_device(uint64_t addr, enum space space)
 		pthread_mutex_unlock(&lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
-	device_used -= b->size;
+	device_used[b->device] -= b->size;
 	if (space == SPACE_DEVICE) {
 		b->next = reusable;
 		reusable = b;
@@ -196,7 +242,7 @@ CUresult cuDeviceGetCount(int *count)
 {
 	if (!count)
 		return CUDA_ERROR_INVALID_VALUE;
-	*count = 1;
+	*count = device_count();
 	return CUDA_SUCCESS;
 }
 
@@ -204,35 +250,37 @@ CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
 	if (!device)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (ordinal != 0)
+	if (ordinal < 0 || ordinal >= device_count())
 		return CUDA_ERROR_INVALID_DEVICE;
 	*device = ordinal;
 	return CUDA_SUCCESS;
 }
 
-static struct CUctx_st {
-	int device;
-} primary_ctx;
-static __thread CUcontext current_ctx;
-
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (dev != 0)
+	if (dev < 0 || dev >= device_count())
 		return CUDA_ERROR_INVALID_DEVICE;
-	*pctx = &primary_ctx;
+	primary[dev] = (struct CUctx_st){.device = dev, .primary = 1};
+	*pctx = &primary[dev];
 	return CUDA_SUCCESS;
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-	return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+	return dev >= 0 && dev < device_count() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
 CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-	current_ctx = ctx;
+	if (!ctx) {
+		ctx_depth = 0;
+		return CUDA_SUCCESS;
+	}
+	if (!ctx_depth)
+		ctx_depth = 1;
+	ctx_stack[ctx_depth - 1] = ctx;
 	return CUDA_SUCCESS;
 }
 
@@ -240,7 +288,79 @@ CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
-	*pctx = current_ctx;
+	*pctx = current();
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+	if (!ctx || ctx_depth == MAX_CTX_STACK)
+		return CUDA_ERROR_INVALID_VALUE;
+	ctx_stack[ctx_depth++] = ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+	if (!ctx_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	CUcontext ctx = ctx_stack[--ctx_depth];
+	if (pctx)
+		*pctx = ctx;
+	return CUDA_SUCCESS;
+}
+
+/* create_context makes a context on dev and pushes it, as the driver does. */
+static CUresult create_context(CUcontext *pctx, CUdevice dev)
+{
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	struct CUctx_st *ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	ctx->device = dev;
+	CUresult rc = cuCtxPushCurrent_v2(ctx);
+	if (rc != CUDA_SUCCESS) {
+		free(ctx);
+		return rc;
+	}
+	*pctx = ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	(void)flags;
+	return create_context(pctx, dev);
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+			unsigned int flags, CUdevice dev)
+{
+	(void)paramsArray;
+	(void)numParams;
+	(void)flags;
+	return create_context(pctx, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+			CUdevice dev)
+{
+	(void)ctxCreateParams;
+	(void)flags;
+	return create_context(pctx, dev);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	if (!ctx || ctx->primary)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (int i = 0; i < ctx_depth; i++)
+		if (ctx_stack[i] == ctx)
+			ctx_stack[i] = NULL;
+	free(ctx);
 	return CUDA_SUCCESS;
 }
 
@@ -248,16 +368,18 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
 	if (!free_bytes || !total)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&lock);
 	*total = device_capacity();
-	*free_bytes = *total - device_used;
+	*free_bytes = *total - device_used[current()->device];
 	pthread_mutex_unlock(&lock);
 	return CUDA_SUCCESS;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -268,7 +390,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 	if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
 		return CUDA_ERROR_INVALID_VALUE;
 	size_t pitch = (WidthInBytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1);
-	CUresult rc = reserve_device(dptr, pitch * Height, SPACE_DEVICE);
+	CUresult rc = reserve_device(dptr, pitch * Height, SPACE_DEVICE, -1);
 	if (rc == CUDA_SUCCESS)
 		*pPitch = pitch;
 	return rc;
@@ -277,7 +399,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
 	(void)flags;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
 }
 
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
@@ -294,13 +416,13 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	(void)hStream;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	(void)hStream;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -308,7 +430,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
 {
 	(void)pool;
 	(void)hStream;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -316,16 +438,15 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
 {
 	(void)pool;
 	(void)hStream;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
 }
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		     const CUmemAllocationProp *prop, unsigned long long flags)
 {
-	(void)prop;
-	if (flags != 0)
+	if (flags != 0 || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
 		return CUDA_ERROR_INVALID_VALUE;
-	return reserve_device(handle, size, SPACE_HANDLE);
+	return reserve_device(handle, size, SPACE_HANDLE, prop->location.id);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)

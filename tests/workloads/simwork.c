@@ -12,6 +12,8 @@
  *                  at most RATE allocations per second (default: no limit)
  *   oom BYTES      one allocation of BYTES (over SIMCUDA_CAPACITY: fails)
  *   hold BYTES     one device allocation kept until exit
+ *   devices        allocations on devices 0, 1 and 2 (SIMCUDA_DEVICES=3) from
+ *                  threads switching contexts with every context call
  *   demo           a small model's weights, activations and a leak; with
  *                  SIMWORK_NOWAIT it then holds its memory for a minute
  */
@@ -85,10 +87,12 @@ NOINLINE static void alloc_pool_ptsz(CUdeviceptr *out)
 	CHECK(cuMemAllocFromPoolAsync_ptsz(out, 16384, NULL, NULL));
 }
 
+static const CUmemAllocationProp on_device0 = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
+
 NOINLINE static void alloc_vmm(CUmemGenericAllocationHandle out[2])
 {
-	CHECK(cuMemCreate(&out[0], 2 << 20, NULL, 0));
-	CHECK(cuMemCreate(&out[1], 4 << 20, NULL, 0));
+	CHECK(cuMemCreate(&out[0], 2 << 20, &on_device0, 0));
+	CHECK(cuMemCreate(&out[1], 4 << 20, &on_device0, 0));
 }
 
 NOINLINE static void free_some(CUdeviceptr dev[3], void *host_b, CUdeviceptr async[4],
@@ -131,6 +135,8 @@ static void kinds(void)
 
 /* ---- threads ---- */
 
+static CUcontext main_ctx;
+
 struct worker {
 	int index;
 	double seconds;
@@ -153,6 +159,7 @@ NOINLINE static void *worker_loop(void *arg)
 	CUdeviceptr live[WINDOW] = {0};
 	size_t sizes[WINDOW] = {0};
 	struct timespec start, now;
+	CHECK(cuCtxSetCurrent(main_ctx));
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (unsigned long i = 0;; i++) {
 		if ((i & 15) == 0) {
@@ -216,6 +223,75 @@ NOINLINE static void hold(size_t bytes)
 	printf("done\nexpect\n");
 }
 
+/* ---- devices: 18 MiB on device 0, 30 MiB on 1, 10 MiB on 2 (plus 19 MiB
+ * of VMM memory), and host and managed memory on no device ---- */
+
+#define MiB (1 << 20)
+
+NOINLINE static void alloc_on(size_t bytes)
+{
+	CUdeviceptr p;
+	CHECK(cuMemAlloc_v2(&p, bytes));
+}
+
+NOINLINE static void *primary_on_device1(void *arg)
+{
+	CUcontext ctx;
+	(void)arg;
+	CHECK(cuDevicePrimaryCtxRetain(&ctx, 1));
+	CHECK(cuCtxSetCurrent(ctx));
+	alloc_on(1 * MiB);
+	alloc_on(1 * MiB);
+	return NULL;
+}
+
+NOINLINE static void *push_and_pop(void *arg)
+{
+	CUcontext created, dev0, popped;
+	(void)arg;
+	CHECK(cuCtxCreate_v2(&created, 0, 2));
+	alloc_on(3 * MiB);
+	CHECK(cuDevicePrimaryCtxRetain(&dev0, 0));
+	CHECK(cuCtxPushCurrent_v2(dev0));
+	alloc_on(5 * MiB);
+	CHECK(cuCtxPopCurrent_v2(&popped));
+	alloc_on(7 * MiB);
+	CHECK(cuCtxPopCurrent_v2(&popped));
+	CHECK(cuCtxDestroy_v2(created));
+	return NULL;
+}
+
+NOINLINE static void *created_v3_v4(void *arg)
+{
+	CUcontext v3, v4, popped;
+	(void)arg;
+	CHECK(cuCtxCreate_v3(&v3, NULL, 0, 0, 1));
+	alloc_on(11 * MiB);
+	CHECK(cuCtxCreate_v4(&v4, NULL, 0, 0));
+	alloc_on(13 * MiB);
+	CHECK(cuCtxPopCurrent_v2(&popped));
+	alloc_on(17 * MiB);
+	return NULL;
+}
+
+static void devices_scenario(void)
+{
+	void *(*threads_fns[])(void *) = {primary_on_device1, push_and_pop, created_v3_v4};
+	pthread_t tids[3];
+	for (int i = 0; i < 3; i++) {
+		pthread_create(&tids[i], NULL, threads_fns[i], NULL);
+		pthread_join(tids[i], NULL); /* one at a time: each its own thread */
+	}
+	CUmemGenericAllocationHandle h;
+	const CUmemAllocationProp on_device2 = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 2}};
+	CHECK(cuMemCreate(&h, 19 * MiB, &on_device2, 0));
+	void *host;
+	CHECK(cuMemAllocHost_v2(&host, 4096));
+	CUdeviceptr managed;
+	CHECK(cuMemAllocManaged(&managed, 8192, 1));
+	printf("done\nexpect\n");
+}
+
 /* ---- demo ---- */
 
 NOINLINE static void load_weights(CUdeviceptr *layers, int n)
@@ -274,13 +350,12 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|demo\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|devices|demo\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
-	CUcontext ctx;
-	CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
-	CHECK(cuCtxSetCurrent(ctx));
+	CHECK(cuDevicePrimaryCtxRetain(&main_ctx, 0));
+	CHECK(cuCtxSetCurrent(main_ctx));
 	const char *scenario = argv[1];
 	if (!strcmp(scenario, "kinds"))
 		kinds_setup();
@@ -295,6 +370,8 @@ int main(int argc, char **argv)
 		allocate_too_much(strtoull(argv[2], NULL, 0));
 	else if (!strcmp(scenario, "hold") && argc == 3)
 		hold(strtoull(argv[2], NULL, 0));
+	else if (!strcmp(scenario, "devices"))
+		devices_scenario();
 	else if (!strcmp(scenario, "demo"))
 		demo();
 	else {

@@ -16,12 +16,16 @@ import sys
 import threading
 
 cuda = ctypes.CDLL(os.environ.get("SIMCUDA_LIB", "libcuda.so.1"))
+cuda.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
 cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
 cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
 
 totals = {"allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0}
 totals_lock = threading.Lock()
 callers = {}  # size -> line of the call to cuda_malloc
+context = ctypes.c_void_p()  # device 0's primary context, current on every thread, as the
+# CUDA runtime makes it: lazily, at the first call
+local = threading.local()
 
 
 def count(key_count, key_bytes, nbytes):
@@ -32,6 +36,11 @@ def count(key_count, key_bytes, nbytes):
 
 def cuda_malloc(nbytes):
     callers[nbytes] = sys._getframe(1).f_lineno
+    if not getattr(local, "has_context", False):
+        if not context:
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0)
+        cuda.cuCtxSetCurrent(context)
+        local.has_context = True
     ptr = ctypes.c_uint64()
     rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), nbytes)  # the driver call
     if rc != 0:
