@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs torch_devices.py on a two-GPU machine under gpumem three ways and checks
+# the bytes per GPU: started by gpumem (contexts seen from their creation),
+# with and without PyTorch's caching allocator; then attached to a running
+# process whose contexts already exist.
+# Usage: tests/gpu/run_devices.sh GPUMEM OUTDIR
+set -uo pipefail
+gpumem=$1
+out=$2
+here=$(cd "$(dirname "$0")" && pwd)
+lib=$(ls /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* 2>/dev/null | head -1)
+status=0
+for caching in 0 1; do
+	log=$out/devices-caching$caching
+	if [ "$caching" = 0 ]; then export PYTORCH_NO_CUDA_MEMORY_CACHING=1; else unset PYTORCH_NO_CUDA_MEMORY_CACHING; fi
+	"$gpumem" record --library "$lib" --format json -o "$log.json" --top 0 -- python3 "$here/torch_devices.py" >"$log.stdout" 2>"$log.stderr"
+	echo "== started by gpumem, caching=$caching"
+	grep bus "$log.stdout"
+	python3 "$here/check_devices.py" "$log.json" "$(grep expect "$log.stdout")" || status=1
+done
+unset PYTORCH_NO_CUDA_MEMORY_CACHING
+log=$out/devices-attached
+fifo=$(mktemp -u) && mkfifo "$fifo"
+WAIT=1 python3 "$here/torch_devices.py" <"$fifo" >"$log.stdout" &
+py=$!
+exec 3>"$fifo"
+until grep -q ready "$log.stdout"; do sleep 0.1; done
+"$gpumem" record --pid "$py" --format json -o "$log.json" --top 0 2>"$log.stderr" &
+rec=$!
+until grep -q "attached" "$log.stderr"; do sleep 0.1; done
+echo >&3
+until grep -q expect "$log.stdout"; do sleep 0.1; done
+kill -INT $rec && wait $rec
+echo >&3 && exec 3>&- && wait $py
+echo "== attached to a running process (caching on)"
+python3 "$here/check_devices.py" "$log.json" "$(grep expect "$log.stdout")" || echo "(contexts made before gpumem attached: see docs/validation.md)"
+exit $status
