@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -72,10 +73,16 @@ type Profiler struct {
 	closed bool
 }
 
-// Stack is an interned call stack of one process.
+// Stack is an interned call stack of one process. Its Python frames are
+// named when it is first seen, while the process lives to be read; its
+// native frames when a report first needs them, off the event path (the
+// symbol tables of a library such as libtorch_cuda take seconds to load).
 type Stack struct {
 	PID    uint32
-	Frames []symbolize.Frame // innermost first: the driver function, then its callers
+	op     tracer.Op
+	native []uint64
+	python []pystack.Frame
+	frames []symbolize.Frame // innermost first: the driver function, then its callers; nil until resolved
 }
 
 // New loads the tracer. It fails with tracer.ErrPermission when BPF is
@@ -311,8 +318,7 @@ func (p *Profiler) forget(pid uint32) {
 	delete(p.notPython, int(pid))
 }
 
-// intern returns the ID of the event's stack, symbolizing it the first time
-// it is seen, while the process is alive to be read.
+// intern returns the ID of the event's stack.
 func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
 	native := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)
 	py := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))
@@ -320,12 +326,15 @@ func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
 	if id, ok := p.stackIDs[key]; ok {
 		return id
 	}
-	driver := symbolize.Frame{Function: ev.Op.Symbol(), Module: "libcuda.so.1"}
-	merged := pystack.Merge(p.sym.Frames(ev.PID, ev.Stack), p.py.Frames(ev.PID, ev.PyFrames))
-	frames := append([]symbolize.Frame{driver}, merged...)
+	p.sym.Track(ev.PID)
 	id := p.nextID
 	p.nextID++
-	p.stacks[id] = Stack{PID: ev.PID, Frames: frames}
+	p.stacks[id] = Stack{
+		PID:    ev.PID,
+		op:     ev.Op,
+		native: slices.Clone(ev.Stack),
+		python: p.py.Frames(ev.PID, ev.PyFrames),
+	}
 	p.stackIDs[key] = id
 	p.pidKeys[ev.PID] = append(p.pidKeys[ev.PID], key)
 	return id
@@ -405,4 +414,29 @@ func (p *Profiler) releaseVanished() {
 			p.forget(pid)
 		}
 	}
+}
+
+// resolve names the native frames of the stacks that have none yet. The
+// symbol tables are read without holding p.mu, so that events keep flowing.
+func (p *Profiler) resolve(ids []accounting.StackID) {
+	p.mu.Lock()
+	todo := map[accounting.StackID]Stack{}
+	for _, id := range ids {
+		if s, ok := p.stacks[id]; ok && s.frames == nil {
+			todo[id] = s
+		}
+	}
+	p.mu.Unlock()
+	for id, s := range todo {
+		driver := symbolize.Frame{Function: s.op.Symbol(), Module: "libcuda.so.1"}
+		s.frames = append([]symbolize.Frame{driver}, pystack.Merge(p.sym.Frames(s.PID, s.native), s.python)...)
+		todo[id] = s
+	}
+	p.mu.Lock()
+	for id, s := range todo {
+		if _, ok := p.stacks[id]; ok {
+			p.stacks[id] = s
+		}
+	}
+	p.mu.Unlock()
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -41,6 +42,7 @@ type Failure struct {
 // Report copies the books. Read errors of the loss counters are reported as
 // an error beside a complete report of everything else.
 func (p *Profiler) Report() (Report, error) {
+	p.resolve(p.stackIDsInUse())
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	losses, err := p.losses, error(nil)
@@ -57,7 +59,7 @@ func (p *Profiler) Report() (Report, error) {
 		if !p.onGPU(k) {
 			continue
 		}
-		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Frames: p.stacks[k.Stack].Frames, Counters: c})
+		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Frames: p.frames(k.Stack), Counters: c})
 	}
 	sort.Slice(r.Rows, func(i, j int) bool {
 		a, b := r.Rows[i], r.Rows[j]
@@ -73,7 +75,7 @@ func (p *Profiler) Report() (Report, error) {
 		if !p.onGPU(k.Key) {
 			continue
 		}
-		r.Failures = append(r.Failures, Failure{FailureKey: k, Comm: p.comms[k.PID], Frames: p.stacks[k.Stack].Frames, Failures: f})
+		r.Failures = append(r.Failures, Failure{FailureKey: k, Comm: p.comms[k.PID], Frames: p.frames(k.Stack), Failures: f})
 	}
 	sort.Slice(r.Failures, func(i, j int) bool { return r.Failures[i].Count > r.Failures[j].Count })
 	return r, err
@@ -85,4 +87,29 @@ func (p *Profiler) onGPU(k accounting.Key) bool {
 		return true
 	}
 	return (k.Kind == tracer.KindDevice || k.Kind == tracer.KindVMM) && slices.Contains(p.cfg.GPUs, int(k.Device))
+}
+
+// stackIDsInUse are the stacks the books refer to.
+func (p *Profiler) stackIDsInUse() []accounting.StackID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	snap := p.ledger.Snapshot()
+	ids := make([]accounting.StackID, 0, len(snap.Rows)+len(snap.Failures))
+	for k := range snap.Rows {
+		ids = append(ids, k.Stack)
+	}
+	for k := range snap.Failures {
+		ids = append(ids, k.Stack)
+	}
+	return ids
+}
+
+// frames are a stack's frames; a stack interned after resolve ran (by an
+// event read in between) shows its driver function and Python frames.
+func (p *Profiler) frames(id accounting.StackID) []symbolize.Frame {
+	s := p.stacks[id]
+	if s.frames != nil {
+		return s.frames
+	}
+	return append([]symbolize.Frame{{Function: s.op.Symbol(), Module: "libcuda.so.1"}}, pystack.Merge(nil, s.python)...)
 }

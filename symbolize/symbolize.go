@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	"github.com/ianlancetaylor/demangle"
+	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/discover"
 )
@@ -89,6 +90,16 @@ func (s *Symbolizer) Frames(pid uint32, addrs []uint64) []Frame {
 	return frames
 }
 
+// Track reads a process's mappings now, if they are not cached: the
+// process may be gone by the time its stacks are symbolized.
+func (s *Symbolizer) Track(pid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.procs[pid]; !ok {
+		s.loadMaps(pid)
+	}
+}
+
 // Forget drops what is cached for a process that exited.
 func (s *Symbolizer) Forget(pid uint32) {
 	s.mu.Lock()
@@ -148,7 +159,8 @@ func (s *Symbolizer) loadMaps(pid uint32) []mapping {
 
 // open reads a mapped file's symbols once per device and inode. The file is
 // opened through /proc/PID/map_files, which reaches files in containers and
-// files replaced on disk since they were mapped.
+// files replaced on disk since they were mapped; once the process is gone,
+// at its path, if the file there is still the one that was mapped.
 func (s *Symbolizer) open(pid uint32, m *mapping) *elfSymbols {
 	id := m.Dev + "/" + strconv.FormatUint(m.Inode, 10)
 	if f, ok := s.files[id]; ok {
@@ -157,6 +169,9 @@ func (s *Symbolizer) open(pid uint32, m *mapping) *elfSymbols {
 	paths := []string{
 		filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "map_files", fmt.Sprintf("%x-%x", m.Start, m.End)),
 		filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "root", m.Path),
+	}
+	if sameFile(m.Path, m.Dev, m.Inode) {
+		paths = append(paths, m.Path)
 	}
 	var syms *elfSymbols
 	for _, p := range paths {
@@ -227,4 +242,14 @@ func (e *elfSymbols) lookup(vaddr uint64) string {
 		return ""
 	}
 	return sym.name
+}
+
+// sameFile says whether path is the file with the device (major:minor, as
+// /proc/PID/maps prints it) and inode of a mapping.
+func sameFile(path, dev string, inode uint64) bool {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil || st.Ino != inode {
+		return false
+	}
+	return fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)) == dev
 }
