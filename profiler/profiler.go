@@ -307,10 +307,11 @@ func (p *Profiler) addPython(pid int) bool {
 	return true
 }
 
-// forget drops what is kept of a process that exited.
+// forget releases what a process that exited held, and what is kept to
+// walk its Python frames. Its mappings stay until DropExited: its stacks
+// are symbolized at the next report.
 func (p *Profiler) forget(pid uint32) {
 	p.ledger.Exit(pid)
-	p.sym.Forget(pid)
 	if p.py.Has(pid) {
 		p.py.Forget(pid)
 		p.tr.RemovePython(pid)
@@ -352,6 +353,7 @@ func (p *Profiler) DropExited() {
 		}
 		delete(p.pidKeys, pid)
 		delete(p.comms, pid)
+		p.sym.Forget(pid)
 	}
 }
 
@@ -439,4 +441,28 @@ func (p *Profiler) resolve(ids []accounting.StackID) {
 		}
 	}
 	p.mu.Unlock()
+}
+
+// Watch registers a process just started (gpumem record -- COMMAND) as soon
+// as its interpreter is up, if it is a Python process, rather than at the
+// next scan: a short script may allocate within the first half second.
+func (p *Profiler) Watch(ctx context.Context, pid int) {
+	ticker := time.NewTicker(10 * time.Millisecond)
+	defer ticker.Stop()
+	deadline := time.After(5 * time.Second)
+	for {
+		p.mu.Lock()
+		done := p.py.Has(uint32(pid)) || p.notPython[pid] || p.addPython(pid)
+		p.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline:
+			return
+		case <-ticker.C:
+		}
+	}
 }

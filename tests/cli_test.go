@@ -277,3 +277,32 @@ func matchLine(text, pattern string) bool {
 }
 
 var regexpMustCompile = regexp.MustCompile
+
+// TestShortLivedProcesses: commands that allocate and exit within a tenth of
+// a second are named in full, native frames and Python frames, though they
+// are gone before the report.
+func TestShortLivedProcesses(t *testing.T) {
+	for name, command := range map[string][]string{
+		"C":      {"env", "SIMWORK_NOWAIT=1", "SIMWORK_LINGER_MS=100", simwork, "kinds"},
+		"Python": {"env", "SIMCUDA_LIB=" + simLib, "/root/.pyenv/versions/3.12.1/bin/python3.12", filepath.Join(repoRoot, "tests/workloads/simwork.py"), "sites"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out.folded")
+			cmd := exec.Command(gpumem, append([]string{"record", "--library", simLib, "--format", "folded", "--value", "alloc", "-o", out, "--"}, command...)...)
+			if output, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%v\n%s", err, output)
+			}
+			data, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := `;main;kinds;alloc_device;cuMemAlloc_v2 3145728$`
+			if name == "Python" {
+				want = `;<module>;main;sites;Model.method;cuda_malloc;.*cuMemAlloc_v2 1002$`
+			}
+			if !matchLine(string(data), want) {
+				t.Errorf("no line matching %q:\n%s", want, data)
+			}
+		})
+	}
+}

@@ -96,6 +96,7 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		go func() { child.Wait(); cancel() }()
+		go p.Watch(ctx, child.Process.Pid)
 	}
 
 	logf("recording; Ctrl-C to stop")

@@ -3,7 +3,8 @@
  * Protocol: prints "ready PID", waits for a line on stdin, runs the scenario,
  * prints "done" and one "expect k=v ..." line with the totals it produced, waits
  * for a line (or EOF) on stdin, and exits. With SIMWORK_NOWAIT=1 it does not
- * wait at all (the demo).
+ * wait at all (the demo); SIMWORK_LINGER_MS=N then keeps it N ms before it
+ * exits, as any real program lives a little after its last allocation.
  *
  * Scenarios:
  *   kinds          every allocation and free function once, known sizes
@@ -379,5 +380,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	wait_line();
+	const char *linger = getenv("SIMWORK_LINGER_MS");
+	if (linger)
+		usleep(atoi(linger) * 1000);
 	return 0;
 }
