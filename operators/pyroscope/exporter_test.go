@@ -110,7 +110,7 @@ func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 	device := second.Series[0]
 	want := map[string]string{
 		"__name__": "memory", "__delta__": "false", "service_name": "train", "pid": "10",
-		"comm": "train", "kind": "device", "node": "gpu-node-1", "gpu": "unknown",
+		"comm": "train", "kind": "device", "node": "gpu-node-1", "gpu": "0",
 	}
 	if got := labels(device); len(got) != len(want) {
 		t.Errorf("labels %v, want %v", got, want)
