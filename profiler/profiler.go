@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/discover"
+	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -35,6 +37,9 @@ type Config struct {
 	PIDs []int
 	// GPUs, when set, limits reports to memory on these device ordinals.
 	GPUs []int
+	// GPUDir is where the NVIDIA driver describes its GPUs; gpuinfo.DriverDir
+	// by default.
+	GPUDir string
 	// ProcRoot is where processes are read from; /proc by default.
 	ProcRoot string
 	// ScanInterval is how often /proc is scanned for new driver libraries
@@ -66,6 +71,8 @@ type Profiler struct {
 	attached map[string]discover.Library
 	failed   map[string]bool // libraries whose attach failed, logged once
 	pyStats  PythonStats
+	devices  []gpuinfo.Device                  // the driver's GPUs
+	ordinals map[uint32]map[int]gpuinfo.Device // each process's CUDA ordinals
 	flushes  uint64
 	flushed  *sync.Cond
 	// losses are the tracer's last counts, kept when it is closed.
@@ -90,6 +97,9 @@ type Stack struct {
 func New(cfg Config) (*Profiler, error) {
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
+	}
+	if cfg.GPUDir == "" {
+		cfg.GPUDir = gpuinfo.DriverDir
 	}
 	if cfg.ScanInterval == 0 {
 		cfg.ScanInterval = 500 * time.Millisecond
@@ -121,6 +131,8 @@ func New(cfg Config) (*Profiler, error) {
 		comms:     map[uint32]string{},
 		attached:  map[string]discover.Library{},
 		failed:    map[string]bool{},
+		devices:   gpuinfo.Devices(cfg.GPUDir),
+		ordinals:  map[uint32]map[int]gpuinfo.Device{},
 	}
 	p.flushed = sync.NewCond(&p.mu)
 	if cfg.Library != "" {
@@ -215,6 +227,9 @@ func (p *Profiler) handle(ev *tracer.Event) {
 	if ev.Exit {
 		p.forget(ev.PID)
 		return
+	}
+	if _, seen := p.comms[ev.PID]; !seen {
+		p.ordinals[ev.PID] = gpuinfo.Ordinals(p.devices, p.environ(ev.PID))
 	}
 	p.comms[ev.PID] = ev.Comm
 	switch {
@@ -353,6 +368,7 @@ func (p *Profiler) DropExited() {
 		}
 		delete(p.pidKeys, pid)
 		delete(p.comms, pid)
+		delete(p.ordinals, pid)
 		p.sym.Forget(pid)
 	}
 }
@@ -465,4 +481,17 @@ func (p *Profiler) Watch(ctx context.Context, pid int) {
 		case <-ticker.C:
 		}
 	}
+}
+
+// environ is a process's environment, which says which GPUs it sees; none
+// when it cannot be read.
+func (p *Profiler) environ(pid uint32) []string {
+	if len(p.devices) == 0 {
+		return nil
+	}
+	data, err := os.ReadFile(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(int(pid)), "environ"))
+	if err != nil {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -27,6 +28,7 @@ type Report struct {
 type Row struct {
 	accounting.Key
 	Comm   string
+	Device gpuinfo.Device    // the GPU, where the driver says which it is
 	Frames []symbolize.Frame // innermost first
 	accounting.Counters
 }
@@ -59,7 +61,7 @@ func (p *Profiler) Report() (Report, error) {
 		if !p.onGPU(k) {
 			continue
 		}
-		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Frames: p.frames(k.Stack), Counters: c})
+		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Frames: p.frames(k.Stack), Counters: c})
 	}
 	sort.Slice(r.Rows, func(i, j int) bool {
 		a, b := r.Rows[i], r.Rows[j]
@@ -112,4 +114,12 @@ func (p *Profiler) frames(id accounting.StackID) []symbolize.Frame {
 		return s.frames
 	}
 	return append([]symbolize.Frame{{Function: s.op.Symbol(), Module: "libcuda.so.1"}}, pystack.Merge(nil, s.python)...)
+}
+
+// device is the GPU a row's memory is on, if known.
+func (p *Profiler) device(k accounting.Key) gpuinfo.Device {
+	if k.Kind != tracer.KindDevice && k.Kind != tracer.KindVMM {
+		return gpuinfo.Device{}
+	}
+	return p.ordinals[k.PID][int(k.Device)]
 }

@@ -35,6 +35,9 @@ type jsonStack struct {
 	Comm               string      `json:"comm"`
 	Kind               string      `json:"kind"`
 	GPU                string      `json:"gpu"`
+	GPUName            string      `json:"gpu_name,omitempty"`
+	GPUUUID            string      `json:"gpu_uuid,omitempty"`
+	GPUBus             string      `json:"gpu_bus,omitempty"`
 	Frames             []jsonFrame `json:"frames"` // innermost first
 	AllocatedBytes     uint64      `json:"allocated_bytes"`
 	Allocations        uint64      `json:"allocations"`
@@ -76,6 +79,7 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 	for _, row := range r.Rows {
 		out.Stacks = append(out.Stacks, jsonStack{
 			PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), GPU: row.GPU(), Frames: jsonFrames(row.Frames),
+			GPUName: row.Device.Name, GPUUUID: row.Device.UUID, GPUBus: row.Device.Bus,
 			AllocatedBytes: row.AllocBytes, Allocations: row.AllocCount,
 			FreedBytes: row.FreeBytes, Frees: row.FreeCount,
 			ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,

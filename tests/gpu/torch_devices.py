@@ -40,8 +40,8 @@ def main():
     pin(4 * MiB)
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
-    bus = [torch.cuda.get_device_properties(d).pci_bus_id for d in (0, 1)]
-    print(f"bus gpu0={bus[0]} gpu1={bus[1]}", flush=True)
+    uuid = ["GPU-" + str(torch.cuda.get_device_properties(d).uuid) for d in (0, 1)]
+    print(f"uuid gpu0={uuid[0]} gpu1={uuid[1]}", flush=True)
     print(f"expect gpu0={34 * MiB} gpu1={32 * MiB} host={4 * MiB}", flush=True)
     if os.environ.get("WAIT") == "1":
         sys.stdin.readline()
