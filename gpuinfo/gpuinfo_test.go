@@ -10,8 +10,8 @@ import (
 func TestDevicesInBusOrder(t *testing.T) {
 	devs := Devices("testdata/gpus")
 	want := []Device{
-		{Name: "NVIDIA H200", UUID: "GPU-87739fb2-59e0-dc07-f453-3dd482cb2d9d", Bus: "0000:18:00.0"},
-		{Name: "NVIDIA H200", UUID: "GPU-18d89315-7b04-1d79-e438-9f37e5ad46d9", Bus: "0000:2a:00.0"},
+		{Name: "NVIDIA H200", UUID: "GPU-f2439028-1e88-53e4-af5e-775f76f6d6f1", Bus: "0000:00:06.0"},
+		{Name: "NVIDIA H200", UUID: "GPU-4b04ee3e-2ae6-e7b1-5a3a-88a122e84198", Bus: "0000:00:07.0"},
 	}
 	if !reflect.DeepEqual(devs, want) {
 		t.Errorf("%+v", devs)
@@ -27,11 +27,11 @@ func TestOrdinals(t *testing.T) {
 		env  []string
 		want []string // bus of ordinal 0, 1, ...
 	}{
-		{nil, []string{"0000:18:00.0", "0000:2a:00.0"}},
-		{[]string{"CUDA_VISIBLE_DEVICES=1"}, []string{"0000:2a:00.0"}},
-		{[]string{"CUDA_VISIBLE_DEVICES=1,0"}, []string{"0000:2a:00.0", "0000:18:00.0"}},
-		{[]string{"CUDA_VISIBLE_DEVICES=GPU-18d89315"}, []string{"0000:2a:00.0"}},
-		{[]string{"CUDA_VISIBLE_DEVICES=0,7,1"}, []string{"0000:18:00.0"}},
+		{nil, []string{"0000:00:06.0", "0000:00:07.0"}},
+		{[]string{"CUDA_VISIBLE_DEVICES=1"}, []string{"0000:00:07.0"}},
+		{[]string{"CUDA_VISIBLE_DEVICES=1,0"}, []string{"0000:00:07.0", "0000:00:06.0"}},
+		{[]string{"CUDA_VISIBLE_DEVICES=GPU-4b04ee3e"}, []string{"0000:00:07.0"}},
+		{[]string{"CUDA_VISIBLE_DEVICES=0,7,1"}, []string{"0000:00:06.0"}},
 		{[]string{"CUDA_VISIBLE_DEVICES="}, []string{}},
 	} {
 		m := Ordinals(devs, tc.env)
@@ -43,7 +43,7 @@ func TestOrdinals(t *testing.T) {
 			t.Errorf("%v: %v, want %v", tc.env, got, tc.want)
 		}
 	}
-	mixed := append(devs, Device{Name: "NVIDIA L4", Bus: "0000:3b:00.0"})
+	mixed := append(devs, Device{Name: "NVIDIA L4", Bus: "0000:00:08.0"})
 	if m := Ordinals(mixed, nil); m != nil {
 		t.Errorf("mixed models, fastest first: %v", m)
 	}
