@@ -116,6 +116,22 @@ static __always_inline void count_loss(__u32 loss)
 		*n += 1;
 }
 
+/* output sends an event without waking the reader, which polls, unless the
+ * ring buffer is filling: a wakeup per event would cost more than the rest
+ * of the probe. Drops are counted in events_lost_samples, as IG's helpers do. */
+static __always_inline void output(struct gpumem_event *e, __u64 size)
+{
+	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > GPUMEM_RINGBUF_BYTES / 4
+			      ? BPF_RB_FORCE_WAKEUP
+			      : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&events, e, size, flags)) {
+		__u32 zero = 0;
+		__u64 *n = bpf_map_lookup_elem(&events_lost_samples, &zero);
+		if (n)
+			*n += 1;
+	}
+}
+
 static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 aux)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -468,11 +484,12 @@ static __always_inline int leave(struct pt_regs *ctx)
 		capture_python(e);
 		e->ustack_len = capture_stack(ctx, e);
 		__u8 one = 1;
-		if (bpf_map_update_elem(&traced_pids, &e->pid, &one, BPF_ANY))
+		if (!bpf_map_lookup_elem(&traced_pids, &e->pid) &&
+		    bpf_map_update_elem(&traced_pids, &e->pid, &one, BPF_ANY))
 			count_loss(GPUMEM_LOSS_PROCESSES_FULL);
 	}
 
-	gadget_output_buf(ctx, &events, e, event_size(e));
+	output(e, event_size(e));
 	return 0;
 }
 
@@ -512,7 +529,7 @@ int gpumem_exit(void *ctx)
 	e->py_flags = 0;
 	e->device = GPUMEM_DEVICE_UNKNOWN;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	gadget_output_buf(ctx, &events, e, offsetof(struct gpumem_event, pystack));
+	output(e, offsetof(struct gpumem_event, pystack));
 	return 0;
 }
 

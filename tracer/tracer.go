@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -26,6 +27,7 @@ type Options struct {
 type Tracer struct {
 	coll   *ebpf.Collection
 	reader *ringbuf.Reader
+	record ringbuf.Record // Read's, reused
 	exit   link.Link
 
 	mu    sync.Mutex
@@ -143,15 +145,26 @@ func driverFunctions(path string) ([]string, []uint64, error) {
 	return symbols, cookies, nil
 }
 
-// Read blocks for the next event. It reuses ev.Stack's storage. After Close
-// it returns an error wrapping os.ErrClosed; after Flush, once every event
-// sent before it has been read, ringbuf.ErrFlushed.
+// pollInterval bounds how long an event waits in the ring buffer: the BPF
+// program wakes the reader only once the buffer fills.
+const pollInterval = 10 * time.Millisecond
+
+// Read blocks for the next event. It reuses ev's storage, and must not be
+// called from two goroutines. After Close it returns an error wrapping
+// os.ErrClosed; after Flush, once every event sent before it has been read,
+// ringbuf.ErrFlushed.
 func (t *Tracer) Read(ev *Event) error {
-	var rec ringbuf.Record
-	if err := t.reader.ReadInto(&rec); err != nil {
-		return err
+	for {
+		err := t.reader.ReadInto(&t.record)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.reader.SetDeadline(time.Now().Add(pollInterval))
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		return decode(t.record.RawSample, ev)
 	}
-	return decode(rec.RawSample, ev)
 }
 
 // Flush makes Read return the events already sent, then ringbuf.ErrFlushed.

@@ -13,6 +13,10 @@
  *                  at most RATE allocations per second (default: no limit)
  *   oom BYTES      one allocation of BYTES (over SIMCUDA_CAPACITY: fails)
  *   hold BYTES     one device allocation kept until exit
+ *   pairs N        N cuMemAlloc_v2 + cuMemFree_v2 pairs of 4 KiB from one
+ *                  thread; expects ns_per_pair (the benchmark's probe cost)
+ *   stacks N       N allocations held live, each from a distinct call stack
+ *                  (a path of log2(N) calls through two functions)
  *   devices        allocations on devices 0, 1 and 2 (SIMCUDA_DEVICES=3) from
  *                  threads switching contexts with every context call
  *   demo           a small model's weights, activations and a leak; with
@@ -293,6 +297,66 @@ static void devices_scenario(void)
 	printf("done\nexpect\n");
 }
 
+/* ---- benchmarks ---- */
+
+static double now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+NOINLINE static void pairs(long n)
+{
+	CUdeviceptr p;
+	double start = now_ns();
+	for (long i = 0; i < n; i++) {
+		CHECK(cuMemAlloc_v2(&p, 4096));
+		CHECK(cuMemFree_v2(p));
+	}
+	printf("done\nexpect ns_per_pair=%.0f\n", (now_ns() - start) / n);
+}
+
+NOINLINE static void branch_b(unsigned long path, int depth);
+
+/* Two functions calling each other along the bits of path: each path of
+ * depth calls is a distinct stack. */
+NOINLINE static void branch_a(unsigned long path, int depth)
+{
+	CUdeviceptr p;
+	if (depth == 0) {
+		CHECK(cuMemAlloc_v2(&p, 512));
+		return;
+	}
+	if (path & 1)
+		branch_b(path >> 1, depth - 1);
+	else
+		branch_a(path >> 1, depth - 1);
+}
+
+NOINLINE static void branch_b(unsigned long path, int depth)
+{
+	CUdeviceptr p;
+	if (depth == 0) {
+		CHECK(cuMemAlloc_v2(&p, 512));
+		return;
+	}
+	if (path & 1)
+		branch_b(path >> 1, depth - 1);
+	else
+		branch_a(path >> 1, depth - 1);
+}
+
+static void distinct_stacks(long n)
+{
+	int depth = 0;
+	while ((1L << depth) < n)
+		depth++;
+	for (long i = 0; i < n; i++)
+		branch_a((unsigned long)i, depth);
+	printf("done\nexpect stacks=%ld depth=%d\n", n, depth);
+}
+
 /* ---- demo ---- */
 
 NOINLINE static void load_weights(CUdeviceptr *layers, int n)
@@ -351,7 +415,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|devices|demo\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N|devices|demo\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -371,6 +435,10 @@ int main(int argc, char **argv)
 		allocate_too_much(strtoull(argv[2], NULL, 0));
 	else if (!strcmp(scenario, "hold") && argc == 3)
 		hold(strtoull(argv[2], NULL, 0));
+	else if (!strcmp(scenario, "pairs") && argc == 3)
+		pairs(atol(argv[2]));
+	else if (!strcmp(scenario, "stacks") && argc == 3)
+		distinct_stacks(atol(argv[2]));
 	else if (!strcmp(scenario, "devices"))
 		devices_scenario();
 	else if (!strcmp(scenario, "demo"))

@@ -5,6 +5,8 @@ runs, prints "done" and "expect ..." totals, waits for a line (or EOF), exits.
 The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
 
     python3 simwork.py model   nested functions, four threads, frees
+    python3 simwork.py pairs   alloc+free pairs from Python (SIMWORK_PAIRS, default
+                               20000); expects ns_per_pair
     python3 simwork.py sites   one allocation of a distinct size from each kind
                                of Python code; expects lineSIZE=LINE for each,
                                LINE being the caller's line of cuda_malloc
@@ -14,6 +16,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 
 cuda = ctypes.CDLL(os.environ.get("SIMCUDA_LIB", "libcuda.so.1"))
 cuda.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
@@ -166,8 +169,20 @@ def sites():
     recurse(200)
 
 
+def pairs():
+    n = int(os.environ.get("SIMWORK_PAIRS", "20000"))
+    cuda_free(cuda_malloc(4096), 4096)  # the context, before the clock starts
+    ptr = ctypes.c_uint64()
+    alloc, free, ref = cuda.cuMemAlloc_v2, cuda.cuMemFree_v2, ctypes.byref(ptr)
+    start = time.perf_counter_ns()
+    for _ in range(n):
+        alloc(ref, 4096)
+        free(ptr.value)
+    totals["ns_per_pair"] = (time.perf_counter_ns() - start) // n
+
+
 def main():
-    scenarios = {"model": model, "sites": sites}
+    scenarios = {"model": model, "sites": sites, "pairs": pairs}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// agentFootprint runs `gpumem agent` against workloads and reads its CPU
+// time and peak resident memory from /proc.
+func agentFootprint() string {
+	seconds := 5.0
+	stacks := []int{10_000, 100_000}
+	if *smoke {
+		seconds, stacks = 1, []int{1000}
+	}
+	var b strings.Builder
+	b.WriteString("`gpumem agent --pyroscope-interval 1s` (no server: status lines only) while a workload runs;\n")
+	b.WriteString("CPU is the agent's user+system time over the wall time, peak RSS its VmHWM.\n\n")
+	b.WriteString("| workload | agent CPU | agent peak RSS |\n| --- | ---: | ---: |\n")
+	worst := 0.0
+	for _, rate := range []int{1000, 10_000} {
+		cpu, rss := underAgent(func() {
+			runWorkload(nil, simwork, "threads", "1", fmt.Sprint(seconds), fmt.Sprint(rate/2))
+		})
+		fmt.Fprintf(&b, "| %d events/s for %.0f s | %.1f%% | %.1f MiB |\n", rate, seconds, cpu, rss)
+	}
+	for _, n := range stacks {
+		cpu, rss := underAgent(func() {
+			runWorkload([]string{"SIMWORK_LINGER_MS=2500"}, simwork, "stacks", strconv.Itoa(n))
+		})
+		worst = max(worst, rss)
+		fmt.Fprintf(&b, "| %d distinct stacks held live | %.1f%% | %.1f MiB |\n", n, cpu, rss)
+	}
+	fmt.Fprintf(&b, "\nTarget: peak RSS at most 150 MiB with 100k live stacks: %s (%.1f MiB at the largest).\n", verdict(worst <= 150), worst)
+	return b.String()
+}
+
+// underAgent runs work with an agent tracing it, and returns the agent's
+// CPU percentage over the run and its peak RSS in MiB.
+func underAgent(work func()) (float64, float64) {
+	agent := exec.Command(gpumem, "agent", "--library", simLib, "--pyroscope-interval", "1s")
+	stderr, err := agent.StderrPipe()
+	check(err)
+	check(agent.Start())
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() && !strings.Contains(sc.Text(), "attached to") {
+	}
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	cpu0 := cpuTicks(agent.Process.Pid)
+	start := time.Now()
+	work()
+	time.Sleep(1500 * time.Millisecond) // an interval after the work: the report of it
+	cpu := float64(cpuTicks(agent.Process.Pid)-cpu0) / 100 / time.Since(start).Seconds() * 100
+	rss := peakRSS(agent.Process.Pid)
+	agent.Process.Signal(os.Interrupt)
+	agent.Wait()
+	return cpu, rss
+}
+
+// cpuTicks is utime+stime of a process, in clock ticks (100 per second).
+func cpuTicks(pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	check(err)
+	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
+	utime, _ := strconv.Atoi(fields[11])
+	stime, _ := strconv.Atoi(fields[12])
+	return utime + stime
+}
+
+func peakRSS(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	check(err)
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kib, _ := strconv.Atoi(strings.Fields(v)[0])
+			return float64(kib) / 1024
+		}
+	}
+	return 0
+}
