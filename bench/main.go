@@ -21,6 +21,7 @@ var (
 	smoke   = flag.Bool("smoke", false, "a short run that checks the harness, not the figures")
 	out     = flag.String("o", "BENCHMARKS.md", "where to write the results")
 	repo    = flag.String("repo", ".", "the repository root (build/sim and bin/ built)")
+	only    = flag.String("only", "", "run one section: costs, rates, agent or latency")
 	runs    = 5
 	simLib  string
 	simwork string
@@ -45,10 +46,20 @@ func main() {
 
 	var report strings.Builder
 	header(&report)
-	section(&report, "Cost per allocation + free pair", costs(root))
-	section(&report, "Sustained event rate without loss", rates())
-	section(&report, "Agent CPU and memory", agentFootprint())
-	section(&report, "Attach latency", attachLatency())
+	for _, s := range []struct {
+		name, title string
+		run         func() string
+	}{
+		{"costs", "Cost per allocation + free pair", func() string { return costs(root) }},
+		{"rates", "Sustained event rate without loss", rates},
+		{"agent", "Agent CPU and memory", agentFootprint},
+		{"latency", "Attach latency", attachLatency},
+	} {
+		if *only == "" || *only == s.name {
+			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
+			section(&report, s.title, s.run())
+		}
+	}
 	report.WriteString(gpuSection(root))
 	check(os.WriteFile(*out, []byte(report.String()), 0o644))
 	fmt.Fprintf(os.Stderr, "bench: wrote %s\n", *out)

@@ -66,7 +66,7 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 			s.Label["gpu_name"] = []string{row.Device.Name}
 		}
 		for _, f := range row.Frames {
-			s.Location = append(s.Location, b.location(f))
+			s.Location = append(s.Location, b.location(*f))
 		}
 		b.p.Sample = append(b.p.Sample, s)
 	}

@@ -60,21 +60,22 @@ type Profiler struct {
 	// processes gpu-mem can walk; not retried while they live.
 	notPython map[int]bool
 
-	mu       sync.Mutex
-	ledger   *accounting.Ledger
-	stacks   map[accounting.StackID]Stack
-	stackIDs map[string]accounting.StackID // by pid, op and raw frames
-	pidKeys  map[uint32][]string           // the stackIDs keys of each process
-	nextID   accounting.StackID
-	comms    map[uint32]string
-	events   uint64
-	attached map[string]discover.Library
-	failed   map[string]bool // libraries whose attach failed, logged once
-	pyStats  PythonStats
-	devices  []gpuinfo.Device                  // the driver's GPUs
-	ordinals map[uint32]map[int]gpuinfo.Device // each process's CUDA ordinals
-	flushes  uint64
-	flushed  *sync.Cond
+	mu         sync.Mutex
+	ledger     *accounting.Ledger
+	stacks     map[accounting.StackID]Stack
+	stackIDs   map[string]accounting.StackID // by pid, op and raw frames
+	pidKeys    map[uint32][]string           // the stackIDs keys of each process
+	nextID     accounting.StackID
+	comms      map[uint32]string
+	events     uint64
+	attached   map[string]discover.Library
+	failed     map[string]bool // libraries whose attach failed, logged once
+	pyStats    PythonStats
+	frameTable map[symbolize.Frame]*symbolize.Frame // each distinct frame of resolved stacks, once
+	devices    []gpuinfo.Device                     // the driver's GPUs
+	ordinals   map[uint32]map[int]gpuinfo.Device    // each process's CUDA ordinals
+	flushes    uint64
+	flushed    *sync.Cond
 	// losses are the tracer's last counts, kept when it is closed.
 	losses tracer.Losses
 	closed bool
@@ -89,7 +90,7 @@ type Stack struct {
 	op     tracer.Op
 	native []uint64
 	python []pystack.Frame
-	frames []symbolize.Frame // innermost first: the driver function, then its callers; nil until resolved
+	frames []*symbolize.Frame // innermost first: the driver function, then its callers; nil until resolved
 }
 
 // New loads the tracer. It fails with tracer.ErrPermission when BPF is
@@ -119,20 +120,21 @@ func New(cfg Config) (*Profiler, error) {
 		return nil, err
 	}
 	p := &Profiler{
-		cfg:       cfg,
-		tr:        tr,
-		sym:       symbolize.New(cfg.ProcRoot),
-		py:        pystack.NewResolver(),
-		notPython: map[int]bool{},
-		ledger:    accounting.New(),
-		stacks:    map[accounting.StackID]Stack{},
-		stackIDs:  map[string]accounting.StackID{},
-		pidKeys:   map[uint32][]string{},
-		comms:     map[uint32]string{},
-		attached:  map[string]discover.Library{},
-		failed:    map[string]bool{},
-		devices:   gpuinfo.Devices(cfg.GPUDir),
-		ordinals:  map[uint32]map[int]gpuinfo.Device{},
+		cfg:        cfg,
+		tr:         tr,
+		sym:        symbolize.New(cfg.ProcRoot),
+		py:         pystack.NewResolver(),
+		notPython:  map[int]bool{},
+		ledger:     accounting.New(),
+		stacks:     map[accounting.StackID]Stack{},
+		stackIDs:   map[string]accounting.StackID{},
+		pidKeys:    map[uint32][]string{},
+		comms:      map[uint32]string{},
+		attached:   map[string]discover.Library{},
+		failed:     map[string]bool{},
+		devices:    gpuinfo.Devices(cfg.GPUDir),
+		frameTable: map[symbolize.Frame]*symbolize.Frame{},
+		ordinals:   map[uint32]map[int]gpuinfo.Device{},
 	}
 	p.flushed = sync.NewCond(&p.mu)
 	if cfg.Library != "" {
@@ -445,18 +447,45 @@ func (p *Profiler) resolve(ids []accounting.StackID) {
 		}
 	}
 	p.mu.Unlock()
+	// In batches: a batch's frames are copies until interned.
+	const batch = 1024
+	merged := make(map[accounting.StackID][]symbolize.Frame, batch)
 	for id, s := range todo {
-		driver := symbolize.Frame{Function: s.op.Symbol(), Module: "libcuda.so.1"}
-		s.frames = append([]symbolize.Frame{driver}, pystack.Merge(p.sym.Frames(s.PID, s.native), s.python)...)
-		todo[id] = s
+		merged[id] = pystack.Merge(p.sym.Frames(s.PID, s.native), s.python)
+		if len(merged) == batch {
+			p.storeFrames(merged)
+			clear(merged)
+		}
 	}
+	p.storeFrames(merged)
+}
+
+func (p *Profiler) storeFrames(merged map[accounting.StackID][]symbolize.Frame) {
 	p.mu.Lock()
-	for id, s := range todo {
-		if _, ok := p.stacks[id]; ok {
+	defer p.mu.Unlock()
+	for id, frames := range merged {
+		if s, ok := p.stacks[id]; ok {
+			s.frames = p.internFrames(s.op, frames)
+			s.native, s.python = nil, nil // named now
 			p.stacks[id] = s
 		}
 	}
-	p.mu.Unlock()
+}
+
+// internFrames returns the stack's frames, after the driver function's, as
+// pointers to one shared copy of each distinct frame: stacks share most of
+// their frames, and 100,000 stacks would otherwise hold a copy each.
+func (p *Profiler) internFrames(op tracer.Op, frames []symbolize.Frame) []*symbolize.Frame {
+	out := make([]*symbolize.Frame, 0, len(frames)+1)
+	for _, f := range append([]symbolize.Frame{{Function: op.Symbol(), Module: "libcuda.so.1"}}, frames...) {
+		shared, ok := p.frameTable[f]
+		if !ok {
+			shared = &f
+			p.frameTable[f] = shared
+		}
+		out = append(out, shared)
+	}
+	return out
 }
 
 // Watch registers a process just started (gpumem record -- COMMAND) as soon

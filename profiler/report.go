@@ -28,8 +28,8 @@ type Report struct {
 type Row struct {
 	accounting.Key
 	Comm   string
-	Device gpuinfo.Device    // the GPU, where the driver says which it is
-	Frames []symbolize.Frame // innermost first
+	Device gpuinfo.Device     // the GPU, where the driver says which it is
+	Frames []*symbolize.Frame // innermost first, shared with other rows: read-only
 	accounting.Counters
 }
 
@@ -37,7 +37,7 @@ type Row struct {
 type Failure struct {
 	accounting.FailureKey
 	Comm   string
-	Frames []symbolize.Frame
+	Frames []*symbolize.Frame
 	accounting.Failures
 }
 
@@ -108,12 +108,12 @@ func (p *Profiler) stackIDsInUse() []accounting.StackID {
 
 // frames are a stack's frames; a stack interned after resolve ran (by an
 // event read in between) shows its driver function and Python frames.
-func (p *Profiler) frames(id accounting.StackID) []symbolize.Frame {
+func (p *Profiler) frames(id accounting.StackID) []*symbolize.Frame {
 	s := p.stacks[id]
 	if s.frames != nil {
 		return s.frames
 	}
-	return append([]symbolize.Frame{{Function: s.op.Symbol(), Module: "libcuda.so.1"}}, pystack.Merge(nil, s.python)...)
+	return p.internFrames(s.op, pystack.Merge(nil, s.python))
 }
 
 // device is the GPU a row's memory is on, if known.

@@ -65,7 +65,7 @@ func WriteHTML(w io.Writer, r profiler.Report) error {
 		node := process.child("[gpu "+row.GPU()+"]", "")
 		path := []*flameNode{root, process, node}
 		for i := len(row.Frames) - 1; i >= 0; i-- {
-			node = node.child(row.Frames[i].Name(), where(row.Frames[i]))
+			node = node.child(row.Frames[i].Name(), where(*row.Frames[i]))
 			path = append(path, node)
 		}
 		for _, n := range path {

@@ -61,7 +61,7 @@ type jsonFailure struct {
 	RequestedBytes uint64      `json:"requested_bytes"`
 }
 
-func jsonFrames(frames []symbolize.Frame) []jsonFrame {
+func jsonFrames(frames []*symbolize.Frame) []jsonFrame {
 	out := make([]jsonFrame, len(frames))
 	for i, f := range frames {
 		out[i] = jsonFrame{Function: f.Name(), Module: f.Module, Address: f.Address, File: f.File, Line: f.Line}

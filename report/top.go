@@ -75,7 +75,7 @@ func Top(r profiler.Report) []TopRow {
 // hottestFrame names the code a reader acts on: the innermost Python frame,
 // else the native frame that called the driver (frame 0 is the driver
 // function itself).
-func hottestFrame(frames []symbolize.Frame) string {
+func hottestFrame(frames []*symbolize.Frame) string {
 	for _, f := range frames {
 		if f.File != "" {
 			return f.Name()

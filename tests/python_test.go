@@ -37,8 +37,8 @@ var pySites = []struct {
 	{1020, "recurse", "recurse"},
 }
 
-func pythonFrames(frames []symbolize.Frame) []symbolize.Frame {
-	var py []symbolize.Frame
+func pythonFrames(frames []*symbolize.Frame) []*symbolize.Frame {
+	var py []*symbolize.Frame
 	for _, f := range frames {
 		if f.File != "" {
 			py = append(py, f)
@@ -47,7 +47,7 @@ func pythonFrames(frames []symbolize.Frame) []symbolize.Frame {
 	return py
 }
 
-func frameNames(frames []symbolize.Frame) []string {
+func frameNames(frames []*symbolize.Frame) []string {
 	names := make([]string, len(frames))
 	for i, f := range frames {
 		names[i] = f.Name()

@@ -82,6 +82,7 @@ func (t *Tracer) setup(opts Options) error {
 	if err != nil {
 		return fmt.Errorf("open ring buffer: %w", err)
 	}
+	t.reader.SetDeadline(time.Now().Add(pollInterval))
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -95,7 +96,14 @@ func (o *agentOptions) exporter() (*pyroscope.Exporter, error) {
 	return e, nil
 }
 
+// memoryLimit is the agent's soft limit on the Go heap, where GOMEMLIMIT
+// does not set one: a DaemonSet's memory should not grow with idle garbage.
+const memoryLimit = 128 << 20
+
 func (o *agentOptions) run(ctx context.Context) error {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(memoryLimit)
+	}
 	if o.interval <= 0 {
 		return usageError{fmt.Errorf("--pyroscope-interval must be positive")}
 	}

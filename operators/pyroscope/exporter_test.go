@@ -48,7 +48,7 @@ func row(pid uint32, stack accounting.StackID, kind tracer.Kind, fn string, c ac
 	return profiler.Row{
 		Key:      accounting.Key{PID: pid, Stack: stack, Kind: kind},
 		Comm:     "train",
-		Frames:   []symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: fn, File: "train.py", Line: 7}},
+		Frames:   []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: fn, File: "train.py", Line: 7}},
 		Counters: c,
 	}
 }
