@@ -9,7 +9,7 @@ set -euo pipefail
 gpumem=$1
 out=$2
 here=$(cd "$(dirname "$0")" && pwd)
-lib=$(ls /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* 2>/dev/null | head -1)
+lib=$(ls /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* 2>/dev/null | head -1 || true)
 results=$out/results.txt
 : >"$results"
 for caching in 1 0; do
