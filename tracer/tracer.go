@@ -91,7 +91,7 @@ func (t *Tracer) setup(opts Options) error {
 // driver version lacks (the _ptsz variants, say) are skipped; a library
 // exporting none of them is an error.
 func (t *Tracer) Attach(path string) ([]string, error) {
-	symbols, cookies, err := driverFunctions(path)
+	symbols, cookies, err := DriverFunctions(path)
 	if err != nil {
 		return nil, err
 	}
@@ -115,9 +115,9 @@ func (t *Tracer) Attach(path string) ([]string, error) {
 	return symbols, nil
 }
 
-// driverFunctions lists the traced functions the library exports, with
-// their ops as attach cookies.
-func driverFunctions(path string) ([]string, []uint64, error) {
+// DriverFunctions lists the traced functions the library exports, with
+// their ops, the attach cookies.
+func DriverFunctions(path string) ([]string, []uint64, error) {
 	f, err := elf.Open(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open %s: %w", path, err)

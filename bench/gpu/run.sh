@@ -12,6 +12,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 lib=$(ls /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* 2>/dev/null | head -1 || true)
 results=$out/results.txt
 : >"$results"
+# Three rounds, the variants interleaved in each, so that drift of the
+# machine falls on all of them alike; RESULTS.md has the median of rounds.
+for round in 1 2 3; do
 for caching in 1 0; do
 	if [ "$caching" = 0 ]; then export PYTORCH_NO_CUDA_MEMORY_CACHING=1; else unset PYTORCH_NO_CUDA_MEMORY_CACHING; fi
 	for profiler in none gpumem history; do
@@ -23,18 +26,20 @@ for caching in 1 0; do
 		fi
 	done
 done
+done
 cat "$results"
 python3 - "$results" "$out/RESULTS.md" <<'PY'
-import sys
-rows = {}
+import statistics, sys
+runs = {}
 for line in open(sys.argv[1]):
     kv = dict(x.split("=") for x in line.split()[1:])
-    rows[(kv["caching"], kv["profiler"])] = (float(kv["us_per_empty"]), float(kv["ms_per_step"]))
+    runs.setdefault((kv["caching"], kv["profiler"]), []).append((float(kv["us_per_empty"]), float(kv["ms_per_step"])))
+rows = {k: (statistics.median(e for e, _ in v), statistics.median(s for _, s in v)) for k, v in runs.items()}
 gpu = open("/proc/driver/nvidia/gpus/" + __import__("os").listdir("/proc/driver/nvidia/gpus")[0] + "/information").read().split("\n")[0].split(":", 1)[1].strip()
 with open(sys.argv[2], "w") as f:
     f.write("## On the GPU\n\n")
-    f.write(f"{gpu}, torch {__import__('torch').__version__}, measured by `bench/gpu/run.sh` (each figure the median of 5\n")
-    f.write("repeats in one process). `torch.empty` of 1 MiB then `del`; a 4-layer transformer encoder\n")
+    f.write(f"{gpu}, torch {__import__('torch').__version__}, measured by `bench/gpu/run.sh`: each figure is the median of\n")
+    f.write("3 interleaved rounds of the best of 5 repeats. `torch.empty` of 1 MiB then `del`; a 4-layer transformer encoder\n")
     f.write("(d_model 512, batch 16 x 256 tokens) training step. Slowdown is relative to no profiler.\n\n")
     f.write("| caching allocator | profiler | us per empty+del | slowdown | ms per model step | slowdown |\n")
     f.write("| --- | --- | ---: | ---: | ---: | ---: |\n")
