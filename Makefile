@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate check-generated sim demo test clean
+.PHONY: setup build generate check-generated sim demo test bench bench-smoke clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -46,7 +46,18 @@ demo: setup build sim
 # Every test; the end-to-end ones load BPF and need root.
 test: setup check-generated build sim
 	$(GO) vet ./...
+	$(MAKE) -s bench-smoke
 	$(GO) test -count=1 ./...
 
 clean:
 	rm -rf bin build
+
+# Benchmarks, side by side in one run: writes BENCHMARKS.md (about 4 minutes).
+# The GPU section comes from bench/gpu/RESULTS.md, made on the GPU machine by
+# bench/gpu/run.sh.
+bench: setup build sim
+	$(GO) run ./bench -o BENCHMARKS.md
+
+# A short run of every benchmark: checks the harness, not the figures.
+bench-smoke: build sim
+	$(GO) run ./bench -smoke -o build/BENCHMARKS-smoke.md

@@ -6,11 +6,15 @@ import (
 )
 
 // gpuSection is the GPU part, measured on the GPU machine with
-// bench/gpu/run.sh and kept in bench/gpu/RESULTS.md: it is copied in as is.
+// bench/gpu/run.sh and kept in bench/gpu/RESULTS.md, then the analysis of
+// the targets missed, bench/NOTES.md: both are copied in as they are.
 func gpuSection(root string) string {
-	data, err := os.ReadFile(filepath.Join(root, "bench/gpu/RESULTS.md"))
-	if err != nil {
-		return "\n## On the GPU\n\nNot measured yet: see bench/gpu/run.sh.\n"
+	section := "\n## On the GPU\n\nNot measured yet: see bench/gpu/run.sh.\n"
+	if data, err := os.ReadFile(filepath.Join(root, "bench/gpu/RESULTS.md")); err == nil {
+		section = "\n" + string(data)
 	}
-	return "\n" + string(data)
+	if data, err := os.ReadFile(filepath.Join(root, "bench/NOTES.md")); err == nil {
+		section += "\n" + string(data)
+	}
+	return section
 }
