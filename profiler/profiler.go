@@ -59,6 +59,7 @@ type Profiler struct {
 	// notPython are processes mapping Python files that are not Python
 	// processes gpu-mem can walk; not retried while they live.
 	notPython map[int]bool
+	watching  map[int]bool // commands Watch waits for
 
 	mu         sync.Mutex
 	ledger     *accounting.Ledger
@@ -125,6 +126,7 @@ func New(cfg Config) (*Profiler, error) {
 		sym:        symbolize.New(cfg.ProcRoot),
 		py:         pystack.NewResolver(),
 		notPython:  map[int]bool{},
+		watching:   map[int]bool{},
 		ledger:     accounting.New(),
 		stacks:     map[accounting.StackID]Stack{},
 		stackIDs:   map[string]accounting.StackID{},
@@ -302,6 +304,8 @@ func (p *Profiler) addPython(pid int) bool {
 	switch {
 	case errors.Is(err, pystack.ErrNotReady):
 		return false
+	case errors.Is(err, pystack.ErrNotPython) && p.watching[pid]:
+		return false // not yet: a command between fork and exec
 	case errors.Is(err, pystack.ErrNotPython):
 		p.notPython[pid] = true
 		return false
@@ -491,10 +495,19 @@ func (p *Profiler) internFrames(op tracer.Op, frames []symbolize.Frame) []*symbo
 // Watch registers a process just started (gpumem record -- COMMAND) as soon
 // as its interpreter is up, if it is a Python process, rather than at the
 // next scan: a short script may allocate within the first half second.
+// Until then, a process that is not (yet) Python is not written off.
 func (p *Profiler) Watch(ctx context.Context, pid int) {
 	ticker := time.NewTicker(10 * time.Millisecond)
 	defer ticker.Stop()
 	deadline := time.After(5 * time.Second)
+	p.mu.Lock()
+	p.watching[pid] = true
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.watching, pid)
+		p.mu.Unlock()
+	}()
 	for {
 		p.mu.Lock()
 		done := p.py.Has(uint32(pid)) || p.notPython[pid] || p.addPython(pid)
