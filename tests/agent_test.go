@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
-	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 )
@@ -42,7 +41,7 @@ func TestAgentPushesToPyroscope(t *testing.T) {
 	for _, req := range pushes {
 		inuse := map[string]int64{}
 		for _, series := range req.Series {
-			labels := seriesLabels(series)
+			labels := pyroscopetest.Labels(series)
 			want := map[string]string{"__name__": "memory", "__delta__": "false", "service_name": "simwork",
 				"pid": strconv.Itoa(w.pid), "comm": "simwork", "node": "node-7"}
 			for k, v := range want {
@@ -87,13 +86,6 @@ func TestAgentPushesToPyroscope(t *testing.T) {
 	w.exit()
 }
 
-func seriesLabels(s *pushv1.RawProfileSeries) map[string]string {
-	m := map[string]string{}
-	for _, l := range s.Labels {
-		m[l.Name] = l.Value
-	}
-	return m
-}
 
 // TestAgentWhileReceiverIsDown: nothing listens at the URL. Tracing goes on,
 // the status line says what fails, full-queue drops are counted, and the

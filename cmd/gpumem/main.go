@@ -3,9 +3,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -50,4 +54,15 @@ func exitCode(err error) int {
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "gpumem: "+format+"\n", args...)
+}
+
+// untilStopped is ctx, done at Ctrl-C or SIGTERM, or after duration when
+// it is positive.
+func untilStopped(ctx context.Context, duration time.Duration) (context.Context, context.CancelFunc) {
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	if duration <= 0 {
+		return ctx, stopSignals
+	}
+	ctx, cancel := context.WithTimeout(ctx, duration)
+	return ctx, func() { cancel(); stopSignals() }
 }

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
-	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"google.golang.org/grpc"
@@ -77,13 +76,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func labels(series *pushv1.RawProfileSeries) map[string]string {
-	m := map[string]string{}
-	for _, l := range series.Labels {
-		m[l.Name] = l.Value
-	}
-	return m
-}
 
 func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 	lis := listen(t)
@@ -112,7 +104,7 @@ func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 		"__name__": "memory", "__delta__": "false", "service_name": "train", "pid": "10",
 		"comm": "train", "kind": "device", "node": "gpu-node-1", "gpu": "0",
 	}
-	if got := labels(device); len(got) != len(want) {
+	if got := pyroscopetest.Labels(device); len(got) != len(want) {
 		t.Errorf("labels %v, want %v", got, want)
 	} else {
 		for k, v := range want {

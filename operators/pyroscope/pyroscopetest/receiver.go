@@ -60,3 +60,12 @@ func Serve(t testing.TB, r *Receiver, lis net.Listener, opts ...grpc.ServerOptio
 	go s.Serve(lis)
 	t.Cleanup(s.Stop)
 }
+
+// Labels are a pushed series' labels by name.
+func Labels(s *pushv1.RawProfileSeries) map[string]string {
+	m := map[string]string{}
+	for _, l := range s.Labels {
+		m[l.Name] = l.Value
+	}
+	return m
+}
