@@ -86,7 +86,6 @@ func TestAgentPushesToPyroscope(t *testing.T) {
 	w.exit()
 }
 
-
 // TestAgentWhileReceiverIsDown: nothing listens at the URL. Tracing goes on,
 // the status line says what fails, full-queue drops are counted, and the
 // agent's memory stays bounded.

@@ -76,7 +76,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-
 func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 	lis := listen(t)
 	r := &receiver{}
