@@ -129,7 +129,7 @@ func WriteStacks(w io.Writer, r profiler.Report, n int) error {
 		if i == n {
 			break
 		}
-		fmt.Fprintf(w, "%s live, %s allocated in %d calls: pid %d (%s), %s memory, gpu %s\n",
+		fmt.Fprintf(w, "%s live, %s allocated by %d calls: pid %d (%s), %s memory, gpu %s\n",
 			HumanBytes(row.LiveBytes()), HumanBytes(row.AllocBytes), row.AllocCount, row.PID, row.Comm, row.Kind, row.GPU())
 		for _, f := range row.Frames {
 			fmt.Fprintf(w, "    %s\n", f.Name())
