@@ -61,6 +61,7 @@ type Stats struct {
 // Ledger is not safe for concurrent use.
 type Ledger struct {
 	procs    map[uint32]*process
+	exited   map[uint32]bool // since the last DropExited
 	rows     map[Key]*Counters
 	failures map[FailureKey]*Failures
 	stats    Stats
@@ -90,6 +91,7 @@ type allocation struct {
 func New() *Ledger {
 	return &Ledger{
 		procs:    map[uint32]*process{},
+		exited:   map[uint32]bool{},
 		rows:     map[Key]*Counters{},
 		failures: map[FailureKey]*Failures{},
 	}
@@ -175,6 +177,7 @@ func (l *Ledger) Fail(k Key, op tracer.Op, result int32, bytes uint64) {
 func (l *Ledger) Exit(pid uint32) {
 	p, ok := l.procs[pid]
 	if !ok {
+		l.exited[pid] = true // it may have failed allocations only
 		return
 	}
 	for _, a := range p.live {
@@ -186,6 +189,7 @@ func (l *Ledger) Exit(pid uint32) {
 		}
 	}
 	delete(l.procs, pid)
+	l.exited[pid] = true
 	l.stats.ProcessExits++
 }
 
@@ -198,16 +202,15 @@ func releaseImplicitly(a allocation) {
 // returns those processes: a long-running agent calls it once their last
 // numbers are exported, so that the books stay bounded.
 func (l *Ledger) DropExited() map[uint32]bool {
-	dropped := map[uint32]bool{}
+	dropped := l.exited
+	l.exited = map[uint32]bool{}
 	for k := range l.rows {
-		if l.procs[k.PID] == nil {
-			dropped[k.PID] = true
+		if dropped[k.PID] && l.procs[k.PID] == nil {
 			delete(l.rows, k)
 		}
 	}
 	for k := range l.failures {
-		if l.procs[k.PID] == nil {
-			dropped[k.PID] = true
+		if dropped[k.PID] && l.procs[k.PID] == nil {
 			delete(l.failures, k)
 		}
 	}

@@ -121,10 +121,13 @@ func TestDropExited(t *testing.T) {
 	l.Alloc(weights, 0x1000, false, 100, 1)
 	l.Alloc(other, 0x1000, false, 7, 2)
 	l.Fail(other, 1, tracer.CUDAOutOfMemory, 9)
+	// A live process whose only calls failed is not dropped.
+	failedOnly := Key{PID: 12, Stack: 1, Kind: tracer.KindDevice}
+	l.Fail(failedOnly, 1, tracer.CUDAOutOfMemory, 9)
 	l.Exit(11)
 	dropped := l.DropExited()
 	s := l.Snapshot()
-	if len(dropped) != 1 || !dropped[11] || len(s.Rows) != 1 || len(s.Failures) != 0 || s.Rows[weights].LiveBytes() != 100 {
+	if len(dropped) != 1 || !dropped[11] || len(s.Rows) != 1 || len(s.Failures) != 1 || s.Rows[weights].LiveBytes() != 100 {
 		t.Errorf("dropped %v, books %+v", dropped, s)
 	}
 }

@@ -3,19 +3,25 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
 
 type agentOptions struct {
 	target       targetFlags
+	metricsAddr  string
 	interval     time.Duration
 	duration     time.Duration
 	pyroscope    pyroscope.Config
@@ -60,6 +66,7 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	fs.StringVar(&o.passwordFile, "pyroscope-password-file", "", "file holding the basic auth password (or GPUMEM_PYROSCOPE_PASSWORD)")
 	fs.StringVar(&o.tokenFile, "pyroscope-token-file", "", "file holding a bearer token (or GPUMEM_PYROSCOPE_TOKEN)")
 	fs.StringVar(&o.pyroscope.TenantID, "pyroscope-tenant", "", "tenant, sent as X-Scope-OrgID")
+	fs.StringVar(&o.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9464")
 	return cmd
 }
 
@@ -120,6 +127,11 @@ func (o *agentOptions) run(ctx context.Context) error {
 		go exp.Run(ctx)
 		logf("exporting to %s every %v", o.pyroscope.URL, o.interval)
 	}
+	if o.metricsAddr != "" {
+		if err := serveMetrics(ctx, o.metricsAddr, p); err != nil {
+			return err
+		}
+	}
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 
@@ -157,4 +169,25 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	logf("%s", line)
 	// Exited processes are in this interval's profiles; forget them now.
 	p.DropExited()
+}
+
+// serveMetrics serves /metrics until ctx is done. A busy address is an error
+// at start.
+func serveMetrics(ctx context.Context, addr string, p *profiler.Profiler) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics address: %w", err)
+	}
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(metrics.Collector{Source: p})
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	server := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go server.Serve(lis)
+	go func() {
+		<-ctx.Done()
+		server.Close()
+	}()
+	logf("serving metrics at http://%s/metrics", lis.Addr())
+	return nil
 }

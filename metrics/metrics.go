@@ -1,0 +1,69 @@
+// Package metrics exposes gpu-mem's books to Prometheus: live bytes,
+// allocated bytes, allocation, free and failure counts per process, memory
+// kind and GPU, and the tracer's loss counters, read at each scrape.
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+)
+
+// Source is what a scrape reads: the profiler's totals.
+type Source interface {
+	Totals() (profiler.Totals, error)
+}
+
+var labels = []string{"pid", "comm", "kind", "gpu"}
+
+var (
+	liveBytes      = prometheus.NewDesc("gpumem_live_bytes", "Bytes allocated through the CUDA driver and not freed.", labels, nil)
+	allocatedBytes = prometheus.NewDesc("gpumem_allocated_bytes_total", "Bytes allocated through the CUDA driver.", labels, nil)
+	allocations    = prometheus.NewDesc("gpumem_allocations_total", "Allocations through the CUDA driver.", labels, nil)
+	frees          = prometheus.NewDesc("gpumem_frees_total", "Frees, explicit and at process exit.", labels, nil)
+	failures       = prometheus.NewDesc("gpumem_failures_total", "Allocations the driver refused, by CUresult code (2: out of memory).", append(labels, "code"), nil)
+	losses         = prometheus.NewDesc("gpumem_losses_total", "What the tracer could not deliver whole, by reason.", []string{"reason"}, nil)
+	unknownFrees   = prometheus.NewDesc("gpumem_unknown_frees_total", "Frees of memory allocated before tracing began.", nil, nil)
+)
+
+// Collector is a prometheus.Collector over a Source.
+type Collector struct {
+	Source Source
+}
+
+// Describe sends the metrics' descriptions.
+func (c Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{liveBytes, allocatedBytes, allocations, frees, failures, losses, unknownFrees} {
+		ch <- d
+	}
+}
+
+// Collect reads the totals and sends one sample per series.
+func (c Collector) Collect(ch chan<- prometheus.Metric) {
+	t, err := c.Source.Totals()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(losses, err)
+		return
+	}
+	for _, s := range t.Series {
+		values := []string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, s.Kind.String(), s.GPU()}
+		ch <- prometheus.MustNewConstMetric(liveBytes, prometheus.GaugeValue, float64(s.LiveBytes()), values...)
+		ch <- prometheus.MustNewConstMetric(allocatedBytes, prometheus.CounterValue, float64(s.AllocBytes), values...)
+		ch <- prometheus.MustNewConstMetric(allocations, prometheus.CounterValue, float64(s.AllocCount), values...)
+		ch <- prometheus.MustNewConstMetric(frees, prometheus.CounterValue, float64(s.FreeCount+s.ImplicitFreeCount), values...)
+	}
+	for _, f := range t.Failures {
+		values := []string{strconv.FormatUint(uint64(f.PID), 10), f.Comm, f.Kind.String(), f.GPU(), strconv.Itoa(int(f.Result))}
+		ch <- prometheus.MustNewConstMetric(failures, prometheus.CounterValue, float64(f.Count), values...)
+	}
+	l := t.Losses
+	for reason, n := range map[string]uint64{
+		"ring_buffer_full": l.RingBufferFull, "inflight_full": l.InflightFull, "stack_lost": l.StackLost,
+		"result_unreadable": l.ResultUnreadable, "processes_full": l.ProcessesFull,
+	} {
+		ch <- prometheus.MustNewConstMetric(losses, prometheus.CounterValue, float64(n), reason)
+	}
+	ch <- prometheus.MustNewConstMetric(unknownFrees, prometheus.CounterValue, float64(t.UnknownFrees))
+}

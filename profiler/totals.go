@@ -1,0 +1,79 @@
+package profiler
+
+import (
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// Totals are the books summed per process, kind and device: what metrics
+// need, without resolving a stack.
+type Totals struct {
+	Series       []Series
+	Failures     []SeriesFailures
+	Losses       tracer.Losses
+	UnknownFrees uint64
+}
+
+// Series is one process's memory of one kind on one device.
+type Series struct {
+	accounting.Key // Stack is zero: summed over stacks
+	Comm           string
+	accounting.Counters
+}
+
+// SeriesFailures counts one process's failed allocations of one kind on
+// one device with one result.
+type SeriesFailures struct {
+	accounting.Key // Stack is zero
+	Comm           string
+	Result         int32
+	Count          uint64
+}
+
+// Totals sums the books. Loss counters that cannot be read are an error.
+func (p *Profiler) Totals() (Totals, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	losses, err := p.losses, error(nil)
+	if !p.closed {
+		losses, err = p.tr.Losses()
+	}
+	snap := p.ledger.Snapshot()
+	t := Totals{Losses: losses, UnknownFrees: snap.Stats.UnknownFrees}
+	series := map[accounting.Key]int{}
+	for k, c := range snap.Rows {
+		if !p.onGPU(k) {
+			continue
+		}
+		k.Stack = 0
+		i, ok := series[k]
+		if !ok {
+			i = len(t.Series)
+			series[k] = i
+			t.Series = append(t.Series, Series{Key: k, Comm: p.comms[k.PID]})
+		}
+		s := &t.Series[i].Counters
+		s.AllocBytes += c.AllocBytes
+		s.AllocCount += c.AllocCount
+		s.FreeBytes += c.FreeBytes
+		s.FreeCount += c.FreeCount
+		s.ImplicitFreeBytes += c.ImplicitFreeBytes
+		s.ImplicitFreeCount += c.ImplicitFreeCount
+	}
+	failures := map[accounting.FailureKey]int{}
+	for k, f := range snap.Failures {
+		if !p.onGPU(k.Key) {
+			continue
+		}
+		k.Stack = 0
+		k.Op = 0
+		i, ok := failures[k]
+		if !ok {
+			i = len(t.Failures)
+			failures[k] = i
+			t.Failures = append(t.Failures, SeriesFailures{Key: k.Key, Comm: p.comms[k.PID], Result: k.Result})
+		}
+		t.Failures[i].Count += f.Count
+	}
+	return t, err
+}
