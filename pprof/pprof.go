@@ -61,6 +61,10 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 			Label:    map[string][]string{"comm": {row.Comm}, "kind": {row.Kind.String()}, "gpu": {row.GPU()}},
 			NumLabel: map[string][]int64{"pid": {int64(row.PID)}},
 		}
+		if row.Container.PodUID != "" {
+			s.Label["pod_uid"] = []string{row.Container.PodUID}
+			s.Label["container_id"] = []string{row.Container.ContainerID}
+		}
 		if row.Device.UUID != "" {
 			s.Label["gpu_uuid"] = []string{row.Device.UUID}
 			s.Label["gpu_name"] = []string{row.Device.Name}

@@ -21,6 +21,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -75,6 +76,7 @@ type Profiler struct {
 	frameTable map[symbolize.Frame]*symbolize.Frame // each distinct frame of resolved stacks, once
 	devices    []gpuinfo.Device                     // the driver's GPUs
 	ordinals   map[uint32]map[int]gpuinfo.Device    // each process's CUDA ordinals
+	containers map[uint32]k8smeta.Container         // each process's pod and container
 	flushes    uint64
 	flushed    *sync.Cond
 	// losses are the tracer's last counts, kept when it is closed.
@@ -137,6 +139,7 @@ func New(cfg Config) (*Profiler, error) {
 		devices:    gpuinfo.Devices(cfg.GPUDir),
 		frameTable: map[symbolize.Frame]*symbolize.Frame{},
 		ordinals:   map[uint32]map[int]gpuinfo.Device{},
+		containers: map[uint32]k8smeta.Container{},
 	}
 	p.flushed = sync.NewCond(&p.mu)
 	if cfg.Library != "" {
@@ -234,6 +237,7 @@ func (p *Profiler) handle(ev *tracer.Event) {
 	}
 	if _, seen := p.comms[ev.PID]; !seen {
 		p.ordinals[ev.PID] = gpuinfo.Ordinals(p.devices, p.environ(ev.PID))
+		p.containers[ev.PID] = k8smeta.ForProcess(p.cfg.ProcRoot, int(ev.PID))
 	}
 	p.comms[ev.PID] = ev.Comm
 	switch {
@@ -375,6 +379,7 @@ func (p *Profiler) DropExited() {
 		delete(p.pidKeys, pid)
 		delete(p.comms, pid)
 		delete(p.ordinals, pid)
+		delete(p.containers, pid)
 		p.sym.Forget(pid)
 	}
 }

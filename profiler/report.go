@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -27,9 +28,10 @@ type Report struct {
 // Row is what one stack of one process did with one kind of memory.
 type Row struct {
 	accounting.Key
-	Comm   string
-	Device gpuinfo.Device     // the GPU, where the driver says which it is
-	Frames []*symbolize.Frame // innermost first, shared with other rows: read-only
+	Comm      string
+	Device    gpuinfo.Device     // the GPU, where the driver says which it is
+	Container k8smeta.Container  // the pod and container, from the process's cgroup
+	Frames    []*symbolize.Frame // innermost first, shared with other rows: read-only
 	accounting.Counters
 }
 
@@ -61,7 +63,7 @@ func (p *Profiler) Report() (Report, error) {
 		if !p.onGPU(k) {
 			continue
 		}
-		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Frames: p.frames(k.Stack), Counters: c})
+		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: p.containers[k.PID], Frames: p.frames(k.Stack), Counters: c})
 	}
 	sort.Slice(r.Rows, func(i, j int) bool {
 		a, b := r.Rows[i], r.Rows[j]

@@ -2,6 +2,7 @@ package profiler
 
 import (
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -18,6 +19,7 @@ type Totals struct {
 type Series struct {
 	accounting.Key // Stack is zero: summed over stacks
 	Comm           string
+	Container      k8smeta.Container
 	accounting.Counters
 }
 
@@ -26,6 +28,7 @@ type Series struct {
 type SeriesFailures struct {
 	accounting.Key // Stack is zero
 	Comm           string
+	Container      k8smeta.Container
 	Result         int32
 	Count          uint64
 }
@@ -50,7 +53,7 @@ func (p *Profiler) Totals() (Totals, error) {
 		if !ok {
 			i = len(t.Series)
 			series[k] = i
-			t.Series = append(t.Series, Series{Key: k, Comm: p.comms[k.PID]})
+			t.Series = append(t.Series, Series{Key: k, Comm: p.comms[k.PID], Container: p.containers[k.PID]})
 		}
 		s := &t.Series[i].Counters
 		s.AllocBytes += c.AllocBytes
@@ -71,7 +74,7 @@ func (p *Profiler) Totals() (Totals, error) {
 		if !ok {
 			i = len(t.Failures)
 			failures[k] = i
-			t.Failures = append(t.Failures, SeriesFailures{Key: k.Key, Comm: p.comms[k.PID], Result: k.Result})
+			t.Failures = append(t.Failures, SeriesFailures{Key: k.Key, Comm: p.comms[k.PID], Container: p.containers[k.PID], Result: k.Result})
 		}
 		t.Failures[i].Count += f.Count
 	}

@@ -38,6 +38,8 @@ type jsonStack struct {
 	GPUName            string      `json:"gpu_name,omitempty"`
 	GPUUUID            string      `json:"gpu_uuid,omitempty"`
 	GPUBus             string      `json:"gpu_bus,omitempty"`
+	PodUID             string      `json:"pod_uid,omitempty"`
+	ContainerID        string      `json:"container_id,omitempty"`
 	Frames             []jsonFrame `json:"frames"` // innermost first
 	AllocatedBytes     uint64      `json:"allocated_bytes"`
 	Allocations        uint64      `json:"allocations"`
@@ -80,6 +82,7 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 		out.Stacks = append(out.Stacks, jsonStack{
 			PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), GPU: row.GPU(), Frames: jsonFrames(row.Frames),
 			GPUName: row.Device.Name, GPUUUID: row.Device.UUID, GPUBus: row.Device.Bus,
+			PodUID: row.Container.PodUID, ContainerID: row.Container.ContainerID,
 			AllocatedBytes: row.AllocBytes, Allocations: row.AllocCount,
 			FreedBytes: row.FreeBytes, Frees: row.FreeCount,
 			ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,

@@ -34,15 +34,17 @@ import (
 
 // Labels every series carries; dashboards/gpu-mem.json queries them.
 const (
-	LabelName    = "__name__"
-	LabelDelta   = "__delta__"
-	LabelService = "service_name"
-	LabelPID     = "pid"
-	LabelComm    = "comm"
-	LabelKind    = "kind"
-	LabelNode    = "node"
-	LabelGPU     = "gpu"
-	ProfileName  = "memory"
+	LabelName      = "__name__"
+	LabelDelta     = "__delta__"
+	LabelService   = "service_name"
+	LabelPID       = "pid"
+	LabelComm      = "comm"
+	LabelKind      = "kind"
+	LabelNode      = "node"
+	LabelGPU       = "gpu"
+	LabelPodUID    = "pod_uid"
+	LabelContainer = "container_id"
+	ProfileName    = "memory"
 )
 
 // Config says where and how to push.
@@ -263,6 +265,10 @@ func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
 	}
 	if e.cfg.Node != "" {
 		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})
+	}
+	if c := row.Container; c.PodUID != "" {
+		pairs = append(pairs, &typesv1.LabelPair{Name: LabelPodUID, Value: c.PodUID},
+			&typesv1.LabelPair{Name: LabelContainer, Value: c.ContainerID})
 	}
 	return pairs
 }

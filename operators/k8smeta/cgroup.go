@@ -1,0 +1,71 @@
+// Package k8smeta tells which Kubernetes pod and container a process runs
+// in. This file reads what the process's cgroup says (pod UID and container
+// ID, cgroup v1 and v2, systemd and cgroupfs drivers, containerd, CRI-O and
+// Docker naming); names from the API server are to come.
+package k8smeta
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Container is where a process runs; empty outside Kubernetes pods.
+type Container struct {
+	PodUID      string // "5f3b8a1e-..." (dashes, as the API server has it)
+	ContainerID string // 64 hex digits
+}
+
+var (
+	// kubelet puts pods under pod<UID>: dashes with the cgroupfs driver,
+	// underscores inside systemd slice names.
+	podUID = regexp.MustCompile(`pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})`)
+	// A container's cgroup is its 64-digit ID, bare (cgroupfs) or in a
+	// runtime's systemd scope: cri-containerd-ID.scope, crio-ID.scope,
+	// docker-ID.scope.
+	containerID = regexp.MustCompile(`^(?:[a-z-]+-)?([0-9a-f]{64})(?:\.scope)?$`)
+)
+
+// FromCgroupFile reads the contents of /proc/PID/cgroup: the first line
+// naming a pod gives the pod UID, and its last path element the container.
+func FromCgroupFile(data []byte) Container {
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		// hierarchy-ID:controllers:path
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if c := fromPath(parts[2]); c.PodUID != "" {
+			return c
+		}
+	}
+	return Container{}
+}
+
+func fromPath(path string) Container {
+	var c Container
+	for _, elem := range strings.Split(path, "/") {
+		if m := podUID.FindStringSubmatch(elem); m != nil {
+			c.PodUID = strings.ReplaceAll(m[1], "_", "-")
+		}
+		if m := containerID.FindStringSubmatch(elem); m != nil && c.PodUID != "" {
+			c.ContainerID = m[1]
+		}
+	}
+	return c
+}
+
+// ForProcess reads a process's cgroup; empty when it cannot be read or the
+// process is in no pod.
+func ForProcess(procRoot string, pid int) Container {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return Container{}
+	}
+	return FromCgroupFile(data)
+}

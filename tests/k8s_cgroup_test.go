@@ -1,0 +1,112 @@
+package tests
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cgroup2Root is where the cgroup v2 hierarchy is mounted.
+func cgroup2Root(t *testing.T) string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		for i, field := range fields {
+			if field == "-" && i+1 < len(fields) && fields[i+1] == "cgroup2" {
+				return fields[4]
+			}
+		}
+	}
+	t.Fatal("no cgroup v2 hierarchy mounted")
+	return ""
+}
+
+// inPodCgroup moves pid into a cgroup named the way kubelet (systemd driver)
+// and containerd name a container's, and returns the pod UID and container
+// ID it encodes.
+func inPodCgroup(t *testing.T, pid int) (podUID, containerID string) {
+	podUID = "5f3b8a1e-2c4d-4e6f-8a0b-1c2d3e4f5a6b"
+	containerID = strings.Repeat("3f8a2b1c", 8)
+	root := cgroup2Root(t)
+	slices := []string{"kubepods.slice", "kubepods-burstable.slice",
+		"kubepods-burstable-pod" + strings.ReplaceAll(podUID, "-", "_") + ".slice",
+		"cri-containerd-" + containerID + ".scope"}
+	dir := root
+	var made []string
+	for _, s := range slices {
+		dir = filepath.Join(dir, s)
+		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+		made = append(made, dir)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.WriteFile(filepath.Join(root, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
+		for i := len(made) - 1; i >= 0; i-- {
+			os.Remove(made[i])
+		}
+	})
+	return podUID, containerID
+}
+
+// TestPodFromCgroup: a process in a pod's cgroup carries the pod UID and
+// container ID on JSON stacks and on metrics.
+func TestPodFromCgroup(t *testing.T) {
+	w := startWorkload(t, nil, simwork, "hold", "4096")
+	podUID, containerID := inPodCgroup(t, w.pid)
+	out := filepath.Join(t.TempDir(), "pod.json")
+	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--format", "json", "-o", out)
+	c.waitStderr("attached to")
+	w.run()
+	c.interrupt()
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Stacks []struct {
+			PodUID      string `json:"pod_uid"`
+			ContainerID string `json:"container_id"`
+			LiveBytes   uint64 `json:"live_bytes"`
+		}
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Stacks) != 1 || r.Stacks[0].PodUID != podUID || r.Stacks[0].ContainerID != containerID || r.Stacks[0].LiveBytes != 4096 {
+		t.Errorf("stacks %+v", r.Stacks)
+	}
+
+	w.exit()
+
+	m := startWorkload(t, nil, simwork, "hold", "8192")
+	inPodCgroup(t, m.pid)
+	a := startCLI(t, "agent", "--pid", strconv.Itoa(m.pid), "--metrics-address", "127.0.0.1:0")
+	url := a.waitStderrValue("serving metrics at ")
+	a.waitStderr("attached to")
+	m.run()
+	time.Sleep(100 * time.Millisecond) // the reader polls every 10 ms
+	series := scrape(t, url)["gpumem_live_bytes"].GetMetric()
+	if len(series) != 1 {
+		t.Fatalf("%d series", len(series))
+	}
+	l := metricLabels(series[0])
+	if l["pod_uid"] != podUID || l["container_id"] != containerID || series[0].GetGauge().GetValue() != 8192 {
+		t.Errorf("metric %v", series[0])
+	}
+	a.interrupt()
+	m.exit()
+}
