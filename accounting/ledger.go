@@ -29,6 +29,16 @@ type Counters struct {
 	ImplicitFreeBytes, ImplicitFreeCount uint64 // released when the process exited
 }
 
+// Add adds o's counts to c's.
+func (c *Counters) Add(o Counters) {
+	c.AllocBytes += o.AllocBytes
+	c.AllocCount += o.AllocCount
+	c.FreeBytes += o.FreeBytes
+	c.FreeCount += o.FreeCount
+	c.ImplicitFreeBytes += o.ImplicitFreeBytes
+	c.ImplicitFreeCount += o.ImplicitFreeCount
+}
+
 // LiveBytes is the memory this row still holds.
 func (c Counters) LiveBytes() uint64 { return c.AllocBytes - c.FreeBytes - c.ImplicitFreeBytes }
 

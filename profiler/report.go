@@ -49,10 +49,7 @@ func (p *Profiler) Report() (Report, error) {
 	p.resolve(p.stackIDsInUse())
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	losses, err := p.losses, error(nil)
-	if !p.closed {
-		losses, err = p.tr.Losses()
-	}
+	losses, err := p.currentLosses()
 	snap := p.ledger.Snapshot()
 	r := Report{Time: time.Now(), Losses: losses, Ledger: snap.Stats, Python: p.pyStats, Events: p.events}
 	for _, lib := range p.attached {
@@ -124,4 +121,13 @@ func (p *Profiler) device(k accounting.Key) gpuinfo.Device {
 		return gpuinfo.Device{}
 	}
 	return p.ordinals[k.PID][int(k.Device)]
+}
+
+// currentLosses are the tracer's loss counts, or its last ones once closed.
+// The caller holds p.mu.
+func (p *Profiler) currentLosses() (tracer.Losses, error) {
+	if p.closed {
+		return p.losses, nil
+	}
+	return p.tr.Losses()
 }

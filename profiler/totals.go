@@ -37,10 +37,7 @@ type SeriesFailures struct {
 func (p *Profiler) Totals() (Totals, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	losses, err := p.losses, error(nil)
-	if !p.closed {
-		losses, err = p.tr.Losses()
-	}
+	losses, err := p.currentLosses()
 	snap := p.ledger.Snapshot()
 	t := Totals{Losses: losses, UnknownFrees: snap.Stats.UnknownFrees}
 	series := map[accounting.Key]int{}
@@ -55,13 +52,7 @@ func (p *Profiler) Totals() (Totals, error) {
 			series[k] = i
 			t.Series = append(t.Series, Series{Key: k, Comm: p.comms[k.PID], Container: p.containers[k.PID]})
 		}
-		s := &t.Series[i].Counters
-		s.AllocBytes += c.AllocBytes
-		s.AllocCount += c.AllocCount
-		s.FreeBytes += c.FreeBytes
-		s.FreeCount += c.FreeCount
-		s.ImplicitFreeBytes += c.ImplicitFreeBytes
-		s.ImplicitFreeCount += c.ImplicitFreeCount
+		t.Series[i].Counters.Add(c)
 	}
 	failures := map[accounting.FailureKey]int{}
 	for k, f := range snap.Failures {

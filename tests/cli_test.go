@@ -50,20 +50,7 @@ func startCLI(t *testing.T, args ...string) *cli {
 
 func (c *cli) waitStderr(want string) {
 	c.t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case line, ok := <-c.lines:
-			if !ok {
-				c.t.Fatalf("gpumem ended before saying %q", want)
-			}
-			if strings.Contains(line, want) {
-				return
-			}
-		case <-timeout:
-			c.t.Fatalf("gpumem did not say %q", want)
-		}
-	}
+	c.waitStderrValue(want)
 }
 
 // interrupt stops the command as Ctrl-C would and waits for it.

@@ -29,7 +29,7 @@ func rowsBySite(t *testing.T, r profiler.Report, pid int) map[site]profiler.Row 
 		}
 		s := site{row.Frames[0].Function, row.Frames[1].Function}
 		if sum, ok := rows[s]; ok {
-			row.Counters = add(sum.Counters, row.Counters)
+			row.Counters.Add(sum.Counters)
 		}
 		rows[s] = row
 	}
@@ -41,18 +41,10 @@ func processTotals(r profiler.Report, pid int) accounting.Counters {
 	var c accounting.Counters
 	for _, row := range r.Rows {
 		if row.PID == uint32(pid) {
-			c = add(c, row.Counters)
+			c.Add(row.Counters)
 		}
 	}
 	return c
-}
-
-func add(a, b accounting.Counters) accounting.Counters {
-	return accounting.Counters{
-		AllocBytes: a.AllocBytes + b.AllocBytes, AllocCount: a.AllocCount + b.AllocCount,
-		FreeBytes: a.FreeBytes + b.FreeBytes, FreeCount: a.FreeCount + b.FreeCount,
-		ImplicitFreeBytes: a.ImplicitFreeBytes + b.ImplicitFreeBytes, ImplicitFreeCount: a.ImplicitFreeCount + b.ImplicitFreeCount,
-	}
 }
 
 func assertNoLosses(t *testing.T, r profiler.Report) {
