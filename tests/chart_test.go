@@ -1,0 +1,172 @@
+package tests
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	gadgetmanifest "github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-manifest"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+)
+
+// render renders charts/gpu-mem with values over its defaults, as `helm
+// template` does, and returns the objects by kind.
+func render(t *testing.T, values map[string]any) map[string][]map[string]any {
+	t.Helper()
+	chart, err := loader.Load(filepath.Join(repoRoot, "charts/gpu-mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := chartutil.ToRenderValues(chart, values, chartutil.ReleaseOptions{Name: "r", Namespace: "gpu"}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := engine.Render(chart, vals)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	objects := map[string][]map[string]any{}
+	for _, name := range names {
+		if !strings.HasSuffix(name, ".yaml") {
+			continue
+		}
+		for _, doc := range strings.Split(files[name], "\n---") {
+			if strings.TrimSpace(doc) == "" {
+				continue
+			}
+			var obj map[string]any
+			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+				t.Fatalf("%s: %v\n%s", name, err, doc)
+			}
+			if obj == nil {
+				continue
+			}
+			objects[obj["kind"].(string)] = append(objects[obj["kind"].(string)], obj)
+		}
+	}
+	return objects
+}
+
+func dig(obj any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, _ := obj.(map[string]any)
+			obj = m[k]
+		case int:
+			s, _ := obj.([]any)
+			if k >= len(s) {
+				return nil
+			}
+			obj = s[k]
+		}
+	}
+	return obj
+}
+
+func TestChartRenders(t *testing.T) {
+	objects := render(t, nil)
+	for _, kind := range []string{"DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service"} {
+		if len(objects[kind]) != 1 {
+			t.Errorf("%d %s, want 1", len(objects[kind]), kind)
+		}
+	}
+	ds := objects["DaemonSet"][0]
+	pod := dig(ds, "spec", "template", "spec")
+	if dig(pod, "hostPID") != true {
+		t.Error("not hostPID")
+	}
+	sc := dig(pod, "containers", 0, "securityContext")
+	if dig(sc, "privileged") != false || dig(sc, "readOnlyRootFilesystem") != true {
+		t.Errorf("security context %v", sc)
+	}
+	caps := dig(sc, "capabilities", "add").([]any)
+	if len(caps) != 5 || dig(sc, "capabilities", "drop", 0) != "ALL" {
+		t.Errorf("capabilities %v", dig(sc, "capabilities"))
+	}
+	if dig(pod, "nodeSelector", "nvidia.com/gpu.present") != "true" {
+		t.Errorf("node selector %v", dig(pod, "nodeSelector"))
+	}
+	rules := dig(objects["ClusterRole"][0], "rules", 0)
+	if strings.Join(toStrings(dig(rules, "verbs")), ",") != "get,list,watch" || strings.Join(toStrings(dig(rules, "resources")), ",") != "pods" {
+		t.Errorf("RBAC %v", rules)
+	}
+	args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " ")
+	if !strings.Contains(args, "agent --metrics-address=:9464") || strings.Contains(args, "--pyroscope-url") {
+		t.Errorf("args %s", args)
+	}
+}
+
+func TestChartOptions(t *testing.T) {
+	if objects := render(t, map[string]any{"gpuObservability": map[string]any{"enabled": false}}); len(objects) != 0 {
+		t.Errorf("disabled chart renders %v", objects)
+	}
+	objects := render(t, map[string]any{
+		"pyroscope":    map[string]any{"url": "http://pyroscope:4040", "existingSecret": "pyro", "tenant": "team-a"},
+		"metrics":      map[string]any{"serviceMonitor": map[string]any{"enabled": true}},
+		"azureMonitor": map[string]any{"enabled": true},
+	})
+	pod := dig(objects["DaemonSet"][0], "spec", "template", "spec")
+	args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " ")
+	for _, want := range []string{"--pyroscope-url=http://pyroscope:4040", "--pyroscope-tenant=team-a", "--pyroscope-password-file=/etc/gpumem/pyroscope/password"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %s lack %s", args, want)
+		}
+	}
+	if dig(pod, "volumes", 0, "secret", "secretName") != "pyro" {
+		t.Errorf("volumes %v", dig(pod, "volumes"))
+	}
+	if len(objects["ServiceMonitor"]) != 1 {
+		t.Error("no ServiceMonitor")
+	}
+	cm := objects["ConfigMap"]
+	if len(cm) != 1 || dig(cm[0], "metadata", "name") != "ama-metrics-prometheus-config-node" || dig(cm[0], "metadata", "namespace") != "kube-system" {
+		t.Errorf("Azure Monitor config %v", cm)
+	}
+}
+
+func toStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+// TestGadgetInstanceManifest reads deploy/gadget-instance.yaml with IG's own
+// manifest parser; its parameters are the Pyroscope operator's.
+func TestGadgetInstanceManifest(t *testing.T) {
+	f, err := os.Open(filepath.Join(repoRoot, "deploy/gadget-instance.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	specs, err := gadgetmanifest.InstanceSpecsFromReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(specs) != 1 || specs[0].Name != "gpu-mem" {
+		t.Fatalf("specs %+v", specs)
+	}
+	params := map[string]bool{}
+	for _, p := range (pyroscope.Operator{}).InstanceParams() {
+		params["operator."+pyroscope.Name+"."+p.Key] = true
+	}
+	for key := range specs[0].ParamValues {
+		if !params[key] {
+			t.Errorf("parameter %s is not the Pyroscope operator's", key)
+		}
+	}
+}
