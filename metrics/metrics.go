@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
 
@@ -16,7 +17,7 @@ type Source interface {
 	Totals() (profiler.Totals, error)
 }
 
-var labels = []string{"pid", "comm", "kind", "gpu", "pod_uid", "container_id"}
+var labels = []string{"pid", "comm", "kind", "gpu", "namespace", "pod", "container", "pod_uid", "container_id"}
 
 var (
 	liveBytes      = prometheus.NewDesc("gpumem_live_bytes", "Bytes allocated through the CUDA driver and not freed.", labels, nil)
@@ -48,14 +49,15 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, s := range t.Series {
-		values := []string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, s.Kind.String(), s.GPU(), s.Container.PodUID, s.Container.ContainerID}
+		values := append([]string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, s.Kind.String(), s.GPU()}, containerLabels(s.Container)...)
 		ch <- prometheus.MustNewConstMetric(liveBytes, prometheus.GaugeValue, float64(s.LiveBytes()), values...)
 		ch <- prometheus.MustNewConstMetric(allocatedBytes, prometheus.CounterValue, float64(s.AllocBytes), values...)
 		ch <- prometheus.MustNewConstMetric(allocations, prometheus.CounterValue, float64(s.AllocCount), values...)
 		ch <- prometheus.MustNewConstMetric(frees, prometheus.CounterValue, float64(s.FreeCount+s.ImplicitFreeCount), values...)
 	}
 	for _, f := range t.Failures {
-		values := []string{strconv.FormatUint(uint64(f.PID), 10), f.Comm, f.Kind.String(), f.GPU(), f.Container.PodUID, f.Container.ContainerID, strconv.Itoa(int(f.Result))}
+		values := append([]string{strconv.FormatUint(uint64(f.PID), 10), f.Comm, f.Kind.String(), f.GPU()}, containerLabels(f.Container)...)
+		values = append(values, strconv.Itoa(int(f.Result)))
 		ch <- prometheus.MustNewConstMetric(failures, prometheus.CounterValue, float64(f.Count), values...)
 	}
 	l := t.Losses
@@ -66,4 +68,8 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(losses, prometheus.CounterValue, float64(n), reason)
 	}
 	ch <- prometheus.MustNewConstMetric(unknownFrees, prometheus.CounterValue, float64(t.UnknownFrees))
+}
+
+func containerLabels(c k8smeta.Container) []string {
+	return []string{c.Namespace, c.Pod, c.Name, c.PodUID, c.ContainerID}
 }

@@ -61,9 +61,11 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 			Label:    map[string][]string{"comm": {row.Comm}, "kind": {row.Kind.String()}, "gpu": {row.GPU()}},
 			NumLabel: map[string][]int64{"pid": {int64(row.PID)}},
 		}
-		if row.Container.PodUID != "" {
-			s.Label["pod_uid"] = []string{row.Container.PodUID}
-			s.Label["container_id"] = []string{row.Container.ContainerID}
+		for name, value := range map[string]string{"pod_uid": row.Container.PodUID, "container_id": row.Container.ContainerID,
+			"namespace": row.Container.Namespace, "pod": row.Container.Pod, "container": row.Container.Name} {
+			if value != "" {
+				s.Label[name] = []string{value}
+			}
 		}
 		if row.Device.UUID != "" {
 			s.Label["gpu_uuid"] = []string{row.Device.UUID}

@@ -41,6 +41,8 @@ type Config struct {
 	// GPUDir is where the NVIDIA driver describes its GPUs; gpuinfo.DriverDir
 	// by default.
 	GPUDir string
+	// Pods names the pods of the node, when an API server is known.
+	Pods *k8smeta.Pods
 	// ProcRoot is where processes are read from; /proc by default.
 	ProcRoot string
 	// ScanInterval is how often /proc is scanned for new driver libraries

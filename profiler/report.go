@@ -60,7 +60,7 @@ func (p *Profiler) Report() (Report, error) {
 		if !p.onGPU(k) {
 			continue
 		}
-		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: p.containers[k.PID], Frames: p.frames(k.Stack), Counters: c})
+		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: p.containers[k.PID].Named(p.cfg.Pods), Frames: p.frames(k.Stack), Counters: c})
 	}
 	sort.Slice(r.Rows, func(i, j int) bool {
 		a, b := r.Rows[i], r.Rows[j]

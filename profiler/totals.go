@@ -50,7 +50,7 @@ func (p *Profiler) Totals() (Totals, error) {
 		if !ok {
 			i = len(t.Series)
 			series[k] = i
-			t.Series = append(t.Series, Series{Key: k, Comm: p.comms[k.PID], Container: p.containers[k.PID]})
+			t.Series = append(t.Series, Series{Key: k, Comm: p.comms[k.PID], Container: p.containers[k.PID].Named(p.cfg.Pods)})
 		}
 		t.Series[i].Counters.Add(c)
 	}
@@ -65,7 +65,7 @@ func (p *Profiler) Totals() (Totals, error) {
 		if !ok {
 			i = len(t.Failures)
 			failures[k] = i
-			t.Failures = append(t.Failures, SeriesFailures{Key: k.Key, Comm: p.comms[k.PID], Container: p.containers[k.PID], Result: k.Result})
+			t.Failures = append(t.Failures, SeriesFailures{Key: k.Key, Comm: p.comms[k.PID], Container: p.containers[k.PID].Named(p.cfg.Pods), Result: k.Result})
 		}
 		t.Failures[i].Count += f.Count
 	}

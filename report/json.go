@@ -38,6 +38,9 @@ type jsonStack struct {
 	GPUName            string      `json:"gpu_name,omitempty"`
 	GPUUUID            string      `json:"gpu_uuid,omitempty"`
 	GPUBus             string      `json:"gpu_bus,omitempty"`
+	Namespace          string      `json:"namespace,omitempty"`
+	Pod                string      `json:"pod,omitempty"`
+	Container          string      `json:"container,omitempty"`
 	PodUID             string      `json:"pod_uid,omitempty"`
 	ContainerID        string      `json:"container_id,omitempty"`
 	Frames             []jsonFrame `json:"frames"` // innermost first
@@ -83,6 +86,7 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 			PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), GPU: row.GPU(), Frames: jsonFrames(row.Frames),
 			GPUName: row.Device.Name, GPUUUID: row.Device.UUID, GPUBus: row.Device.Bus,
 			PodUID: row.Container.PodUID, ContainerID: row.Container.ContainerID,
+			Namespace: row.Container.Namespace, Pod: row.Container.Pod, Container: row.Container.Name,
 			AllocatedBytes: row.AllocBytes, Allocations: row.AllocCount,
 			FreedBytes: row.FreeBytes, Frees: row.FreeCount,
 			ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpu-mem/gpu-mem/metrics"
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
@@ -22,6 +24,8 @@ import (
 type agentOptions struct {
 	target       targetFlags
 	metricsAddr  string
+	kubeconfig   string
+	nodeName     string
 	interval     time.Duration
 	duration     time.Duration
 	pyroscope    pyroscope.Config
@@ -67,6 +71,8 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	fs.StringVar(&o.tokenFile, "pyroscope-token-file", "", "file holding a bearer token (or GPUMEM_PYROSCOPE_TOKEN)")
 	fs.StringVar(&o.pyroscope.TenantID, "pyroscope-tenant", "", "tenant, sent as X-Scope-OrgID")
 	fs.StringVar(&o.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9464")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "name pods from this API server (default: the in-cluster one, if any)")
+	fs.StringVar(&o.nodeName, "node-name", cmp.Or(os.Getenv("NODE_NAME"), host), "the node whose pods are watched")
 	return cmd
 }
 
@@ -116,12 +122,16 @@ func (o *agentOptions) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := profiler.New(o.target.config())
+	ctx, stop := untilStopped(ctx, o.duration)
+	defer stop()
+	cfg := o.target.config()
+	if cfg.Pods, err = o.watchPods(ctx); err != nil {
+		return err
+	}
+	p, err := profiler.New(cfg)
 	if err != nil {
 		return err
 	}
-	ctx, stop := untilStopped(ctx, o.duration)
-	defer stop()
 	if exp != nil {
 		defer exp.Close()
 		go exp.Run(ctx)
@@ -190,4 +200,22 @@ func serveMetrics(ctx context.Context, addr string, p *profiler.Profiler) error 
 	}()
 	logf("serving metrics at http://%s/metrics", lis.Addr())
 	return nil
+}
+
+// watchPods names pods from the API server, when there is one.
+func (o *agentOptions) watchPods(ctx context.Context) (*k8smeta.Pods, error) {
+	cfg, err := k8smeta.Config(o.kubeconfig)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
+	}
+	if cfg == nil {
+		logf("no Kubernetes API server: pods are known by UID and container ID only")
+		return nil, nil
+	}
+	pods, err := k8smeta.WatchPods(ctx, cfg, o.nodeName)
+	if err != nil {
+		return nil, fmt.Errorf("watch pods: %w", err)
+	}
+	logf("watching the pods of node %s", o.nodeName)
+	return pods, nil
 }

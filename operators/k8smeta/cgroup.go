@@ -14,10 +14,24 @@ import (
 	"strings"
 )
 
-// Container is where a process runs; empty outside Kubernetes pods.
+// Container is where a process runs; empty outside Kubernetes pods. The
+// cgroup gives the UID and ID; the API server, when there is one, the names.
 type Container struct {
 	PodUID      string // "5f3b8a1e-..." (dashes, as the API server has it)
 	ContainerID string // 64 hex digits
+	Namespace   string
+	Pod         string
+	Name        string // the container's
+	Workload    string // see Pod.Workload
+}
+
+// Named fills in the names the API server gave.
+func (c Container) Named(pods *Pods) Container {
+	if pod, ok := pods.Lookup(c); ok {
+		c.Namespace, c.Pod, c.Workload = pod.Namespace, pod.Name, pod.Workload
+		c.Name = pod.Containers[c.ContainerID]
+	}
+	return c
 }
 
 var (

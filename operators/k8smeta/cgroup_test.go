@@ -9,11 +9,11 @@ func TestFromCgroupFile(t *testing.T) {
 		file string
 		want Container
 	}{
-		"v2 systemd containerd": {"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod5f3b8a1e_2c4d_4e6f_8a0b_1c2d3e4f5a6b.slice/cri-containerd-" + id + ".scope\n", Container{uid, id}},
-		"v2 systemd cri-o":      {"0::/kubepods.slice/kubepods-pod5f3b8a1e_2c4d_4e6f_8a0b_1c2d3e4f5a6b.slice/crio-" + id + ".scope\n", Container{uid, id}},
-		"v2 cgroupfs":           {"0::/kubepods/besteffort/pod" + uid + "/" + id + "\n", Container{uid, id}},
-		"v1 cgroupfs docker":    {"12:pids:/kubepods/burstable/pod" + uid + "/" + id + "\n11:memory:/kubepods/burstable/pod" + uid + "/" + id + "\n", Container{uid, id}},
-		"v1 systemd docker":     {"9:name=systemd:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5f3b8a1e_2c4d_4e6f_8a0b_1c2d3e4f5a6b.slice/docker-" + id + ".scope\n", Container{uid, id}},
+		"v2 systemd containerd": {"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod5f3b8a1e_2c4d_4e6f_8a0b_1c2d3e4f5a6b.slice/cri-containerd-" + id + ".scope\n", Container{PodUID: uid, ContainerID: id}},
+		"v2 systemd cri-o":      {"0::/kubepods.slice/kubepods-pod5f3b8a1e_2c4d_4e6f_8a0b_1c2d3e4f5a6b.slice/crio-" + id + ".scope\n", Container{PodUID: uid, ContainerID: id}},
+		"v2 cgroupfs":           {"0::/kubepods/besteffort/pod" + uid + "/" + id + "\n", Container{PodUID: uid, ContainerID: id}},
+		"v1 cgroupfs docker":    {"12:pids:/kubepods/burstable/pod" + uid + "/" + id + "\n11:memory:/kubepods/burstable/pod" + uid + "/" + id + "\n", Container{PodUID: uid, ContainerID: id}},
+		"v1 systemd docker":     {"9:name=systemd:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5f3b8a1e_2c4d_4e6f_8a0b_1c2d3e4f5a6b.slice/docker-" + id + ".scope\n", Container{PodUID: uid, ContainerID: id}},
 		"pod sandbox only":      {"0::/kubepods/pod" + uid + "\n", Container{PodUID: uid}},
 		"not in a pod":          {"0::/user.slice/user-0.slice/session-1.scope\n", Container{}},
 		"docker outside k8s":    {"0::/system.slice/docker-" + id + ".scope\n", Container{}},

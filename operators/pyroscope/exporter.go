@@ -42,6 +42,9 @@ const (
 	LabelKind      = "kind"
 	LabelNode      = "node"
 	LabelGPU       = "gpu"
+	LabelNamespace = "namespace"
+	LabelPod       = "pod"
+	LabelCtrName   = "container"
 	LabelPodUID    = "pod_uid"
 	LabelContainer = "container_id"
 	ProfileName    = "memory"
@@ -251,7 +254,11 @@ func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
 
 func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
 	service := e.cfg.Service
-	if service == "" {
+	switch c := row.Container; {
+	case service != "":
+	case c.Namespace != "":
+		service = c.Namespace + "/" + c.Workload
+	default:
 		service = row.Comm
 	}
 	pairs := []*typesv1.LabelPair{
@@ -266,9 +273,14 @@ func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
 	if e.cfg.Node != "" {
 		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})
 	}
-	if c := row.Container; c.PodUID != "" {
-		pairs = append(pairs, &typesv1.LabelPair{Name: LabelPodUID, Value: c.PodUID},
-			&typesv1.LabelPair{Name: LabelContainer, Value: c.ContainerID})
+	c := row.Container
+	for _, l := range []struct{ name, value string }{
+		{LabelNamespace, c.Namespace}, {LabelPod, c.Pod}, {LabelCtrName, c.Name},
+		{LabelPodUID, c.PodUID}, {LabelContainer, c.ContainerID},
+	} {
+		if l.value != "" {
+			pairs = append(pairs, &typesv1.LabelPair{Name: l.name, Value: l.value})
+		}
 	}
 	return pairs
 }
