@@ -43,11 +43,13 @@ $(SIM)/simwork: tests/workloads/simwork.c tests/simcuda/cuda.h $(SIM)/libcuda.so
 demo: setup build sim
 	./bin/gpumem record --duration 3s --library $(SIM)/libcuda.so.1 -o gpumem-demo.pb.gz --top 6 -- env SIMWORK_NOWAIT=1 $(SIM)/simwork demo
 
-# Every test; the end-to-end ones load BPF and need root.
+# Every test; the end-to-end ones load BPF and need root. The Kubernetes
+# tests run a real kube-apiserver and etcd, built once (about 15 minutes)
+# and cached outside the repository by scripts/k8s-binaries.sh.
 test: setup check-generated build sim
 	$(GO) vet ./...
 	$(MAKE) -s bench-smoke
-	$(GO) test -count=1 ./...
+	GPUMEM_K8S_BIN=$$(./scripts/k8s-binaries.sh) $(GO) test -count=1 ./...
 
 clean:
 	rm -rf bin build

@@ -3,60 +3,27 @@ package tests
 import (
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
 	gadgetmanifest "github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-manifest"
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+	"github.com/gpu-mem/gpu-mem/tests/chartrender"
 )
 
-// render renders charts/gpu-mem with values over its defaults, as `helm
-// template` does, and returns the objects by kind.
+// render renders charts/gpu-mem and returns the objects by kind.
 func render(t *testing.T, values map[string]any) map[string][]map[string]any {
 	t.Helper()
-	chart, err := loader.Load(filepath.Join(repoRoot, "charts/gpu-mem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := chartutil.ToRenderValues(chart, values, chartutil.ReleaseOptions{Name: "r", Namespace: "gpu"}, chartutil.DefaultCapabilities)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := engine.Render(chart, vals)
+	objects, err := chartrender.Render(repoRoot, "gpu", values)
 	if err != nil {
 		t.Fatalf("render: %v", err)
 	}
-	names := make([]string, 0, len(files))
-	for name := range files {
-		names = append(names, name)
+	byKind := map[string][]map[string]any{}
+	for _, obj := range objects {
+		byKind[obj["kind"].(string)] = append(byKind[obj["kind"].(string)], obj)
 	}
-	sort.Strings(names)
-	objects := map[string][]map[string]any{}
-	for _, name := range names {
-		if !strings.HasSuffix(name, ".yaml") {
-			continue
-		}
-		for _, doc := range strings.Split(files[name], "\n---") {
-			if strings.TrimSpace(doc) == "" {
-				continue
-			}
-			var obj map[string]any
-			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
-				t.Fatalf("%s: %v\n%s", name, err, doc)
-			}
-			if obj == nil {
-				continue
-			}
-			objects[obj["kind"].(string)] = append(objects[obj["kind"].(string)], obj)
-		}
-	}
-	return objects
+	return byKind
 }
 
 func dig(obj any, path ...any) any {

@@ -1,0 +1,300 @@
+package kubernetes
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/tests/chartrender"
+)
+
+var root, _ = filepath.Abs("../..")
+
+const containerID = "7c0ffee07c0ffee07c0ffee07c0ffee07c0ffee07c0ffee07c0ffee07c0ffee0"
+
+// trainerPod creates a pod of a Deployment's ReplicaSet on node-1, with its
+// container running, as kubelet would report it.
+func trainerPod(t *testing.T, c *cluster) *corev1.Pod {
+	ctx := context.Background()
+	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// No controller manager runs to make the namespace's default account.
+	if _, err := c.client.CoreV1().ServiceAccounts("ml").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	yes := true
+	pod, err := c.client.CoreV1().Pods("ml").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "trainer-5d9f8-x2x7z", Labels: map[string]string{"app": "trainer", "pod-template-hash": "5d9f8"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "trainer-5d9f8", UID: "0f0f0f0f-0000-4000-8000-000000000001", Controller: &yes}}},
+		Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "trainer", Image: "trainer:1"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "trainer", Image: "trainer:1", ImageID: "trainer@sha256:00", Ready: true,
+		ContainerID: "containerd://" + containerID, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	if pod, err = c.client.CoreV1().Pods("ml").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// inCgroup moves pid into the cgroup kubelet and containerd make for the
+// container (cgroup v2, systemd driver).
+func inCgroup(t *testing.T, pid int, podUID string) {
+	var cg2 string
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 8 && strings.Contains(line, " - cgroup2 ") {
+			cg2 = f[4]
+		}
+	}
+	if cg2 == "" {
+		t.Fatal("no cgroup v2 hierarchy")
+	}
+	dir := cg2
+	var made []string
+	for _, s := range []string{"kubepods.slice", "kubepods-pod" + strings.ReplaceAll(podUID, "-", "_") + ".slice", "cri-containerd-" + containerID + ".scope"} {
+		dir = filepath.Join(dir, s)
+		os.Mkdir(dir, 0o755)
+		made = append(made, dir)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.WriteFile(filepath.Join(cg2, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
+		for i := len(made) - 1; i >= 0; i-- {
+			os.Remove(made[i])
+		}
+	})
+}
+
+// process is a started command whose stderr lines are watched.
+type process struct {
+	cmd   *exec.Cmd
+	lines chan string
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+func start(t *testing.T, env []string, name string, args ...string) *process {
+	p := &process{cmd: exec.Command(name, args...), lines: make(chan string, 1000)}
+	p.cmd.Env = append(os.Environ(), env...)
+	stdin, _ := p.cmd.StdinPipe()
+	stdout, _ := p.cmd.StdoutPipe()
+	stderr, _ := p.cmd.StderrPipe()
+	p.stdin, p.out = stdin, bufio.NewScanner(stdout)
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			t.Log(sc.Text())
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	t.Cleanup(func() { p.cmd.Process.Kill(); p.cmd.Wait() })
+	return p
+}
+
+func (p *process) waitLine(t *testing.T, prefix string) string {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case line, ok := <-p.lines:
+			if !ok {
+				t.Fatalf("ended before saying %q", prefix)
+			}
+			if _, v, found := strings.Cut(line, prefix); found {
+				return v
+			}
+		case <-timeout:
+			t.Fatalf("did not say %q", prefix)
+		}
+	}
+}
+
+func liveSeries(t *testing.T, url string) []*dto.Metric {
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return families["gpumem_live_bytes"].GetMetric()
+}
+
+func labels(m *dto.Metric) map[string]string {
+	l := map[string]string{}
+	for _, p := range m.GetLabel() {
+		l[p.GetName()] = p.GetValue()
+	}
+	return l
+}
+
+// TestPodNamesFromTheAPIServer: a process in a pod's cgroup is named from
+// the API server; deleting the pod clears the names; stopping the API
+// server keeps tracing, with what the cgroup says.
+func TestPodNamesFromTheAPIServer(t *testing.T) {
+	c := startCluster(t)
+	pod := trainerPod(t, c)
+
+	w := start(t, nil, filepath.Join(root, "build/sim/simwork"), "hold", "4096")
+	if !w.out.Scan() || !strings.HasPrefix(w.out.Text(), "ready ") {
+		t.Fatal("workload did not start")
+	}
+	pid := w.cmd.Process.Pid
+	inCgroup(t, pid, string(pod.UID))
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver := &pyroscopetest.Receiver{}
+	pyroscopetest.Serve(t, receiver, lis)
+	agent := start(t, nil, filepath.Join(root, "bin/gpumem"), "agent", "--pid", strconv.Itoa(pid),
+		"--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms",
+		"--pyroscope-url", "http://"+lis.Addr().String())
+	url := agent.waitLine(t, "serving metrics at ")
+	agent.waitLine(t, "attached to")
+	fmt.Fprintln(w.stdin)
+	if !w.out.Scan() || w.out.Text() != "done" {
+		t.Fatal("workload did not allocate")
+	}
+
+	want := map[string]string{"namespace": "ml", "pod": "trainer-5d9f8-x2x7z", "container": "trainer",
+		"pod_uid": string(pod.UID), "container_id": containerID}
+	waitLabels(t, url, func(l map[string]string) bool {
+		for k, v := range want {
+			if l[k] != v {
+				return false
+			}
+		}
+		return true
+	}, "the pod's names")
+	time.Sleep(500 * time.Millisecond) // an interval pushed with the names
+	pushes := receiver.Received()
+	last := pushes[len(pushes)-1].Series[0]
+	if l := pyroscopetest.Labels(last); l["service_name"] != "ml/trainer" || l["namespace"] != "ml" || l["pod"] != "trainer-5d9f8-x2x7z" || l["container"] != "trainer" {
+		t.Errorf("Pyroscope labels %v", l)
+	}
+	prof, err := profile.ParseData(last.Samples[0].RawProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range want {
+		if got := prof.Sample[0].Label[k]; len(got) != 1 || got[0] != v {
+			t.Errorf("pprof label %s=%v, want %s", k, got, v)
+		}
+	}
+
+	if err := c.client.CoreV1().Pods("ml").Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	waitLabels(t, url, func(l map[string]string) bool {
+		return l["namespace"] == "" && l["pod"] == "" && l["pod_uid"] == string(pod.UID)
+	}, "the names cleared, the UID kept")
+
+	c.apiserver.Process.Kill()
+	c.apiserver.Wait()
+	agent.waitLine(t, "status:")
+	agent.waitLine(t, "status:")
+	if series := liveSeries(t, url); len(series) != 1 || series[0].GetGauge().GetValue() != 4096 || labels(series[0])["pod_uid"] != string(pod.UID) {
+		t.Errorf("after the API server stopped: %v", series)
+	}
+}
+
+func waitLabels(t *testing.T, url string, ok func(map[string]string) bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var last []*dto.Metric
+	for time.Now().Before(deadline) {
+		last = liveSeries(t, url)
+		if len(last) == 1 && ok(labels(last[0])) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("no metric with %s: %v", what, last)
+}
+
+// TestChartServerSideDryRun: every object the chart renders, with every
+// option but the ServiceMonitor (its CRD is not installed), is accepted by
+// the API server in a server-side dry run.
+func TestChartServerSideDryRun(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gpu"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	objects, err := chartrender.Render(root, "gpu", map[string]any{
+		"pyroscope":    map[string]any{"url": "http://pyroscope:4040", "existingSecret": "pyro"},
+		"azureMonitor": map[string]any{"enabled": true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resources := map[string]schema.GroupVersionResource{
+		"DaemonSet": {Group: "apps", Version: "v1", Resource: "daemonsets"}, "ServiceAccount": {Version: "v1", Resource: "serviceaccounts"},
+		"ClusterRole":        {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"},
+		"ClusterRoleBinding": {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"},
+		"Service":            {Version: "v1", Resource: "services"}, "ConfigMap": {Version: "v1", Resource: "configmaps"},
+	}
+	for _, obj := range objects {
+		u := &unstructured.Unstructured{Object: obj}
+		gvr, ok := resources[u.GetKind()]
+		if !ok {
+			t.Fatalf("no resource for %s", u.GetKind())
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(gvr)
+		if ns := u.GetNamespace(); ns != "" {
+			ri = dyn.Resource(gvr).Namespace(ns)
+		}
+		if _, err := ri.Create(ctx, u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+			t.Errorf("%s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+	if len(objects) != 6 {
+		t.Errorf("%d objects", len(objects))
+	}
+}
