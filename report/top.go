@@ -6,6 +6,7 @@ import (
 	"sort"
 	"text/tabwriter"
 
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -17,6 +18,7 @@ type TopRow struct {
 	Comm      string
 	Kind      tracer.Kind
 	GPU       string
+	Pod       string // namespace/pod, the pod UID, or "-"
 	Live      uint64
 	Allocated uint64
 	Allocs    uint64
@@ -35,15 +37,15 @@ func Top(r profiler.Report) []TopRow {
 		gpu  string
 	}
 	rows := map[key]*TopRow{}
-	get := func(pid uint32, comm string, kind tracer.Kind, gpu string) *TopRow {
+	get := func(pid uint32, comm string, kind tracer.Kind, gpu string, c k8smeta.Container) *TopRow {
 		k := key{pid, kind, gpu}
 		if rows[k] == nil {
-			rows[k] = &TopRow{PID: pid, Comm: comm, Kind: kind, GPU: gpu}
+			rows[k] = &TopRow{PID: pid, Comm: comm, Kind: kind, GPU: gpu, Pod: podName(c)}
 		}
 		return rows[k]
 	}
 	for _, s := range r.Rows {
-		t := get(s.PID, s.Comm, s.Kind, s.GPU())
+		t := get(s.PID, s.Comm, s.Kind, s.GPU(), s.Container)
 		t.Live += s.LiveBytes()
 		t.Allocated += s.AllocBytes
 		t.Allocs += s.AllocCount
@@ -54,7 +56,7 @@ func Top(r profiler.Report) []TopRow {
 		}
 	}
 	for _, f := range r.Failures {
-		get(f.PID, f.Comm, f.Kind, f.GPU()).Failures += f.Count
+		get(f.PID, f.Comm, f.Kind, f.GPU(), k8smeta.Container{}).Failures += f.Count
 	}
 	out := make([]TopRow, 0, len(rows))
 	for _, t := range rows {
@@ -96,13 +98,13 @@ func WriteTop(w io.Writer, r profiler.Report, limit int) error {
 	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
 		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tCOMM\tKIND\tGPU\tLIVE\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME")
+	fmt.Fprintln(tw, "PID\tCOMM\tPOD\tKIND\tGPU\tLIVE\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME")
 	rows := Top(r)
 	if limit > 0 && len(rows) > limit {
 		rows = rows[:limit]
 	}
 	for _, t := range rows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, t.Comm, t.Kind, t.GPU,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, t.Comm, t.Pod, t.Kind, t.GPU,
 			HumanBytes(t.Live), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, t.Hottest)
 	}
 	return tw.Flush()
@@ -137,4 +139,15 @@ func WriteStacks(w io.Writer, r profiler.Report, n int) error {
 	}
 	_, err := fmt.Fprintf(w, "events %d, losses %d, unknown frees %d\n", r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
 	return err
+}
+
+// podName is how top names a process's pod.
+func podName(c k8smeta.Container) string {
+	switch {
+	case c.Pod != "":
+		return c.Namespace + "/" + c.Pod
+	case c.PodUID != "":
+		return c.PodUID
+	}
+	return "-"
 }

@@ -207,7 +207,7 @@ func TestTopPlainLines(t *testing.T) {
 	}
 	// The workload made its context before gpumem started: its device is
 	// unknown.
-	want := strconv.Itoa(w.pid) + " +simwork +device +unknown +4.8 MiB +4.8 MiB +1 +0 +0 +hold$"
+	want := strconv.Itoa(w.pid) + " +simwork +- +device +unknown +4.8 MiB +4.8 MiB +1 +0 +0 +hold$"
 	if !matchLine(out, want) {
 		t.Errorf("no line matching %q in:\n%s", want, out)
 	}

@@ -208,7 +208,7 @@ func TestPythonInEveryOutput(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	c.interrupt()
 	w.exit()
-	if !matchLine(c.stdout.String(), strconv.Itoa(w.pid)+` +python3.12 +device +0 .* cuda_malloc$`) {
+	if !matchLine(c.stdout.String(), strconv.Itoa(w.pid)+` +python3.12 +- +device +0 .* cuda_malloc$`) {
 		t.Errorf("top:\n%s", c.stdout.String())
 	}
 }
