@@ -80,6 +80,11 @@ func WatchPods(ctx context.Context, cfg *rest.Config, node string) (*Pods, error
 		},
 	})
 	go informer.RunWithContext(ctx)
+	// Names from the first interval on, unless the API server does not
+	// answer: then the watch goes on retrying.
+	synced, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cache.WaitForCacheSync(synced.Done(), informer.HasSynced)
 	return p, nil
 }
 

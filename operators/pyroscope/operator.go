@@ -16,6 +16,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/profilerows"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -30,11 +31,6 @@ const (
 	// Priority: after the operators that add metadata to the rows.
 	Priority = 9500
 
-	// ProfileAnnotation marks a data source of profile rows: an array per
-	// interval, one element per (process, stack, kind, gpu) with the fields
-	// below.
-	ProfileAnnotation = "gpumem.profile"
-
 	ParamURL          = "pyroscope-url"
 	ParamInterval     = "pyroscope-interval"
 	ParamQueue        = "pyroscope-queue"
@@ -45,22 +41,6 @@ const (
 	ParamPasswordFile = "pyroscope-password-file"
 	ParamTokenFile    = "pyroscope-token-file"
 	ParamTenant       = "pyroscope-tenant"
-)
-
-// Fields of a profile row. Stack is the frames, outermost first, joined by
-// ";" (the folded form); gpu is as tracer.GPU writes it.
-const (
-	FieldPID         = "pid"
-	FieldComm        = "comm"
-	FieldKind        = "kind"
-	FieldGPU         = "gpu"
-	FieldPodUID      = "pod_uid"
-	FieldContainerID = "container_id"
-	FieldStack       = "stack"
-	FieldAllocBytes  = "alloc_bytes"
-	FieldAllocCount  = "alloc_count"
-	FieldLiveBytes   = "live_bytes"
-	FieldLiveCount   = "live_count"
 )
 
 // Operator is the IG data operator.
@@ -101,7 +81,7 @@ func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, value
 	}
 	inst := &instance{exporter: exp, stacks: map[string]accounting.StackID{}}
 	for _, ds := range gadgetCtx.GetDataSources() {
-		if ds.Annotations()[ProfileAnnotation] != "true" {
+		if ds.Annotations()[profilerows.Annotation] != "true" {
 			continue
 		}
 		if err := inst.subscribe(ds); err != nil {
@@ -151,10 +131,16 @@ func (i *instance) Name() string { return Name }
 
 func (i *instance) subscribe(ds datasource.DataSource) error {
 	f := map[string]datasource.FieldAccessor{}
-	for _, name := range []string{FieldPID, FieldComm, FieldKind, FieldGPU, FieldPodUID, FieldContainerID,
-		FieldStack, FieldAllocBytes, FieldAllocCount, FieldLiveBytes, FieldLiveCount} {
+	for _, name := range []string{profilerows.PID, profilerows.Comm, profilerows.Kind, profilerows.GPU, profilerows.PodUID, profilerows.ContainerID,
+		profilerows.Stack, profilerows.AllocBytes, profilerows.AllocCount, profilerows.LiveBytes, profilerows.LiveCount} {
 		if f[name] = ds.GetField(name); f[name] == nil {
 			return fmt.Errorf("data source %s: no field %q", ds.Name(), name)
+		}
+	}
+	// Names, when operators/k8smeta added them.
+	for _, name := range []string{profilerows.Namespace, profilerows.Pod, profilerows.Container, profilerows.Workload} {
+		if acc := ds.GetField(name); acc != nil {
+			f[name] = acc
 		}
 	}
 	return ds.SubscribeArray(func(ds datasource.DataSource, arr datasource.DataArray) error {
@@ -185,17 +171,17 @@ func (i *instance) row(f map[string]datasource.FieldAccessor, d datasource.Data)
 		err = cmpErr(err, e)
 		return v
 	}
-	pid, e := f[FieldPID].Uint32(d)
+	pid, e := f[profilerows.PID].Uint32(d)
 	err = cmpErr(err, e)
-	kind, ok := tracer.ParseKind(text(FieldKind))
+	kind, ok := tracer.ParseKind(text(profilerows.Kind))
 	if !ok {
 		err = cmpErr(err, fmt.Errorf("unknown kind"))
 	}
-	device, convErr := strconv.Atoi(text(FieldGPU))
+	device, convErr := strconv.Atoi(text(profilerows.GPU))
 	if convErr != nil {
 		device = tracer.DeviceUnknown
 	}
-	stack := text(FieldStack)
+	stack := text(profilerows.Stack)
 	key := strconv.FormatUint(uint64(pid), 10) + "\x00" + stack
 	id, seen := i.stacks[key]
 	if !seen {
@@ -207,11 +193,15 @@ func (i *instance) row(f map[string]datasource.FieldAccessor, d datasource.Data)
 		row.Frames = append(row.Frames, &symbolize.Frame{Function: names[n]})
 	}
 	row.Key = accounting.Key{PID: pid, Stack: id, Kind: kind, Device: int32(device)}
-	row.Comm = text(FieldComm)
-	row.Container = k8smeta.Container{PodUID: text(FieldPodUID), ContainerID: text(FieldContainerID)}
-	row.AllocBytes, row.AllocCount = number(FieldAllocBytes), number(FieldAllocCount)
-	row.FreeBytes = row.AllocBytes - number(FieldLiveBytes)
-	row.FreeCount = row.AllocCount - number(FieldLiveCount)
+	row.Comm = text(profilerows.Comm)
+	row.Container = k8smeta.Container{PodUID: text(profilerows.PodUID), ContainerID: text(profilerows.ContainerID)}
+	if f[profilerows.Namespace] != nil {
+		row.Container.Namespace, row.Container.Pod = text(profilerows.Namespace), text(profilerows.Pod)
+		row.Container.Name, row.Container.Workload = text(profilerows.Container), text(profilerows.Workload)
+	}
+	row.AllocBytes, row.AllocCount = number(profilerows.AllocBytes), number(profilerows.AllocCount)
+	row.FreeBytes = row.AllocBytes - number(profilerows.LiveBytes)
+	row.FreeCount = row.AllocCount - number(profilerows.LiveCount)
 	return row, err
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators/simple"
 
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/profilerows"
 )
 
 type profileRow struct {
@@ -44,11 +45,11 @@ func TestOperatorInGadgetContext(t *testing.T) {
 			if ds, err = gadgetCtx.RegisterDataSource(datasource.TypeArray, "gpumem"); err != nil {
 				return err
 			}
-			ds.AddAnnotation(ProfileAnnotation, "true")
-			kinds := map[string]api.Kind{FieldPID: api.Kind_Uint32, FieldAllocBytes: api.Kind_Uint64, FieldAllocCount: api.Kind_Uint64,
-				FieldLiveBytes: api.Kind_Uint64, FieldLiveCount: api.Kind_Uint64}
-			for _, name := range []string{FieldPID, FieldComm, FieldKind, FieldGPU, FieldPodUID, FieldContainerID,
-				FieldStack, FieldAllocBytes, FieldAllocCount, FieldLiveBytes, FieldLiveCount} {
+			ds.AddAnnotation(profilerows.Annotation, "true")
+			kinds := map[string]api.Kind{profilerows.PID: api.Kind_Uint32, profilerows.AllocBytes: api.Kind_Uint64, profilerows.AllocCount: api.Kind_Uint64,
+				profilerows.LiveBytes: api.Kind_Uint64, profilerows.LiveCount: api.Kind_Uint64}
+			for _, name := range []string{profilerows.PID, profilerows.Comm, profilerows.Kind, profilerows.GPU, profilerows.PodUID, profilerows.ContainerID,
+				profilerows.Stack, profilerows.AllocBytes, profilerows.AllocCount, profilerows.LiveBytes, profilerows.LiveCount} {
 				kind, ok := kinds[name]
 				if !ok {
 					kind = api.Kind_String
@@ -67,13 +68,13 @@ func TestOperatorInGadgetContext(t *testing.T) {
 				}
 				for _, row := range rows {
 					d := arr.New()
-					fields[FieldPID].PutUint32(d, row.pid)
-					for name, v := range map[string]string{FieldComm: row.comm, FieldKind: row.kind, FieldGPU: row.gpu,
-						FieldPodUID: row.pod, FieldContainerID: row.container, FieldStack: row.stack} {
+					fields[profilerows.PID].PutUint32(d, row.pid)
+					for name, v := range map[string]string{profilerows.Comm: row.comm, profilerows.Kind: row.kind, profilerows.GPU: row.gpu,
+						profilerows.PodUID: row.pod, profilerows.ContainerID: row.container, profilerows.Stack: row.stack} {
 						fields[name].PutString(d, v)
 					}
-					for name, v := range map[string]uint64{FieldAllocBytes: row.allocBytes, FieldAllocCount: row.allocCount,
-						FieldLiveBytes: row.liveBytes, FieldLiveCount: row.liveCount} {
+					for name, v := range map[string]uint64{profilerows.AllocBytes: row.allocBytes, profilerows.AllocCount: row.allocCount,
+						profilerows.LiveBytes: row.liveBytes, profilerows.LiveCount: row.liveCount} {
 						fields[name].PutUint64(d, v)
 					}
 					arr.Append(d)

@@ -1,0 +1,29 @@
+// Package profilerows is the shape of the Inspektor Gadget data sources
+// that carry gpu-mem profiles between operators: an array per interval, one
+// element per (process, stack, memory kind, GPU).
+package profilerows
+
+// Annotation marks such a data source, with the value "true".
+const Annotation = "gpumem.profile"
+
+// Fields of a row. Stack is the frames, outermost first, joined by ";" (the
+// folded form); gpu is as tracer.GPU writes it. The names fields are
+// optional: operators/k8smeta adds them.
+const (
+	PID         = "pid"
+	Comm        = "comm"
+	Kind        = "kind"
+	GPU         = "gpu"
+	PodUID      = "pod_uid"
+	ContainerID = "container_id"
+	Stack       = "stack"
+	AllocBytes  = "alloc_bytes"
+	AllocCount  = "alloc_count"
+	LiveBytes   = "live_bytes"
+	LiveCount   = "live_count"
+
+	Namespace = "namespace"
+	Pod       = "pod"
+	Container = "container"
+	Workload  = "workload"
+)

@@ -1,0 +1,102 @@
+package kubernetes
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
+	gadgetcontext "github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-context"
+	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
+	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators"
+	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators/simple"
+
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/profilerows"
+)
+
+// TestOperatorsInGadgetContext runs gpu-mem's two IG data operators in IG's
+// runtime: a producer emits a profile row of a pod's container; k8smeta
+// names it from the API server; pyroscope pushes it with the names.
+func TestOperatorsInGadgetContext(t *testing.T) {
+	c := startCluster(t)
+	pod := trainerPod(t, c)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver := &pyroscopetest.Receiver{}
+	pyroscopetest.Serve(t, receiver, lis)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var ds datasource.DataSource
+	fields := map[string]datasource.FieldAccessor{}
+	producer := simple.New("producer",
+		simple.WithPriority(k8smeta.Priority-1),
+		simple.OnInit(func(gadgetCtx operators.GadgetContext) error {
+			if ds, err = gadgetCtx.RegisterDataSource(datasource.TypeArray, "gpumem"); err != nil {
+				return err
+			}
+			ds.AddAnnotation(profilerows.Annotation, "true")
+			for name, kind := range map[string]api.Kind{
+				profilerows.PID: api.Kind_Uint32, profilerows.Comm: api.Kind_String, profilerows.Kind: api.Kind_String,
+				profilerows.GPU: api.Kind_String, profilerows.PodUID: api.Kind_String, profilerows.ContainerID: api.Kind_String,
+				profilerows.Stack: api.Kind_String, profilerows.AllocBytes: api.Kind_Uint64, profilerows.AllocCount: api.Kind_Uint64,
+				profilerows.LiveBytes: api.Kind_Uint64, profilerows.LiveCount: api.Kind_Uint64,
+			} {
+				if fields[name], err = ds.AddField(name, kind); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		simple.OnStart(func(gadgetCtx operators.GadgetContext) error {
+			arr, err := ds.NewPacketArray()
+			if err != nil {
+				return err
+			}
+			d := arr.New()
+			fields[profilerows.PID].PutUint32(d, 42)
+			for name, v := range map[string]string{profilerows.Comm: "python3", profilerows.Kind: "device", profilerows.GPU: "0",
+				profilerows.PodUID: string(pod.UID), profilerows.ContainerID: containerID, profilerows.Stack: "<module>;train;cuMemAlloc_v2"} {
+				fields[name].PutString(d, v)
+			}
+			fields[profilerows.AllocBytes].PutUint64(d, 4096)
+			fields[profilerows.AllocCount].PutUint64(d, 1)
+			fields[profilerows.LiveBytes].PutUint64(d, 4096)
+			fields[profilerows.LiveCount].PutUint64(d, 1)
+			arr.Append(d)
+			go func() {
+				for len(receiver.Received()) == 0 {
+					time.Sleep(20 * time.Millisecond)
+				}
+				cancel()
+			}()
+			return ds.EmitAndRelease(arr)
+		}),
+	)
+	gadgetCtx := gadgetcontext.New(ctx, "", gadgetcontext.WithDataOperators(k8smeta.Operator{}, pyroscope.Operator{}, producer))
+	if err := gadgetCtx.Run(api.ParamValues{
+		"operator.k8smeta." + k8smeta.ParamKubeconfig:   c.kubeconfig,
+		"operator.k8smeta." + k8smeta.ParamNodeName:     "node-1",
+		"operator.pyroscope." + pyroscope.ParamURL:      "http://" + lis.Addr().String(),
+		"operator.pyroscope." + pyroscope.ParamInterval: "1s",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pushes := receiver.Received()
+	if len(pushes) == 0 {
+		t.Fatal("nothing pushed")
+	}
+	l := pyroscopetest.Labels(pushes[0].Series[0])
+	for k, v := range map[string]string{"namespace": "ml", "pod": "trainer-5d9f8-x2x7z", "container": "trainer",
+		"service_name": "ml/trainer", "pod_uid": string(pod.UID)} {
+		if l[k] != v {
+			t.Errorf("label %s=%q, want %q", k, l[k], v)
+		}
+	}
+}
