@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 )
 
 // cgroup2Root is where the cgroup v2 hierarchy is mounted.
@@ -99,11 +101,11 @@ func TestPodFromCgroup(t *testing.T) {
 	a.waitStderr("attached to")
 	m.run()
 	time.Sleep(100 * time.Millisecond) // the reader polls every 10 ms
-	series := scrape(t, url)["gpumem_live_bytes"].GetMetric()
+	series := metricstest.Scrape(t, url)["gpumem_live_bytes"].GetMetric()
 	if len(series) != 1 {
 		t.Fatalf("%d series", len(series))
 	}
-	l := metricLabels(series[0])
+	l := metricstest.Labels(series[0])
 	if l["pod_uid"] != podUID || l["container_id"] != containerID || series[0].GetGauge().GetValue() != 8192 {
 		t.Errorf("metric %v", series[0])
 	}

@@ -1,15 +1,12 @@
 package tests
 
 import (
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 )
 
 // TestMetrics scrapes `gpumem agent --metrics-address` with a real HTTP
@@ -26,10 +23,10 @@ func TestMetrics(t *testing.T) {
 	oom.run()
 	time.Sleep(300 * time.Millisecond) // the reader polls every 10 ms
 
-	families := scrape(t, url)
+	families := metricstest.Scrape(t, url)
 	live := map[string]float64{}
 	for _, m := range families["gpumem_live_bytes"].GetMetric() {
-		l := metricLabels(m)
+		l := metricstest.Labels(m)
 		if l["pid"] == strconv.Itoa(w.pid) {
 			live[l["kind"]+"/"+l["gpu"]] = m.GetGauge().GetValue()
 		}
@@ -48,7 +45,7 @@ func TestMetrics(t *testing.T) {
 	}
 	var ooms float64
 	for _, m := range families["gpumem_failures_total"].GetMetric() {
-		if l := metricLabels(m); l["pid"] == strconv.Itoa(oom.pid) && l["code"] == "2" {
+		if l := metricstest.Labels(m); l["pid"] == strconv.Itoa(oom.pid) && l["code"] == "2" {
 			ooms += m.GetCounter().GetValue()
 		}
 	}
@@ -66,29 +63,6 @@ func TestMetrics(t *testing.T) {
 	c.interrupt()
 	w.exit()
 	oom.exit()
-}
-
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse metrics: %v", err)
-	}
-	return families
-}
-
-func metricLabels(m *dto.Metric) map[string]string {
-	l := map[string]string{}
-	for _, p := range m.GetLabel() {
-		l[p.GetName()] = p.GetValue()
-	}
-	return l
 }
 
 // waitStderrValue waits for a stderr line containing prefix and returns

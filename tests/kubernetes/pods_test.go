@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +16,6 @@ import (
 
 	"github.com/google/pprof/profile"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -26,6 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/tests/chartrender"
 )
@@ -143,25 +141,7 @@ func (p *process) waitLine(t *testing.T, prefix string) string {
 }
 
 func liveSeries(t *testing.T, url string) []*dto.Metric {
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return families["gpumem_live_bytes"].GetMetric()
-}
-
-func labels(m *dto.Metric) map[string]string {
-	l := map[string]string{}
-	for _, p := range m.GetLabel() {
-		l[p.GetName()] = p.GetValue()
-	}
-	return l
+	return metricstest.Scrape(t, url)["gpumem_live_bytes"].GetMetric()
 }
 
 // TestPodNamesFromTheAPIServer: a process in a pod's cgroup is named from
@@ -231,7 +211,7 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 	c.apiserver.Wait()
 	agent.waitLine(t, "status:")
 	agent.waitLine(t, "status:")
-	if series := liveSeries(t, url); len(series) != 1 || series[0].GetGauge().GetValue() != 4096 || labels(series[0])["pod_uid"] != string(pod.UID) {
+	if series := liveSeries(t, url); len(series) != 1 || series[0].GetGauge().GetValue() != 4096 || metricstest.Labels(series[0])["pod_uid"] != string(pod.UID) {
 		t.Errorf("after the API server stopped: %v", series)
 	}
 }
@@ -242,7 +222,7 @@ func waitLabels(t *testing.T, url string, ok func(map[string]string) bool, what 
 	var last []*dto.Metric
 	for time.Now().Before(deadline) {
 		last = liveSeries(t, url)
-		if len(last) == 1 && ok(labels(last[0])) {
+		if len(last) == 1 && ok(metricstest.Labels(last[0])) {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

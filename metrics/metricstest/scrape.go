@@ -1,0 +1,37 @@
+// Package metricstest scrapes a metrics endpoint the way Prometheus does,
+// for tests: a real HTTP GET, read with the Prometheus text parser.
+package metricstest
+
+import (
+	"net/http"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Scrape returns the metric families served at url.
+func Scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse metrics: %v", err)
+	}
+	return families
+}
+
+// Labels are a metric's labels by name.
+func Labels(m *dto.Metric) map[string]string {
+	l := map[string]string{}
+	for _, p := range m.GetLabel() {
+		l[p.GetName()] = p.GetValue()
+	}
+	return l
+}
