@@ -21,7 +21,6 @@ type Library struct {
 	Dev   string // major:minor as /proc/PID/maps prints it
 	Inode uint64
 	Path  string // a path that opens the file from this mount namespace
-	PID   int    // a process that maps it
 }
 
 // ID is the identity under which a library is attached once.
@@ -116,7 +115,6 @@ func scanProcess(procRoot string, pid int) (libs []Library, python bool) {
 			Dev:   m.Dev,
 			Inode: m.Inode,
 			Path:  filepath.Join(procRoot, strconv.Itoa(pid), "root", m.Path),
-			PID:   pid,
 		})
 	}
 	return libs, python

@@ -5,6 +5,7 @@ package profiler
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -66,8 +67,9 @@ type Profiler struct {
 
 	mu         sync.Mutex
 	ledger     *accounting.Ledger
-	stacks     map[accounting.StackID]Stack
+	stacks     map[accounting.StackID]stack
 	stackIDs   map[string]accounting.StackID // by pid, op and raw frames
+	keyBuf     []byte                        // intern's, reused
 	pidKeys    map[uint32][]string           // the stackIDs keys of each process
 	nextID     accounting.StackID
 	comms      map[uint32]string
@@ -86,12 +88,12 @@ type Profiler struct {
 	closed bool
 }
 
-// Stack is an interned call stack of one process. Its Python frames are
+// stack is an interned call stack of one process. Its Python frames are
 // named when it is first seen, while the process lives to be read; its
 // native frames when a report first needs them, off the event path (the
 // symbol tables of a library such as libtorch_cuda take seconds to load).
-type Stack struct {
-	PID    uint32
+type stack struct {
+	pid    uint32
 	op     tracer.Op
 	native []uint64
 	python []pystack.Frame
@@ -132,7 +134,7 @@ func New(cfg Config) (*Profiler, error) {
 		notPython:  map[int]bool{},
 		watching:   map[int]bool{},
 		ledger:     accounting.New(),
-		stacks:     map[accounting.StackID]Stack{},
+		stacks:     map[accounting.StackID]stack{},
 		stackIDs:   map[string]accounting.StackID{},
 		pidKeys:    map[uint32][]string{},
 		comms:      map[uint32]string{},
@@ -348,17 +350,23 @@ func (p *Profiler) forget(pid uint32) {
 
 // intern returns the ID of the event's stack.
 func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
-	native := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)
-	py := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))
-	key := fmt.Sprintf("%d/%d/%s/%s", ev.PID, ev.Op, native, py)
-	if id, ok := p.stackIDs[key]; ok {
+	// The key is built in a reused buffer and looked up without a copy;
+	// only a new stack's key becomes a string.
+	k := binary.LittleEndian.AppendUint32(p.keyBuf[:0], ev.PID)
+	k = binary.LittleEndian.AppendUint16(k, uint16(ev.Op))
+	k = binary.LittleEndian.AppendUint16(k, uint16(len(ev.Stack)))
+	k = append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)...)
+	k = append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))...)
+	p.keyBuf = k
+	if id, ok := p.stackIDs[string(k)]; ok {
 		return id
 	}
+	key := string(k)
 	p.sym.Track(ev.PID)
 	id := p.nextID
 	p.nextID++
-	p.stacks[id] = Stack{
-		PID:    ev.PID,
+	p.stacks[id] = stack{
+		pid:    ev.PID,
 		op:     ev.Op,
 		native: slices.Clone(ev.Stack),
 		python: p.py.Frames(ev.PID, ev.PyFrames),
@@ -449,11 +457,11 @@ func (p *Profiler) releaseVanished() {
 
 // resolve names the native frames of the stacks that have none yet. The
 // symbol tables are read without holding p.mu, so that events keep flowing.
-func (p *Profiler) resolve(ids []accounting.StackID) {
+func (p *Profiler) resolve() {
 	p.mu.Lock()
-	todo := map[accounting.StackID]Stack{}
-	for _, id := range ids {
-		if s, ok := p.stacks[id]; ok && s.frames == nil {
+	todo := map[accounting.StackID]stack{}
+	for id, s := range p.stacks {
+		if s.frames == nil {
 			todo[id] = s
 		}
 	}
@@ -462,7 +470,7 @@ func (p *Profiler) resolve(ids []accounting.StackID) {
 	const batch = 1024
 	merged := make(map[accounting.StackID][]symbolize.Frame, batch)
 	for id, s := range todo {
-		merged[id] = pystack.Merge(p.sym.Frames(s.PID, s.native), s.python)
+		merged[id] = pystack.Merge(p.sym.Frames(s.pid, s.native), s.python)
 		if len(merged) == batch {
 			p.storeFrames(merged)
 			clear(merged)

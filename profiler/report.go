@@ -46,7 +46,7 @@ type Failure struct {
 // Report copies the books. Read errors of the loss counters are reported as
 // an error beside a complete report of everything else.
 func (p *Profiler) Report() (Report, error) {
-	p.resolve(p.stackIDsInUse())
+	p.resolve()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	losses, err := p.currentLosses()
@@ -88,21 +88,6 @@ func (p *Profiler) onGPU(k accounting.Key) bool {
 		return true
 	}
 	return (k.Kind == tracer.KindDevice || k.Kind == tracer.KindVMM) && slices.Contains(p.cfg.GPUs, int(k.Device))
-}
-
-// stackIDsInUse are the stacks the books refer to.
-func (p *Profiler) stackIDsInUse() []accounting.StackID {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	snap := p.ledger.Snapshot()
-	ids := make([]accounting.StackID, 0, len(snap.Rows)+len(snap.Failures))
-	for k := range snap.Rows {
-		ids = append(ids, k.Stack)
-	}
-	for k := range snap.Failures {
-		ids = append(ids, k.Stack)
-	}
-	return ids
 }
 
 // frames are a stack's frames; a stack interned after resolve ran (by an
