@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /* Types shared by program.bpf.c and the Go loader (tracer/), which reads the
- * generated bindings of these structs. Keep the op numbers in step with
- * tracer/op.go. */
+ * generated bindings of these structs and enums (make generate). */
 #ifndef GPUMEM_H
 #define GPUMEM_H
 
