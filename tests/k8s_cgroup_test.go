@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bufio"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -11,56 +10,15 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
+	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
 )
 
-// cgroup2Root is where the cgroup v2 hierarchy is mounted.
-func cgroup2Root(t *testing.T) string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		for i, field := range fields {
-			if field == "-" && i+1 < len(fields) && fields[i+1] == "cgroup2" {
-				return fields[4]
-			}
-		}
-	}
-	t.Fatal("no cgroup v2 hierarchy mounted")
-	return ""
-}
-
-// inPodCgroup moves pid into a cgroup named the way kubelet (systemd driver)
-// and containerd name a container's, and returns the pod UID and container
-// ID it encodes.
+// inPodCgroup moves pid into a pod container's cgroup and returns the pod
+// UID and container ID it encodes.
 func inPodCgroup(t *testing.T, pid int) (podUID, containerID string) {
 	podUID = "5f3b8a1e-2c4d-4e6f-8a0b-1c2d3e4f5a6b"
 	containerID = strings.Repeat("3f8a2b1c", 8)
-	root := cgroup2Root(t)
-	slices := []string{"kubepods.slice", "kubepods-burstable.slice",
-		"kubepods-burstable-pod" + strings.ReplaceAll(podUID, "-", "_") + ".slice",
-		"cri-containerd-" + containerID + ".scope"}
-	dir := root
-	var made []string
-	for _, s := range slices {
-		dir = filepath.Join(dir, s)
-		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
-			t.Fatal(err)
-		}
-		made = append(made, dir)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		os.WriteFile(filepath.Join(root, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
-		for i := len(made) - 1; i >= 0; i-- {
-			os.Remove(made[i])
-		}
-	})
+	cgrouptest.InContainer(t, pid, podUID, containerID)
 	return podUID, containerID
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
 	"github.com/gpu-mem/gpu-mem/tests/chartrender"
 )
 
@@ -59,37 +60,6 @@ func trainerPod(t *testing.T, c *cluster) *corev1.Pod {
 		t.Fatal(err)
 	}
 	return pod
-}
-
-// inCgroup moves pid into the cgroup kubelet and containerd make for the
-// container (cgroup v2, systemd driver).
-func inCgroup(t *testing.T, pid int, podUID string) {
-	var cg2 string
-	data, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 8 && strings.Contains(line, " - cgroup2 ") {
-			cg2 = f[4]
-		}
-	}
-	if cg2 == "" {
-		t.Fatal("no cgroup v2 hierarchy")
-	}
-	dir := cg2
-	var made []string
-	for _, s := range []string{"kubepods.slice", "kubepods-pod" + strings.ReplaceAll(podUID, "-", "_") + ".slice", "cri-containerd-" + containerID + ".scope"} {
-		dir = filepath.Join(dir, s)
-		os.Mkdir(dir, 0o755)
-		made = append(made, dir)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		os.WriteFile(filepath.Join(cg2, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
-		for i := len(made) - 1; i >= 0; i-- {
-			os.Remove(made[i])
-		}
-	})
 }
 
 // process is a started command whose stderr lines are watched.
@@ -156,7 +126,7 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 		t.Fatal("workload did not start")
 	}
 	pid := w.cmd.Process.Pid
-	inCgroup(t, pid, string(pod.UID))
+	cgrouptest.InContainer(t, pid, string(pod.UID), containerID)
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
