@@ -8,6 +8,14 @@
  * a free releases exactly what its allocation charged. Every event that
  * cannot be delivered whole is counted: in `losses`, and events dropped by a
  * full ring buffer in `events_lost_samples` (IG's convention).
+ *
+ * The same object runs under stock Inspektor Gadget: there, IG attaches the
+ * per-function uprobes at the end of this file (IG cannot attach uprobe.multi
+ * sections; gadget.yaml disables those), fills the process and mount
+ * namespace of each event, filters by mount namespace, and, with `aggregate`
+ * set, reads live and allocated bytes per native stack from BPF maps, since
+ * it has no user-space ledger. gpumem itself attaches the uprobe.multi
+ * programs and keeps its ledger in user space.
  */
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
@@ -15,8 +23,11 @@
 #include <bpf/bpf_tracing.h>
 
 #include <gadget/buffer.h>
+#include <gadget/common.h>
+#include <gadget/filter.h>
 #include <gadget/macros.h>
 #include <gadget/types.h>
+#include <gadget/user_stack_map.h>
 
 #include "gadgets/include/gpumem.h"
 
@@ -132,12 +143,162 @@ static __always_inline void output(struct gpumem_event *e, __u64 size)
 	}
 }
 
+/* With aggregate set (stock IG, where no user-space ledger runs), the
+ * probes also keep bytes per stack and per process in these maps, which IG
+ * reads as data sources (GADGET_MAPITER). gpumem leaves it off. */
+const volatile bool aggregate = false;
+GADGET_PARAM(aggregate);
+
+#define GPUMEM_MAX_STACKS 16384
+#define GPUMEM_MAX_ALLOCATIONS 131072
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_STACKS);
+	__type(key, struct gpumem_stack_key);
+	__type(value, struct gpumem_stack);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_ALLOCATIONS);
+	__type(key, struct gpumem_allocation_key);
+	__type(value, struct gpumem_allocation);
+} allocations SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, struct gpumem_process);
+} processes SEC(".maps");
+
+/* Two views of one map: IG's otel-profiles takes one value per data source. */
+GADGET_MAPITER(allocated, stacks);
+GADGET_MAPITER(live, stacks);
+GADGET_MAPITER(processes, processes);
+
+/* A new map value is built here: gpumem_stack is too large for the stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gpumem_stack);
+} stack_scratch SEC(".maps");
+
+static __always_inline struct gpumem_process *process_totals(const struct gpumem_event *e)
+{
+	__u32 pid = e->proc.pid;
+	struct gpumem_process *p = bpf_map_lookup_elem(&processes, &pid);
+	if (p)
+		return p;
+	struct gpumem_process init = {.proc = e->proc};
+	if (bpf_map_update_elem(&processes, &pid, &init, BPF_NOEXIST) && !bpf_map_lookup_elem(&processes, &pid))
+		count_loss(GPUMEM_LOSS_AGGREGATE_FULL);
+	return bpf_map_lookup_elem(&processes, &pid);
+}
+
+/* charge adds a successful allocation to its stack, its process, and the
+ * allocations a free will look up. */
+static __always_inline void charge(struct pt_regs *ctx, const struct gpumem_event *e)
+{
+	__u32 zero = 0;
+	struct gpumem_stack *init = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!init)
+		return;
+	gadget_get_user_stack(ctx, &init->ustack_raw);
+	struct gpumem_allocation a = {
+		.stack = {.pid = e->proc.pid, .stack_id = init->ustack_raw.stack_id, .device = e->device},
+		.bytes = e->bytes,
+	};
+	struct gpumem_stack *s = bpf_map_lookup_elem(&stacks, &a.stack);
+	if (!s) {
+		init->proc = e->proc;
+		init->gpu = e->device;
+		init->alloc_bytes = init->alloc_count = init->live_bytes = init->live_count = 0;
+		bpf_map_update_elem(&stacks, &a.stack, init, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&stacks, &a.stack);
+	}
+	struct gpumem_allocation_key k = {.pid = e->proc.pid, .address = e->address};
+	if (!s || bpf_map_update_elem(&allocations, &k, &a, BPF_ANY)) {
+		count_loss(GPUMEM_LOSS_AGGREGATE_FULL);
+		return;
+	}
+	__sync_fetch_and_add(&s->alloc_bytes, e->bytes);
+	__sync_fetch_and_add(&s->alloc_count, 1);
+	__sync_fetch_and_add(&s->live_bytes, e->bytes);
+	__sync_fetch_and_add(&s->live_count, 1);
+	struct gpumem_process *p = process_totals(e);
+	if (p) {
+		__sync_fetch_and_add(&p->alloc_bytes, e->bytes);
+		__sync_fetch_and_add(&p->alloc_count, 1);
+		__sync_fetch_and_add(&p->live_bytes, e->bytes);
+	}
+}
+
+/* release takes a freed allocation off its stack and process. */
+static __always_inline void release(const struct gpumem_event *e)
+{
+	struct gpumem_allocation_key k = {.pid = e->proc.pid, .address = e->address};
+	struct gpumem_allocation *a = bpf_map_lookup_elem(&allocations, &k);
+	if (!a)
+		return; /* allocated before the gadget started, or a refused free */
+	struct gpumem_stack *s = bpf_map_lookup_elem(&stacks, &a->stack);
+	if (s) {
+		__sync_fetch_and_sub(&s->live_bytes, a->bytes);
+		__sync_fetch_and_sub(&s->live_count, 1);
+	}
+	struct gpumem_process *p = process_totals(e);
+	if (p) {
+		__sync_fetch_and_sub(&p->live_bytes, a->bytes);
+		__sync_fetch_and_add(&p->free_count, 1);
+	}
+	bpf_map_delete_elem(&allocations, &k);
+}
+
+static __always_inline void aggregate_allocation(struct pt_regs *ctx, const struct gpumem_event *e)
+{
+	if (e->result == 0) {
+		charge(ctx, e);
+		return;
+	}
+	struct gpumem_process *p = process_totals(e);
+	if (p)
+		__sync_fetch_and_add(&p->failed_count, 1);
+}
+
+static long forget_allocation(struct bpf_map *map, struct gpumem_allocation_key *k,
+			      struct gpumem_allocation *a, __u32 *pid)
+{
+	if (k->pid == *pid)
+		bpf_map_delete_elem(map, k);
+	return 0;
+}
+
+static long forget_stack(struct bpf_map *map, struct gpumem_stack_key *k, struct gpumem_stack *s, __u32 *pid)
+{
+	if (k->pid == *pid)
+		bpf_map_delete_elem(map, k);
+	return 0;
+}
+
+/* forget_process drops an exited process from the aggregate maps: the
+ * driver released all it held. */
+static __always_inline void forget_process(__u32 pid)
+{
+	bpf_for_each_map_elem(&allocations, forget_allocation, &pid, 0);
+	bpf_for_each_map_elem(&stacks, forget_stack, &pid, 0);
+	bpf_map_delete_elem(&processes, &pid);
+}
+
 static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 aux)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 
 	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+		return 0;
+	if (gadget_should_discard_data_current())
 		return 0;
 
 	struct gpumem_calls *calls = bpf_map_lookup_elem(&inflight, &id);
@@ -313,14 +474,25 @@ static long find_thread_step(__u64 index, struct find_thread *c)
 	return 0;
 }
 
+/* thread_pointer is what pthread_self() returns in the calling thread. On
+ * arm64 glibc it is not the thread register; Python stacks are x86-64 only. */
+static __always_inline __u64 thread_pointer(void)
+{
+#if defined(__TARGET_ARCH_x86)
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	return BPF_CORE_READ(task, thread.fsbase);
+#else
+	return 0;
+#endif
+}
+
 /* find_thread_state returns the PyThreadState of the calling thread, by its
  * thread pointer: PyThreadState.thread_id is pthread_self(), which on x86-64
  * is the fs base. The GIL holder is not used: ctypes and PyTorch release the
  * GIL around native calls. */
 static __always_inline __u64 find_thread_state(const struct gpumem_python *py, __u32 tid)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct find_thread c = {.py = *py, .self = BPF_CORE_READ(task, thread.fsbase)};
+	struct find_thread c = {.py = *py, .self = thread_pointer()};
 
 	__u64 *cached = bpf_map_lookup_elem(&python_threads, &tid);
 	if (cached && read_ptr(*cached + py->tstate_thread_id) == c.self)
@@ -393,10 +565,10 @@ static long walk_frames_step(__u64 index, struct walk_frames *c)
  * into e->pystack. */
 static __always_inline void capture_python(struct gpumem_event *e)
 {
-	struct gpumem_python *py = bpf_map_lookup_elem(&python_procs, &e->pid);
+	struct gpumem_python *py = bpf_map_lookup_elem(&python_procs, &e->proc.pid);
 	if (!py)
 		return;
-	__u64 ts = find_thread_state(py, e->tid);
+	__u64 ts = find_thread_state(py, e->proc.tid);
 	if (!ts) {
 		e->py_flags = GPUMEM_PY_NO_THREAD;
 		return;
@@ -435,8 +607,9 @@ static __always_inline __u64 event_size(const struct gpumem_event *e)
 /* leave turns the call in flight into an event. Allocations are stamped at
  * their return (when the pointer became valid) and frees at their entry
  * (before the driver could hand the pointer out again), so user space can
- * order a free and a reuse of the same pointer racing on two threads. */
-static __always_inline int leave(struct pt_regs *ctx)
+ * order a free and a reuse of the same pointer racing on two threads. With
+ * stock_ig (IG's per-function programs) it also keeps the in-kernel totals. */
+static __always_inline int leave(struct pt_regs *ctx, bool stock_ig)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 zero = 0;
@@ -462,31 +635,33 @@ static __always_inline int leave(struct pt_regs *ctx)
 	e->type = GPUMEM_EVENT_CALL;
 	e->op = call->op;
 	e->result = (__s32)PT_REGS_RC(ctx);
-	e->pid = id >> 32;
-	e->tid = (__u32)id;
+	gadget_process_populate(&e->proc);
 	e->ustack_len = 0;
 	e->pystack_len = 0;
 	e->py_flags = 0;
 	e->device = GPUMEM_DEVICE_UNKNOWN;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
 
 	if (gpumem_op_is_free(call->op)) {
 		e->timestamp = call->timestamp;
 		e->address = call->target;
 		e->bytes = 0;
+		if (stock_ig && aggregate && e->result == 0)
+			release(e);
 	} else {
 		e->timestamp = bpf_ktime_get_ns();
 		e->address = 0;
 		e->bytes = call->bytes;
 		if (e->result == 0 && !finish_allocation(e, call))
 			return 0;
-		e->device = current_device(call, e->tid);
+		e->device = current_device(call, e->proc.tid);
 		capture_python(e);
 		e->ustack_len = capture_stack(ctx, e);
 		__u8 one = 1;
-		if (!bpf_map_lookup_elem(&traced_pids, &e->pid) &&
-		    bpf_map_update_elem(&traced_pids, &e->pid, &one, BPF_ANY))
+		if (!bpf_map_lookup_elem(&traced_pids, &e->proc.pid) &&
+		    bpf_map_update_elem(&traced_pids, &e->proc.pid, &one, BPF_ANY))
 			count_loss(GPUMEM_LOSS_PROCESSES_FULL);
+		if (stock_ig && aggregate)
+			aggregate_allocation(ctx, e);
 	}
 
 	output(e, event_size(e));
@@ -520,29 +695,24 @@ int gpumem_exit(void *ctx)
 	e->op = 0;
 	e->result = 0;
 	e->timestamp = bpf_ktime_get_ns();
-	e->pid = pid;
-	e->tid = (__u32)id;
+	gadget_process_populate(&e->proc);
 	e->address = 0;
 	e->bytes = 0;
 	e->ustack_len = 0;
 	e->pystack_len = 0;
 	e->py_flags = 0;
 	e->device = GPUMEM_DEVICE_UNKNOWN;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	output(e, offsetof(struct gpumem_event, pystack));
+	if (aggregate)
+		forget_process(pid);
 	return 0;
 }
 
-/* One entry and one return program for every driver function, attached
- * with uprobe_multi links: the attach cookie is the function's enum
- * gpumem_op. One link per library keeps attach and detach to one RCU grace
- * period each, where a perf-event uprobe per function costs 0.1s apiece to
- * detach. Every traced function takes its pointer, context or out-parameter
- * first; allocations take their size second. */
-SEC("uprobe.multi/libcuda")
-int gpumem_enter(struct pt_regs *ctx)
+/* enter_op reads the arguments of driver function op. Every traced
+ * function takes its pointer, context or out-parameter first; allocations
+ * take their size second. */
+static __always_inline int enter_op(struct pt_regs *ctx, __u16 op)
 {
-	__u16 op = bpf_get_attach_cookie(ctx);
 	__u64 target = PT_REGS_PARM1(ctx);
 
 	switch (op) {
@@ -566,10 +736,63 @@ int gpumem_enter(struct pt_regs *ctx)
 	return enter(op, target, PT_REGS_PARM2(ctx), 0);
 }
 
+/* One entry and one return program for every driver function, attached
+ * by gpumem with uprobe_multi links: the attach cookie is the function's enum
+ * gpumem_op. One link per library keeps attach and detach to one RCU grace
+ * period each, where a perf-event uprobe per function costs 0.1s apiece to
+ * detach. */
+SEC("uprobe.multi/libcuda")
+int gpumem_enter(struct pt_regs *ctx)
+{
+	return enter_op(ctx, bpf_get_attach_cookie(ctx));
+}
+
 SEC("uretprobe.multi/libcuda")
 int gpumem_leave(struct pt_regs *ctx)
 {
-	return leave(ctx);
+	/* Without the in-kernel totals, which gpumem does not use: their stack
+	 * capture tail-calls through IG's program array, and the kernel lets
+	 * programs of one attach type only (uprobe, not uprobe_multi) share it. */
+	return leave(ctx, false);
 }
+
+/* The same probes, one program per function, for stock IG's uprobe attach
+ * (it takes one library:symbol per program). The op is fixed at compile time
+ * where gpumem_enter reads it from the attach cookie. */
+#define GPUMEM_PROBE(symbol, op)                                    \
+	SEC("uprobe/libcuda:" #symbol)                              \
+	int gpumem_enter_##symbol(struct pt_regs *ctx)             \
+	{                                                           \
+		return enter_op(ctx, op);                           \
+	}                                                           \
+	SEC("uretprobe/libcuda:" #symbol)                           \
+	int gpumem_leave_##symbol(struct pt_regs *ctx)             \
+	{                                                           \
+		return leave(ctx, true);                            \
+	}
+
+GPUMEM_PROBE(cuMemAlloc_v2, GPUMEM_OP_MEM_ALLOC)
+GPUMEM_PROBE(cuMemAllocPitch_v2, GPUMEM_OP_MEM_ALLOC_PITCH)
+GPUMEM_PROBE(cuMemAllocManaged, GPUMEM_OP_MEM_ALLOC_MANAGED)
+GPUMEM_PROBE(cuMemAllocHost_v2, GPUMEM_OP_MEM_ALLOC_HOST)
+GPUMEM_PROBE(cuMemHostAlloc, GPUMEM_OP_MEM_HOST_ALLOC)
+GPUMEM_PROBE(cuMemAllocAsync, GPUMEM_OP_MEM_ALLOC_ASYNC)
+GPUMEM_PROBE(cuMemAllocAsync_ptsz, GPUMEM_OP_MEM_ALLOC_ASYNC_PTSZ)
+GPUMEM_PROBE(cuMemAllocFromPoolAsync, GPUMEM_OP_MEM_ALLOC_FROM_POOL_ASYNC)
+GPUMEM_PROBE(cuMemAllocFromPoolAsync_ptsz, GPUMEM_OP_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ)
+GPUMEM_PROBE(cuMemCreate, GPUMEM_OP_MEM_CREATE)
+GPUMEM_PROBE(cuMemFree_v2, GPUMEM_OP_MEM_FREE)
+GPUMEM_PROBE(cuMemFreeHost, GPUMEM_OP_MEM_FREE_HOST)
+GPUMEM_PROBE(cuMemFreeAsync, GPUMEM_OP_MEM_FREE_ASYNC)
+GPUMEM_PROBE(cuMemFreeAsync_ptsz, GPUMEM_OP_MEM_FREE_ASYNC_PTSZ)
+GPUMEM_PROBE(cuMemRelease, GPUMEM_OP_MEM_RELEASE)
+GPUMEM_PROBE(cuCtxSetCurrent, GPUMEM_OP_CTX_SET_CURRENT)
+GPUMEM_PROBE(cuCtxPushCurrent_v2, GPUMEM_OP_CTX_PUSH_CURRENT)
+GPUMEM_PROBE(cuCtxPopCurrent_v2, GPUMEM_OP_CTX_POP_CURRENT)
+GPUMEM_PROBE(cuDevicePrimaryCtxRetain, GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN)
+GPUMEM_PROBE(cuCtxCreate_v2, GPUMEM_OP_CTX_CREATE)
+GPUMEM_PROBE(cuCtxCreate_v3, GPUMEM_OP_CTX_CREATE_V3)
+GPUMEM_PROBE(cuCtxCreate_v4, GPUMEM_OP_CTX_CREATE_V4)
+GPUMEM_PROBE(cuCtxDestroy_v2, GPUMEM_OP_CTX_DESTROY)
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -13,6 +13,24 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type gpumemGenericParam struct {
+	_             structs.HostLayout
+	CorrelationId uint64
+}
+
+type gpumemGpumemAllocation struct {
+	_     structs.HostLayout
+	Stack gpumemGpumemStackKey
+	Bytes uint64
+}
+
+type gpumemGpumemAllocationKey struct {
+	_       structs.HostLayout
+	Pid     uint32
+	Pad     uint32
+	Address uint64
+}
+
 type gpumemGpumemCall struct {
 	_         structs.HostLayout
 	Timestamp uint64
@@ -38,12 +56,28 @@ type gpumemGpumemCtxStack struct {
 }
 
 type gpumemGpumemEvent struct {
-	_          structs.HostLayout
-	Timestamp  uint64
-	Address    uint64
-	Bytes      uint64
-	Pid        uint32
-	Tid        uint32
+	_         structs.HostLayout
+	Timestamp uint64
+	Address   uint64
+	Bytes     uint64
+	Proc      struct {
+		_       structs.HostLayout
+		Comm    [16]int8
+		Pid     uint32
+		Tid     uint32
+		MntnsId uint64
+		Creds   struct {
+			_   structs.HostLayout
+			Uid uint32
+			Gid uint32
+		}
+		Parent struct {
+			_    structs.HostLayout
+			Comm [16]int8
+			Pid  uint32
+			Tid  uint32
+		}
+	}
 	Result     int32
 	Type       uint16
 	Op         uint16
@@ -52,7 +86,6 @@ type gpumemGpumemEvent struct {
 	PyFlags    uint16
 	Device     int32
 	Pad        uint32
-	Comm       [16]int8
 	Pystack    [128]gpumemGpumemPyframe
 	Ustack     [127]uint64
 }
@@ -71,7 +104,8 @@ const (
 	gpumemGpumemLossGPUMEM_LOSS_STACK          gpumemGpumemLoss = 1
 	gpumemGpumemLossGPUMEM_LOSS_READ_RESULT    gpumemGpumemLoss = 2
 	gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL gpumemGpumemLoss = 3
-	gpumemGpumemLossGPUMEM_LOSS_MAX            gpumemGpumemLoss = 4
+	gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL gpumemGpumemLoss = 4
+	gpumemGpumemLossGPUMEM_LOSS_MAX            gpumemGpumemLoss = 5
 )
 
 type gpumemGpumemOp uint32
@@ -101,6 +135,33 @@ const (
 	gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V4                  gpumemGpumemOp = 38
 	gpumemGpumemOpGPUMEM_OP_CTX_DESTROY                    gpumemGpumemOp = 39
 )
+
+type gpumemGpumemProcess struct {
+	_    structs.HostLayout
+	Proc struct {
+		_       structs.HostLayout
+		Comm    [16]int8
+		Pid     uint32
+		Tid     uint32
+		MntnsId uint64
+		Creds   struct {
+			_   structs.HostLayout
+			Uid uint32
+			Gid uint32
+		}
+		Parent struct {
+			_    structs.HostLayout
+			Comm [16]int8
+			Pid  uint32
+			Tid  uint32
+		}
+	}
+	LiveBytes   uint64
+	AllocBytes  uint64
+	AllocCount  uint64
+	FreeCount   uint64
+	FailedCount uint64
+}
 
 type gpumemGpumemPyFlag uint32
 
@@ -147,35 +208,168 @@ type gpumemGpumemPython struct {
 	_                       [2]byte
 }
 
+type gpumemGpumemStack struct {
+	_    structs.HostLayout
+	Proc struct {
+		_       structs.HostLayout
+		Comm    [16]int8
+		Pid     uint32
+		Tid     uint32
+		MntnsId uint64
+		Creds   struct {
+			_   structs.HostLayout
+			Uid uint32
+			Gid uint32
+		}
+		Parent struct {
+			_    structs.HostLayout
+			Comm [16]int8
+			Pid  uint32
+			Tid  uint32
+		}
+	}
+	UstackRaw struct {
+		_                 structs.HostLayout
+		Major             uint32
+		Minor             uint32
+		Inode             uint64
+		MtimeSec          uint64
+		MtimeNsec         uint32
+		BaseAddrHash      uint32
+		StackId           uint32
+		TgidLevel0        uint32
+		PidLevel0         uint32
+		PidnsLevel0       uint32
+		PidLevel1         uint32
+		PidnsLevel1       uint32
+		OtelCorrelationId uint64
+		BootTimestamp     uint64
+	}
+	Gpu        int32
+	Pad        uint32
+	AllocBytes uint64
+	AllocCount uint64
+	LiveBytes  uint64
+	LiveCount  uint64
+}
+
+type gpumemGpumemStackKey struct {
+	_       structs.HostLayout
+	Pid     uint32
+	StackId uint32
+	Device  int32
+	Pad     uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	gpumemMapContextDevices                    = "context_devices"
-	gpumemMapEvents                            = "events"
-	gpumemMapEventsLostSamples                 = "events_lost_samples"
-	gpumemMapGadgetHeap                        = "gadget_heap"
-	gpumemMapInflight                          = "inflight"
-	gpumemMapLosses                            = "losses"
-	gpumemMapPythonProcs                       = "python_procs"
-	gpumemMapPythonThreads                     = "python_threads"
-	gpumemMapScratch                           = "scratch"
-	gpumemMapTargetPids                        = "target_pids"
-	gpumemMapThreadContexts                    = "thread_contexts"
-	gpumemMapTracedPids                        = "traced_pids"
-	gpumemProgGpumemEnter                      = "gpumem_enter"
-	gpumemProgGpumemExit                       = "gpumem_exit"
-	gpumemProgGpumemLeave                      = "gpumem_leave"
-	gpumemVarGadgetTracerTypeCuda              = "__gadget_tracer_type_cuda"
-	gpumemVarFilterPids                        = "filter_pids"
-	gpumemVarGadgetMapTracerEvents             = "gadget_map_tracer_events"
-	gpumemVarGadgetParamFilterPids             = "gadget_param_filter_pids"
-	gpumemVarGadgetTracerCudaEventsGpumemEvent = "gadget_tracer_cuda___events___gpumem_event"
-	gpumemVarGpumemEventTypeBtf                = "gpumem_event_type_btf"
-	gpumemVarGpumemLossBtf                     = "gpumem_loss_btf"
-	gpumemVarGpumemOpBtf                       = "gpumem_op_btf"
-	gpumemVarGpumemPyFlagBtf                   = "gpumem_py_flag_btf"
-	gpumemVarGpumemPyframeFlagBtf              = "gpumem_pyframe_flag_btf"
+	gpumemMapAllocations                             = "allocations"
+	gpumemMapContextDevices                          = "context_devices"
+	gpumemMapEvents                                  = "events"
+	gpumemMapEventsLostSamples                       = "events_lost_samples"
+	gpumemMapGadgetHeap                              = "gadget_heap"
+	gpumemMapGadgetMntnsFilterMap                    = "gadget_mntns_filter_map"
+	gpumemMapIgBuildId                               = "ig_build_id"
+	gpumemMapIgUstack                                = "ig_ustack"
+	gpumemMapInflight                                = "inflight"
+	gpumemMapLosses                                  = "losses"
+	gpumemMapOtelGenericParams                       = "otel_generic_params"
+	gpumemMapOtelTcKprobe                            = "otel_tc_kprobe"
+	gpumemMapOtelTcPerf                              = "otel_tc_perf"
+	gpumemMapProcesses                               = "processes"
+	gpumemMapPythonProcs                             = "python_procs"
+	gpumemMapPythonThreads                           = "python_threads"
+	gpumemMapScratch                                 = "scratch"
+	gpumemMapStackScratch                            = "stack_scratch"
+	gpumemMapStacks                                  = "stacks"
+	gpumemMapTargetPids                              = "target_pids"
+	gpumemMapThreadContexts                          = "thread_contexts"
+	gpumemMapTracedPids                              = "traced_pids"
+	gpumemProgGpumemEnter                            = "gpumem_enter"
+	gpumemProgGpumemEnterCuCtxCreateV2               = "gpumem_enter_cuCtxCreate_v2"
+	gpumemProgGpumemEnterCuCtxCreateV3               = "gpumem_enter_cuCtxCreate_v3"
+	gpumemProgGpumemEnterCuCtxCreateV4               = "gpumem_enter_cuCtxCreate_v4"
+	gpumemProgGpumemEnterCuCtxDestroyV2              = "gpumem_enter_cuCtxDestroy_v2"
+	gpumemProgGpumemEnterCuCtxPopCurrentV2           = "gpumem_enter_cuCtxPopCurrent_v2"
+	gpumemProgGpumemEnterCuCtxPushCurrentV2          = "gpumem_enter_cuCtxPushCurrent_v2"
+	gpumemProgGpumemEnterCuCtxSetCurrent             = "gpumem_enter_cuCtxSetCurrent"
+	gpumemProgGpumemEnterCuDevicePrimaryCtxRetain    = "gpumem_enter_cuDevicePrimaryCtxRetain"
+	gpumemProgGpumemEnterCuMemAllocAsync             = "gpumem_enter_cuMemAllocAsync"
+	gpumemProgGpumemEnterCuMemAllocAsyncPtsz         = "gpumem_enter_cuMemAllocAsync_ptsz"
+	gpumemProgGpumemEnterCuMemAllocFromPoolAsync     = "gpumem_enter_cuMemAllocFromPoolAsync"
+	gpumemProgGpumemEnterCuMemAllocFromPoolAsyncPtsz = "gpumem_enter_cuMemAllocFromPoolAsync_ptsz"
+	gpumemProgGpumemEnterCuMemAllocHostV2            = "gpumem_enter_cuMemAllocHost_v2"
+	gpumemProgGpumemEnterCuMemAllocManaged           = "gpumem_enter_cuMemAllocManaged"
+	gpumemProgGpumemEnterCuMemAllocPitchV2           = "gpumem_enter_cuMemAllocPitch_v2"
+	gpumemProgGpumemEnterCuMemAllocV2                = "gpumem_enter_cuMemAlloc_v2"
+	gpumemProgGpumemEnterCuMemCreate                 = "gpumem_enter_cuMemCreate"
+	gpumemProgGpumemEnterCuMemFreeAsync              = "gpumem_enter_cuMemFreeAsync"
+	gpumemProgGpumemEnterCuMemFreeAsyncPtsz          = "gpumem_enter_cuMemFreeAsync_ptsz"
+	gpumemProgGpumemEnterCuMemFreeHost               = "gpumem_enter_cuMemFreeHost"
+	gpumemProgGpumemEnterCuMemFreeV2                 = "gpumem_enter_cuMemFree_v2"
+	gpumemProgGpumemEnterCuMemHostAlloc              = "gpumem_enter_cuMemHostAlloc"
+	gpumemProgGpumemEnterCuMemRelease                = "gpumem_enter_cuMemRelease"
+	gpumemProgGpumemExit                             = "gpumem_exit"
+	gpumemProgGpumemLeave                            = "gpumem_leave"
+	gpumemProgGpumemLeaveCuCtxCreateV2               = "gpumem_leave_cuCtxCreate_v2"
+	gpumemProgGpumemLeaveCuCtxCreateV3               = "gpumem_leave_cuCtxCreate_v3"
+	gpumemProgGpumemLeaveCuCtxCreateV4               = "gpumem_leave_cuCtxCreate_v4"
+	gpumemProgGpumemLeaveCuCtxDestroyV2              = "gpumem_leave_cuCtxDestroy_v2"
+	gpumemProgGpumemLeaveCuCtxPopCurrentV2           = "gpumem_leave_cuCtxPopCurrent_v2"
+	gpumemProgGpumemLeaveCuCtxPushCurrentV2          = "gpumem_leave_cuCtxPushCurrent_v2"
+	gpumemProgGpumemLeaveCuCtxSetCurrent             = "gpumem_leave_cuCtxSetCurrent"
+	gpumemProgGpumemLeaveCuDevicePrimaryCtxRetain    = "gpumem_leave_cuDevicePrimaryCtxRetain"
+	gpumemProgGpumemLeaveCuMemAllocAsync             = "gpumem_leave_cuMemAllocAsync"
+	gpumemProgGpumemLeaveCuMemAllocAsyncPtsz         = "gpumem_leave_cuMemAllocAsync_ptsz"
+	gpumemProgGpumemLeaveCuMemAllocFromPoolAsync     = "gpumem_leave_cuMemAllocFromPoolAsync"
+	gpumemProgGpumemLeaveCuMemAllocFromPoolAsyncPtsz = "gpumem_leave_cuMemAllocFromPoolAsync_ptsz"
+	gpumemProgGpumemLeaveCuMemAllocHostV2            = "gpumem_leave_cuMemAllocHost_v2"
+	gpumemProgGpumemLeaveCuMemAllocManaged           = "gpumem_leave_cuMemAllocManaged"
+	gpumemProgGpumemLeaveCuMemAllocPitchV2           = "gpumem_leave_cuMemAllocPitch_v2"
+	gpumemProgGpumemLeaveCuMemAllocV2                = "gpumem_leave_cuMemAlloc_v2"
+	gpumemProgGpumemLeaveCuMemCreate                 = "gpumem_leave_cuMemCreate"
+	gpumemProgGpumemLeaveCuMemFreeAsync              = "gpumem_leave_cuMemFreeAsync"
+	gpumemProgGpumemLeaveCuMemFreeAsyncPtsz          = "gpumem_leave_cuMemFreeAsync_ptsz"
+	gpumemProgGpumemLeaveCuMemFreeHost               = "gpumem_leave_cuMemFreeHost"
+	gpumemProgGpumemLeaveCuMemFreeV2                 = "gpumem_leave_cuMemFree_v2"
+	gpumemProgGpumemLeaveCuMemHostAlloc              = "gpumem_leave_cuMemHostAlloc"
+	gpumemProgGpumemLeaveCuMemRelease                = "gpumem_leave_cuMemRelease"
+	gpumemVarGadgetTracerTypeCuda                    = "__gadget_tracer_type_cuda"
+	gpumemVarAggregate                               = "aggregate"
+	gpumemVarCollectBuildId                          = "collect_build_id"
+	gpumemVarCollectOtelStack                        = "collect_otel_stack"
+	gpumemVarCollectUstack                           = "collect_ustack"
+	gpumemVarFilterPids                              = "filter_pids"
+	gpumemVarGadgetFilterByMntns                     = "gadget_filter_by_mntns"
+	gpumemVarGadgetMapTracerEvents                   = "gadget_map_tracer_events"
+	gpumemVarGadgetMapiterAllocatedStacks            = "gadget_mapiter_allocated___stacks"
+	gpumemVarGadgetMapiterLiveStacks                 = "gadget_mapiter_live___stacks"
+	gpumemVarGadgetMapiterProcessesProcesses         = "gadget_mapiter_processes___processes"
+	gpumemVarGadgetParamAggregate                    = "gadget_param_aggregate"
+	gpumemVarGadgetParamCollectBuildId               = "gadget_param_collect_build_id"
+	gpumemVarGadgetParamCollectOtelStack             = "gadget_param_collect_otel_stack"
+	gpumemVarGadgetParamCollectUstack                = "gadget_param_collect_ustack"
+	gpumemVarGadgetParamFilterPids                   = "gadget_param_filter_pids"
+	gpumemVarGadgetParamIgBuildIdMaxEntries          = "gadget_param_ig_build_id_max_entries"
+	gpumemVarGadgetParamTargComm                     = "gadget_param_targ_comm"
+	gpumemVarGadgetParamTargGid                      = "gadget_param_targ_gid"
+	gpumemVarGadgetParamTargPid                      = "gadget_param_targ_pid"
+	gpumemVarGadgetParamTargTid                      = "gadget_param_targ_tid"
+	gpumemVarGadgetParamTargUid                      = "gadget_param_targ_uid"
+	gpumemVarGadgetTracerCudaEventsGpumemEvent       = "gadget_tracer_cuda___events___gpumem_event"
+	gpumemVarGpumemEventTypeBtf                      = "gpumem_event_type_btf"
+	gpumemVarGpumemLossBtf                           = "gpumem_loss_btf"
+	gpumemVarGpumemOpBtf                             = "gpumem_op_btf"
+	gpumemVarGpumemPyFlagBtf                         = "gpumem_py_flag_btf"
+	gpumemVarGpumemPyframeFlagBtf                    = "gpumem_pyframe_flag_btf"
+	gpumemVarIgBuildIdMaxEntries                     = "ig_build_id_max_entries"
+	gpumemVarTargComm                                = "targ_comm"
+	gpumemVarTargGid                                 = "targ_gid"
+	gpumemVarTargPid                                 = "targ_pid"
+	gpumemVarTargTid                                 = "targ_tid"
+	gpumemVarTargUid                                 = "targ_uid"
 )
 
 // loadGpumem returns the embedded CollectionSpec for gpumem.
@@ -220,27 +414,83 @@ type gpumemSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpumemProgramSpecs struct {
-	GpumemEnter *ebpf.ProgramSpec `ebpf:"gpumem_enter"`
-	GpumemExit  *ebpf.ProgramSpec `ebpf:"gpumem_exit"`
-	GpumemLeave *ebpf.ProgramSpec `ebpf:"gpumem_leave"`
+	GpumemEnter                            *ebpf.ProgramSpec `ebpf:"gpumem_enter"`
+	GpumemEnterCuCtxCreateV2               *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuCtxCreate_v2"`
+	GpumemEnterCuCtxCreateV3               *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuCtxCreate_v3"`
+	GpumemEnterCuCtxCreateV4               *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuCtxCreate_v4"`
+	GpumemEnterCuCtxDestroyV2              *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuCtxDestroy_v2"`
+	GpumemEnterCuCtxPopCurrentV2           *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuCtxPopCurrent_v2"`
+	GpumemEnterCuCtxPushCurrentV2          *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuCtxPushCurrent_v2"`
+	GpumemEnterCuCtxSetCurrent             *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuCtxSetCurrent"`
+	GpumemEnterCuDevicePrimaryCtxRetain    *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuDevicePrimaryCtxRetain"`
+	GpumemEnterCuMemAllocAsync             *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemAllocAsync"`
+	GpumemEnterCuMemAllocAsyncPtsz         *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemAllocAsync_ptsz"`
+	GpumemEnterCuMemAllocFromPoolAsync     *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemAllocFromPoolAsync"`
+	GpumemEnterCuMemAllocFromPoolAsyncPtsz *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemAllocFromPoolAsync_ptsz"`
+	GpumemEnterCuMemAllocHostV2            *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemAllocHost_v2"`
+	GpumemEnterCuMemAllocManaged           *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemAllocManaged"`
+	GpumemEnterCuMemAllocPitchV2           *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemAllocPitch_v2"`
+	GpumemEnterCuMemAllocV2                *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemAlloc_v2"`
+	GpumemEnterCuMemCreate                 *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemCreate"`
+	GpumemEnterCuMemFreeAsync              *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemFreeAsync"`
+	GpumemEnterCuMemFreeAsyncPtsz          *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemFreeAsync_ptsz"`
+	GpumemEnterCuMemFreeHost               *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemFreeHost"`
+	GpumemEnterCuMemFreeV2                 *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemFree_v2"`
+	GpumemEnterCuMemHostAlloc              *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemHostAlloc"`
+	GpumemEnterCuMemRelease                *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemRelease"`
+	GpumemExit                             *ebpf.ProgramSpec `ebpf:"gpumem_exit"`
+	GpumemLeave                            *ebpf.ProgramSpec `ebpf:"gpumem_leave"`
+	GpumemLeaveCuCtxCreateV2               *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxCreate_v2"`
+	GpumemLeaveCuCtxCreateV3               *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxCreate_v3"`
+	GpumemLeaveCuCtxCreateV4               *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxCreate_v4"`
+	GpumemLeaveCuCtxDestroyV2              *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxDestroy_v2"`
+	GpumemLeaveCuCtxPopCurrentV2           *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxPopCurrent_v2"`
+	GpumemLeaveCuCtxPushCurrentV2          *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxPushCurrent_v2"`
+	GpumemLeaveCuCtxSetCurrent             *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxSetCurrent"`
+	GpumemLeaveCuDevicePrimaryCtxRetain    *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuDevicePrimaryCtxRetain"`
+	GpumemLeaveCuMemAllocAsync             *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAllocAsync"`
+	GpumemLeaveCuMemAllocAsyncPtsz         *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAllocAsync_ptsz"`
+	GpumemLeaveCuMemAllocFromPoolAsync     *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAllocFromPoolAsync"`
+	GpumemLeaveCuMemAllocFromPoolAsyncPtsz *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAllocFromPoolAsync_ptsz"`
+	GpumemLeaveCuMemAllocHostV2            *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAllocHost_v2"`
+	GpumemLeaveCuMemAllocManaged           *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAllocManaged"`
+	GpumemLeaveCuMemAllocPitchV2           *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAllocPitch_v2"`
+	GpumemLeaveCuMemAllocV2                *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAlloc_v2"`
+	GpumemLeaveCuMemCreate                 *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemCreate"`
+	GpumemLeaveCuMemFreeAsync              *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFreeAsync"`
+	GpumemLeaveCuMemFreeAsyncPtsz          *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFreeAsync_ptsz"`
+	GpumemLeaveCuMemFreeHost               *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFreeHost"`
+	GpumemLeaveCuMemFreeV2                 *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFree_v2"`
+	GpumemLeaveCuMemHostAlloc              *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemHostAlloc"`
+	GpumemLeaveCuMemRelease                *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemRelease"`
 }
 
 // gpumemMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpumemMapSpecs struct {
-	ContextDevices    *ebpf.MapSpec `ebpf:"context_devices"`
-	Events            *ebpf.MapSpec `ebpf:"events"`
-	EventsLostSamples *ebpf.MapSpec `ebpf:"events_lost_samples"`
-	GadgetHeap        *ebpf.MapSpec `ebpf:"gadget_heap"`
-	Inflight          *ebpf.MapSpec `ebpf:"inflight"`
-	Losses            *ebpf.MapSpec `ebpf:"losses"`
-	PythonProcs       *ebpf.MapSpec `ebpf:"python_procs"`
-	PythonThreads     *ebpf.MapSpec `ebpf:"python_threads"`
-	Scratch           *ebpf.MapSpec `ebpf:"scratch"`
-	TargetPids        *ebpf.MapSpec `ebpf:"target_pids"`
-	ThreadContexts    *ebpf.MapSpec `ebpf:"thread_contexts"`
-	TracedPids        *ebpf.MapSpec `ebpf:"traced_pids"`
+	Allocations          *ebpf.MapSpec `ebpf:"allocations"`
+	ContextDevices       *ebpf.MapSpec `ebpf:"context_devices"`
+	Events               *ebpf.MapSpec `ebpf:"events"`
+	EventsLostSamples    *ebpf.MapSpec `ebpf:"events_lost_samples"`
+	GadgetHeap           *ebpf.MapSpec `ebpf:"gadget_heap"`
+	GadgetMntnsFilterMap *ebpf.MapSpec `ebpf:"gadget_mntns_filter_map"`
+	IgBuildId            *ebpf.MapSpec `ebpf:"ig_build_id"`
+	IgUstack             *ebpf.MapSpec `ebpf:"ig_ustack"`
+	Inflight             *ebpf.MapSpec `ebpf:"inflight"`
+	Losses               *ebpf.MapSpec `ebpf:"losses"`
+	OtelGenericParams    *ebpf.MapSpec `ebpf:"otel_generic_params"`
+	OtelTcKprobe         *ebpf.MapSpec `ebpf:"otel_tc_kprobe"`
+	OtelTcPerf           *ebpf.MapSpec `ebpf:"otel_tc_perf"`
+	Processes            *ebpf.MapSpec `ebpf:"processes"`
+	PythonProcs          *ebpf.MapSpec `ebpf:"python_procs"`
+	PythonThreads        *ebpf.MapSpec `ebpf:"python_threads"`
+	Scratch              *ebpf.MapSpec `ebpf:"scratch"`
+	StackScratch         *ebpf.MapSpec `ebpf:"stack_scratch"`
+	Stacks               *ebpf.MapSpec `ebpf:"stacks"`
+	TargetPids           *ebpf.MapSpec `ebpf:"target_pids"`
+	ThreadContexts       *ebpf.MapSpec `ebpf:"thread_contexts"`
+	TracedPids           *ebpf.MapSpec `ebpf:"traced_pids"`
 }
 
 // gpumemVariableSpecs contains global variables before they are loaded into the kernel.
@@ -248,15 +498,39 @@ type gpumemMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpumemVariableSpecs struct {
 	GadgetTracerTypeCuda              *ebpf.VariableSpec `ebpf:"__gadget_tracer_type_cuda"`
+	Aggregate                         *ebpf.VariableSpec `ebpf:"aggregate"`
+	CollectBuildId                    *ebpf.VariableSpec `ebpf:"collect_build_id"`
+	CollectOtelStack                  *ebpf.VariableSpec `ebpf:"collect_otel_stack"`
+	CollectUstack                     *ebpf.VariableSpec `ebpf:"collect_ustack"`
 	FilterPids                        *ebpf.VariableSpec `ebpf:"filter_pids"`
+	GadgetFilterByMntns               *ebpf.VariableSpec `ebpf:"gadget_filter_by_mntns"`
 	GadgetMapTracerEvents             *ebpf.VariableSpec `ebpf:"gadget_map_tracer_events"`
+	GadgetMapiterAllocatedStacks      *ebpf.VariableSpec `ebpf:"gadget_mapiter_allocated___stacks"`
+	GadgetMapiterLiveStacks           *ebpf.VariableSpec `ebpf:"gadget_mapiter_live___stacks"`
+	GadgetMapiterProcessesProcesses   *ebpf.VariableSpec `ebpf:"gadget_mapiter_processes___processes"`
+	GadgetParamAggregate              *ebpf.VariableSpec `ebpf:"gadget_param_aggregate"`
+	GadgetParamCollectBuildId         *ebpf.VariableSpec `ebpf:"gadget_param_collect_build_id"`
+	GadgetParamCollectOtelStack       *ebpf.VariableSpec `ebpf:"gadget_param_collect_otel_stack"`
+	GadgetParamCollectUstack          *ebpf.VariableSpec `ebpf:"gadget_param_collect_ustack"`
 	GadgetParamFilterPids             *ebpf.VariableSpec `ebpf:"gadget_param_filter_pids"`
+	GadgetParamIgBuildIdMaxEntries    *ebpf.VariableSpec `ebpf:"gadget_param_ig_build_id_max_entries"`
+	GadgetParamTargComm               *ebpf.VariableSpec `ebpf:"gadget_param_targ_comm"`
+	GadgetParamTargGid                *ebpf.VariableSpec `ebpf:"gadget_param_targ_gid"`
+	GadgetParamTargPid                *ebpf.VariableSpec `ebpf:"gadget_param_targ_pid"`
+	GadgetParamTargTid                *ebpf.VariableSpec `ebpf:"gadget_param_targ_tid"`
+	GadgetParamTargUid                *ebpf.VariableSpec `ebpf:"gadget_param_targ_uid"`
 	GadgetTracerCudaEventsGpumemEvent *ebpf.VariableSpec `ebpf:"gadget_tracer_cuda___events___gpumem_event"`
 	GpumemEventTypeBtf                *ebpf.VariableSpec `ebpf:"gpumem_event_type_btf"`
 	GpumemLossBtf                     *ebpf.VariableSpec `ebpf:"gpumem_loss_btf"`
 	GpumemOpBtf                       *ebpf.VariableSpec `ebpf:"gpumem_op_btf"`
 	GpumemPyFlagBtf                   *ebpf.VariableSpec `ebpf:"gpumem_py_flag_btf"`
 	GpumemPyframeFlagBtf              *ebpf.VariableSpec `ebpf:"gpumem_pyframe_flag_btf"`
+	IgBuildIdMaxEntries               *ebpf.VariableSpec `ebpf:"ig_build_id_max_entries"`
+	TargComm                          *ebpf.VariableSpec `ebpf:"targ_comm"`
+	TargGid                           *ebpf.VariableSpec `ebpf:"targ_gid"`
+	TargPid                           *ebpf.VariableSpec `ebpf:"targ_pid"`
+	TargTid                           *ebpf.VariableSpec `ebpf:"targ_tid"`
+	TargUid                           *ebpf.VariableSpec `ebpf:"targ_uid"`
 }
 
 // gpumemObjects contains all objects after they have been loaded into the kernel.
@@ -279,31 +553,51 @@ func (o *gpumemObjects) Close() error {
 //
 // It can be passed to loadGpumemObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpumemMaps struct {
-	ContextDevices    *ebpf.Map `ebpf:"context_devices"`
-	Events            *ebpf.Map `ebpf:"events"`
-	EventsLostSamples *ebpf.Map `ebpf:"events_lost_samples"`
-	GadgetHeap        *ebpf.Map `ebpf:"gadget_heap"`
-	Inflight          *ebpf.Map `ebpf:"inflight"`
-	Losses            *ebpf.Map `ebpf:"losses"`
-	PythonProcs       *ebpf.Map `ebpf:"python_procs"`
-	PythonThreads     *ebpf.Map `ebpf:"python_threads"`
-	Scratch           *ebpf.Map `ebpf:"scratch"`
-	TargetPids        *ebpf.Map `ebpf:"target_pids"`
-	ThreadContexts    *ebpf.Map `ebpf:"thread_contexts"`
-	TracedPids        *ebpf.Map `ebpf:"traced_pids"`
+	Allocations          *ebpf.Map `ebpf:"allocations"`
+	ContextDevices       *ebpf.Map `ebpf:"context_devices"`
+	Events               *ebpf.Map `ebpf:"events"`
+	EventsLostSamples    *ebpf.Map `ebpf:"events_lost_samples"`
+	GadgetHeap           *ebpf.Map `ebpf:"gadget_heap"`
+	GadgetMntnsFilterMap *ebpf.Map `ebpf:"gadget_mntns_filter_map"`
+	IgBuildId            *ebpf.Map `ebpf:"ig_build_id"`
+	IgUstack             *ebpf.Map `ebpf:"ig_ustack"`
+	Inflight             *ebpf.Map `ebpf:"inflight"`
+	Losses               *ebpf.Map `ebpf:"losses"`
+	OtelGenericParams    *ebpf.Map `ebpf:"otel_generic_params"`
+	OtelTcKprobe         *ebpf.Map `ebpf:"otel_tc_kprobe"`
+	OtelTcPerf           *ebpf.Map `ebpf:"otel_tc_perf"`
+	Processes            *ebpf.Map `ebpf:"processes"`
+	PythonProcs          *ebpf.Map `ebpf:"python_procs"`
+	PythonThreads        *ebpf.Map `ebpf:"python_threads"`
+	Scratch              *ebpf.Map `ebpf:"scratch"`
+	StackScratch         *ebpf.Map `ebpf:"stack_scratch"`
+	Stacks               *ebpf.Map `ebpf:"stacks"`
+	TargetPids           *ebpf.Map `ebpf:"target_pids"`
+	ThreadContexts       *ebpf.Map `ebpf:"thread_contexts"`
+	TracedPids           *ebpf.Map `ebpf:"traced_pids"`
 }
 
 func (m *gpumemMaps) Close() error {
 	return _GpumemClose(
+		m.Allocations,
 		m.ContextDevices,
 		m.Events,
 		m.EventsLostSamples,
 		m.GadgetHeap,
+		m.GadgetMntnsFilterMap,
+		m.IgBuildId,
+		m.IgUstack,
 		m.Inflight,
 		m.Losses,
+		m.OtelGenericParams,
+		m.OtelTcKprobe,
+		m.OtelTcPerf,
+		m.Processes,
 		m.PythonProcs,
 		m.PythonThreads,
 		m.Scratch,
+		m.StackScratch,
+		m.Stacks,
 		m.TargetPids,
 		m.ThreadContexts,
 		m.TracedPids,
@@ -315,31 +609,147 @@ func (m *gpumemMaps) Close() error {
 // It can be passed to loadGpumemObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpumemVariables struct {
 	GadgetTracerTypeCuda              *ebpf.Variable `ebpf:"__gadget_tracer_type_cuda"`
+	Aggregate                         *ebpf.Variable `ebpf:"aggregate"`
+	CollectBuildId                    *ebpf.Variable `ebpf:"collect_build_id"`
+	CollectOtelStack                  *ebpf.Variable `ebpf:"collect_otel_stack"`
+	CollectUstack                     *ebpf.Variable `ebpf:"collect_ustack"`
 	FilterPids                        *ebpf.Variable `ebpf:"filter_pids"`
+	GadgetFilterByMntns               *ebpf.Variable `ebpf:"gadget_filter_by_mntns"`
 	GadgetMapTracerEvents             *ebpf.Variable `ebpf:"gadget_map_tracer_events"`
+	GadgetMapiterAllocatedStacks      *ebpf.Variable `ebpf:"gadget_mapiter_allocated___stacks"`
+	GadgetMapiterLiveStacks           *ebpf.Variable `ebpf:"gadget_mapiter_live___stacks"`
+	GadgetMapiterProcessesProcesses   *ebpf.Variable `ebpf:"gadget_mapiter_processes___processes"`
+	GadgetParamAggregate              *ebpf.Variable `ebpf:"gadget_param_aggregate"`
+	GadgetParamCollectBuildId         *ebpf.Variable `ebpf:"gadget_param_collect_build_id"`
+	GadgetParamCollectOtelStack       *ebpf.Variable `ebpf:"gadget_param_collect_otel_stack"`
+	GadgetParamCollectUstack          *ebpf.Variable `ebpf:"gadget_param_collect_ustack"`
 	GadgetParamFilterPids             *ebpf.Variable `ebpf:"gadget_param_filter_pids"`
+	GadgetParamIgBuildIdMaxEntries    *ebpf.Variable `ebpf:"gadget_param_ig_build_id_max_entries"`
+	GadgetParamTargComm               *ebpf.Variable `ebpf:"gadget_param_targ_comm"`
+	GadgetParamTargGid                *ebpf.Variable `ebpf:"gadget_param_targ_gid"`
+	GadgetParamTargPid                *ebpf.Variable `ebpf:"gadget_param_targ_pid"`
+	GadgetParamTargTid                *ebpf.Variable `ebpf:"gadget_param_targ_tid"`
+	GadgetParamTargUid                *ebpf.Variable `ebpf:"gadget_param_targ_uid"`
 	GadgetTracerCudaEventsGpumemEvent *ebpf.Variable `ebpf:"gadget_tracer_cuda___events___gpumem_event"`
 	GpumemEventTypeBtf                *ebpf.Variable `ebpf:"gpumem_event_type_btf"`
 	GpumemLossBtf                     *ebpf.Variable `ebpf:"gpumem_loss_btf"`
 	GpumemOpBtf                       *ebpf.Variable `ebpf:"gpumem_op_btf"`
 	GpumemPyFlagBtf                   *ebpf.Variable `ebpf:"gpumem_py_flag_btf"`
 	GpumemPyframeFlagBtf              *ebpf.Variable `ebpf:"gpumem_pyframe_flag_btf"`
+	IgBuildIdMaxEntries               *ebpf.Variable `ebpf:"ig_build_id_max_entries"`
+	TargComm                          *ebpf.Variable `ebpf:"targ_comm"`
+	TargGid                           *ebpf.Variable `ebpf:"targ_gid"`
+	TargPid                           *ebpf.Variable `ebpf:"targ_pid"`
+	TargTid                           *ebpf.Variable `ebpf:"targ_tid"`
+	TargUid                           *ebpf.Variable `ebpf:"targ_uid"`
 }
 
 // gpumemPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadGpumemObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpumemPrograms struct {
-	GpumemEnter *ebpf.Program `ebpf:"gpumem_enter"`
-	GpumemExit  *ebpf.Program `ebpf:"gpumem_exit"`
-	GpumemLeave *ebpf.Program `ebpf:"gpumem_leave"`
+	GpumemEnter                            *ebpf.Program `ebpf:"gpumem_enter"`
+	GpumemEnterCuCtxCreateV2               *ebpf.Program `ebpf:"gpumem_enter_cuCtxCreate_v2"`
+	GpumemEnterCuCtxCreateV3               *ebpf.Program `ebpf:"gpumem_enter_cuCtxCreate_v3"`
+	GpumemEnterCuCtxCreateV4               *ebpf.Program `ebpf:"gpumem_enter_cuCtxCreate_v4"`
+	GpumemEnterCuCtxDestroyV2              *ebpf.Program `ebpf:"gpumem_enter_cuCtxDestroy_v2"`
+	GpumemEnterCuCtxPopCurrentV2           *ebpf.Program `ebpf:"gpumem_enter_cuCtxPopCurrent_v2"`
+	GpumemEnterCuCtxPushCurrentV2          *ebpf.Program `ebpf:"gpumem_enter_cuCtxPushCurrent_v2"`
+	GpumemEnterCuCtxSetCurrent             *ebpf.Program `ebpf:"gpumem_enter_cuCtxSetCurrent"`
+	GpumemEnterCuDevicePrimaryCtxRetain    *ebpf.Program `ebpf:"gpumem_enter_cuDevicePrimaryCtxRetain"`
+	GpumemEnterCuMemAllocAsync             *ebpf.Program `ebpf:"gpumem_enter_cuMemAllocAsync"`
+	GpumemEnterCuMemAllocAsyncPtsz         *ebpf.Program `ebpf:"gpumem_enter_cuMemAllocAsync_ptsz"`
+	GpumemEnterCuMemAllocFromPoolAsync     *ebpf.Program `ebpf:"gpumem_enter_cuMemAllocFromPoolAsync"`
+	GpumemEnterCuMemAllocFromPoolAsyncPtsz *ebpf.Program `ebpf:"gpumem_enter_cuMemAllocFromPoolAsync_ptsz"`
+	GpumemEnterCuMemAllocHostV2            *ebpf.Program `ebpf:"gpumem_enter_cuMemAllocHost_v2"`
+	GpumemEnterCuMemAllocManaged           *ebpf.Program `ebpf:"gpumem_enter_cuMemAllocManaged"`
+	GpumemEnterCuMemAllocPitchV2           *ebpf.Program `ebpf:"gpumem_enter_cuMemAllocPitch_v2"`
+	GpumemEnterCuMemAllocV2                *ebpf.Program `ebpf:"gpumem_enter_cuMemAlloc_v2"`
+	GpumemEnterCuMemCreate                 *ebpf.Program `ebpf:"gpumem_enter_cuMemCreate"`
+	GpumemEnterCuMemFreeAsync              *ebpf.Program `ebpf:"gpumem_enter_cuMemFreeAsync"`
+	GpumemEnterCuMemFreeAsyncPtsz          *ebpf.Program `ebpf:"gpumem_enter_cuMemFreeAsync_ptsz"`
+	GpumemEnterCuMemFreeHost               *ebpf.Program `ebpf:"gpumem_enter_cuMemFreeHost"`
+	GpumemEnterCuMemFreeV2                 *ebpf.Program `ebpf:"gpumem_enter_cuMemFree_v2"`
+	GpumemEnterCuMemHostAlloc              *ebpf.Program `ebpf:"gpumem_enter_cuMemHostAlloc"`
+	GpumemEnterCuMemRelease                *ebpf.Program `ebpf:"gpumem_enter_cuMemRelease"`
+	GpumemExit                             *ebpf.Program `ebpf:"gpumem_exit"`
+	GpumemLeave                            *ebpf.Program `ebpf:"gpumem_leave"`
+	GpumemLeaveCuCtxCreateV2               *ebpf.Program `ebpf:"gpumem_leave_cuCtxCreate_v2"`
+	GpumemLeaveCuCtxCreateV3               *ebpf.Program `ebpf:"gpumem_leave_cuCtxCreate_v3"`
+	GpumemLeaveCuCtxCreateV4               *ebpf.Program `ebpf:"gpumem_leave_cuCtxCreate_v4"`
+	GpumemLeaveCuCtxDestroyV2              *ebpf.Program `ebpf:"gpumem_leave_cuCtxDestroy_v2"`
+	GpumemLeaveCuCtxPopCurrentV2           *ebpf.Program `ebpf:"gpumem_leave_cuCtxPopCurrent_v2"`
+	GpumemLeaveCuCtxPushCurrentV2          *ebpf.Program `ebpf:"gpumem_leave_cuCtxPushCurrent_v2"`
+	GpumemLeaveCuCtxSetCurrent             *ebpf.Program `ebpf:"gpumem_leave_cuCtxSetCurrent"`
+	GpumemLeaveCuDevicePrimaryCtxRetain    *ebpf.Program `ebpf:"gpumem_leave_cuDevicePrimaryCtxRetain"`
+	GpumemLeaveCuMemAllocAsync             *ebpf.Program `ebpf:"gpumem_leave_cuMemAllocAsync"`
+	GpumemLeaveCuMemAllocAsyncPtsz         *ebpf.Program `ebpf:"gpumem_leave_cuMemAllocAsync_ptsz"`
+	GpumemLeaveCuMemAllocFromPoolAsync     *ebpf.Program `ebpf:"gpumem_leave_cuMemAllocFromPoolAsync"`
+	GpumemLeaveCuMemAllocFromPoolAsyncPtsz *ebpf.Program `ebpf:"gpumem_leave_cuMemAllocFromPoolAsync_ptsz"`
+	GpumemLeaveCuMemAllocHostV2            *ebpf.Program `ebpf:"gpumem_leave_cuMemAllocHost_v2"`
+	GpumemLeaveCuMemAllocManaged           *ebpf.Program `ebpf:"gpumem_leave_cuMemAllocManaged"`
+	GpumemLeaveCuMemAllocPitchV2           *ebpf.Program `ebpf:"gpumem_leave_cuMemAllocPitch_v2"`
+	GpumemLeaveCuMemAllocV2                *ebpf.Program `ebpf:"gpumem_leave_cuMemAlloc_v2"`
+	GpumemLeaveCuMemCreate                 *ebpf.Program `ebpf:"gpumem_leave_cuMemCreate"`
+	GpumemLeaveCuMemFreeAsync              *ebpf.Program `ebpf:"gpumem_leave_cuMemFreeAsync"`
+	GpumemLeaveCuMemFreeAsyncPtsz          *ebpf.Program `ebpf:"gpumem_leave_cuMemFreeAsync_ptsz"`
+	GpumemLeaveCuMemFreeHost               *ebpf.Program `ebpf:"gpumem_leave_cuMemFreeHost"`
+	GpumemLeaveCuMemFreeV2                 *ebpf.Program `ebpf:"gpumem_leave_cuMemFree_v2"`
+	GpumemLeaveCuMemHostAlloc              *ebpf.Program `ebpf:"gpumem_leave_cuMemHostAlloc"`
+	GpumemLeaveCuMemRelease                *ebpf.Program `ebpf:"gpumem_leave_cuMemRelease"`
 }
 
 func (p *gpumemPrograms) Close() error {
 	return _GpumemClose(
 		p.GpumemEnter,
+		p.GpumemEnterCuCtxCreateV2,
+		p.GpumemEnterCuCtxCreateV3,
+		p.GpumemEnterCuCtxCreateV4,
+		p.GpumemEnterCuCtxDestroyV2,
+		p.GpumemEnterCuCtxPopCurrentV2,
+		p.GpumemEnterCuCtxPushCurrentV2,
+		p.GpumemEnterCuCtxSetCurrent,
+		p.GpumemEnterCuDevicePrimaryCtxRetain,
+		p.GpumemEnterCuMemAllocAsync,
+		p.GpumemEnterCuMemAllocAsyncPtsz,
+		p.GpumemEnterCuMemAllocFromPoolAsync,
+		p.GpumemEnterCuMemAllocFromPoolAsyncPtsz,
+		p.GpumemEnterCuMemAllocHostV2,
+		p.GpumemEnterCuMemAllocManaged,
+		p.GpumemEnterCuMemAllocPitchV2,
+		p.GpumemEnterCuMemAllocV2,
+		p.GpumemEnterCuMemCreate,
+		p.GpumemEnterCuMemFreeAsync,
+		p.GpumemEnterCuMemFreeAsyncPtsz,
+		p.GpumemEnterCuMemFreeHost,
+		p.GpumemEnterCuMemFreeV2,
+		p.GpumemEnterCuMemHostAlloc,
+		p.GpumemEnterCuMemRelease,
 		p.GpumemExit,
 		p.GpumemLeave,
+		p.GpumemLeaveCuCtxCreateV2,
+		p.GpumemLeaveCuCtxCreateV3,
+		p.GpumemLeaveCuCtxCreateV4,
+		p.GpumemLeaveCuCtxDestroyV2,
+		p.GpumemLeaveCuCtxPopCurrentV2,
+		p.GpumemLeaveCuCtxPushCurrentV2,
+		p.GpumemLeaveCuCtxSetCurrent,
+		p.GpumemLeaveCuDevicePrimaryCtxRetain,
+		p.GpumemLeaveCuMemAllocAsync,
+		p.GpumemLeaveCuMemAllocAsyncPtsz,
+		p.GpumemLeaveCuMemAllocFromPoolAsync,
+		p.GpumemLeaveCuMemAllocFromPoolAsyncPtsz,
+		p.GpumemLeaveCuMemAllocHostV2,
+		p.GpumemLeaveCuMemAllocManaged,
+		p.GpumemLeaveCuMemAllocPitchV2,
+		p.GpumemLeaveCuMemAllocV2,
+		p.GpumemLeaveCuMemCreate,
+		p.GpumemLeaveCuMemFreeAsync,
+		p.GpumemLeaveCuMemFreeAsyncPtsz,
+		p.GpumemLeaveCuMemFreeHost,
+		p.GpumemLeaveCuMemFreeV2,
+		p.GpumemLeaveCuMemHostAlloc,
+		p.GpumemLeaveCuMemRelease,
 	)
 }
 

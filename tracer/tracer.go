@@ -1,14 +1,18 @@
 package tracer
 
 import (
+	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -37,12 +41,58 @@ type Tracer struct {
 // New loads the BPF program and starts watching process exits. Nothing is
 // traced until Attach is called with a driver library.
 func New(opts Options) (*Tracer, error) {
+	return NewFromObject(_GpumemBytes, opts)
+}
+
+// NewFromObject is New with another build of program.bpf.c, such as the
+// one in a gadget image.
+func NewFromObject(object []byte, opts Options) (*Tracer, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrPermission, err)
 	}
-	spec, err := loadGpumem()
+	spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(object))
 	if err != nil {
 		return nil, fmt.Errorf("read BPF object: %w", err)
+	}
+	if err := checkObject(spec); err != nil {
+		return nil, fmt.Errorf("not a gpu-mem object this gpumem can read: %w", err)
+	}
+	return load(spec, opts)
+}
+
+// Programs gpumem attaches; the others in the object are stock IG's.
+var programs = []string{"gpumem_enter", "gpumem_leave", "gpumem_exit"}
+
+// checkObject makes sure an object has gpumem's programs and the event
+// layout decode reads.
+func checkObject(spec *ebpf.CollectionSpec) error {
+	for _, name := range programs {
+		if spec.Programs[name] == nil {
+			return fmt.Errorf("no program %s", name)
+		}
+	}
+	var event *btf.Struct
+	if err := spec.Types.TypeByName("gpumem_event", &event); err != nil {
+		return fmt.Errorf("no struct gpumem_event: %w", err)
+	}
+	if want := uint32(unsafe.Sizeof(gpumemGpumemEvent{})); event.Size != want {
+		return fmt.Errorf("struct gpumem_event has %d bytes, this gpumem reads %d", event.Size, want)
+	}
+	return nil
+}
+
+// load trims what only stock IG uses (its per-function programs, the
+// in-kernel totals and stack maps, left at one entry) and loads the rest.
+func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
+	for name := range spec.Programs {
+		if !slices.Contains(programs, name) {
+			delete(spec.Programs, name)
+		}
+	}
+	for _, name := range []string{"stacks", "allocations", "processes", "ig_ustack", "ig_build_id"} {
+		if m := spec.Maps[name]; m != nil {
+			m.MaxEntries = 1
+		}
 	}
 	if len(opts.PIDs) > 0 {
 		if err := spec.Variables["filter_pids"].Set(true); err != nil {
@@ -212,11 +262,12 @@ type Losses struct {
 	StackLost        uint64 `json:"stack_lost"`        // events without their stack
 	ResultUnreadable uint64 `json:"result_unreadable"` // allocations whose pointer could not be read
 	ProcessesFull    uint64 `json:"processes_full"`    // process exits that will not be reported
+	AggregateFull    uint64 `json:"aggregate_full"`    // allocations missing from the in-kernel totals (stock IG only)
 }
 
 // Total is the sum of all losses.
 func (l Losses) Total() uint64 {
-	return l.RingBufferFull + l.InflightFull + l.StackLost + l.ResultUnreadable + l.ProcessesFull
+	return l.RingBufferFull + l.InflightFull + l.StackLost + l.ResultUnreadable + l.ProcessesFull + l.AggregateFull
 }
 
 // Losses reads the loss counters.
@@ -231,6 +282,7 @@ func (t *Tracer) Losses() (Losses, error) {
 		gpumemGpumemLossGPUMEM_LOSS_STACK:          &l.StackLost,
 		gpumemGpumemLossGPUMEM_LOSS_READ_RESULT:    &l.ResultUnreadable,
 		gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL: &l.ProcessesFull,
+		gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL: &l.AggregateFull,
 	} {
 		if *dst, err = sumPerCPU(t.coll.Maps["losses"], uint32(key)); err != nil {
 			return l, err

@@ -73,6 +73,7 @@ enum gpumem_loss {
 	GPUMEM_LOSS_STACK,              /* event sent without its user stack */
 	GPUMEM_LOSS_READ_RESULT,        /* allocation's out-parameter unreadable */
 	GPUMEM_LOSS_PROCESSES_FULL,     /* process exit will not be reported */
+	GPUMEM_LOSS_AGGREGATE_FULL,     /* allocation missing from IG's stack maps */
 	GPUMEM_LOSS_MAX,
 };
 
@@ -140,12 +141,13 @@ struct gpumem_calls {
 	__u32 depth;
 };
 
+/* The event header uses IG's types (gadget/types.h) so that stock IG shows
+ * and enriches it: the process, its mount namespace (Kubernetes metadata). */
 struct gpumem_event {
-	__u64 timestamp; /* ns since boot: return of an allocation, entry of a free */
-	__u64 address;   /* pointer or VMM handle */
-	__u64 bytes;     /* allocated bytes, or requested bytes of a failed call */
-	__u32 pid;
-	__u32 tid;
+	gadget_timestamp timestamp; /* ns since boot: return of an allocation, entry of a free */
+	__u64 address;              /* pointer or VMM handle */
+	__u64 bytes;                /* allocated bytes, or requested bytes of a failed call */
+	struct gadget_process proc;
 	__s32 result;    /* CUresult */
 	__u16 type;      /* enum gpumem_event_type */
 	__u16 op;        /* enum gpumem_op */
@@ -154,11 +156,52 @@ struct gpumem_event {
 	__u16 py_flags;   /* enum gpumem_py_flag */
 	__s32 device;     /* device ordinal, or GPUMEM_DEVICE_UNKNOWN */
 	__u32 pad;
-	char comm[16];
 	struct gpumem_pyframe pystack[GPUMEM_MAX_PY_FRAMES];
 	/* Room for the native stack when all Python frames are used; with fewer,
 	 * it starts right after the last one, so that events stay short. */
 	__u64 ustack[GPUMEM_MAX_STACK_DEPTH];
+};
+
+/* Stock IG's view (with `aggregate`): bytes per process, native stack
+ * (IG's stack map) and device, kept in BPF. */
+struct gpumem_stack_key {
+	__u32 pid;
+	__u32 stack_id; /* ig_ustack id; 0 without collect_ustack */
+	__s32 device;
+	__u32 pad;
+};
+
+struct gpumem_stack {
+	struct gadget_process proc;
+	struct gadget_user_stack ustack_raw;
+	__s32 gpu;
+	__u32 pad;
+	__u64 alloc_bytes;
+	__u64 alloc_count;
+	__u64 live_bytes;
+	__u64 live_count;
+};
+
+/* What one live allocation charged, for its free. */
+struct gpumem_allocation_key {
+	__u32 pid;
+	__u32 pad;
+	__u64 address;
+};
+
+struct gpumem_allocation {
+	struct gpumem_stack_key stack;
+	__u64 bytes;
+};
+
+/* Per process totals, for IG's otel-metrics. */
+struct gpumem_process {
+	struct gadget_process proc;
+	__u64 live_bytes;
+	__u64 alloc_bytes;
+	__u64 alloc_count;
+	__u64 free_count;
+	__u64 failed_count;
 };
 
 #endif

@@ -1,0 +1,174 @@
+package tracer
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// TestStockIGPath loads the whole object the way stock Inspektor Gadget
+// does (every program, aggregate and collect_ustack on), attaches its
+// per-function uprobes as IG's uprobe tracer would, and checks the in-kernel
+// totals that IG's map iterators read, byte for byte.
+func TestStockIGPath(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("loads BPF: run as root")
+	}
+	root, _ := filepath.Abs("..")
+	if out, err := exec.Command("make", "-s", "-C", root, "sim").CombinedOutput(); err != nil {
+		t.Fatalf("make sim: %v\n%s", err, out)
+	}
+	lib := filepath.Join(root, "build/sim/libcuda.so.1")
+
+	spec, err := loadGpumem()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Maps["ig_build_id"].MaxEntries = 1024 // IG sizes it at run time
+	for name, value := range map[string]bool{"aggregate": true, "collect_ustack": true} {
+		if err := spec.Variables[name].Set(value); err != nil {
+			t.Fatalf("set %s: %v", name, err)
+		}
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		t.Fatalf("load every program: %+v", err)
+	}
+	defer coll.Close()
+	attachPerFunction(t, coll, lib)
+
+	w := exec.Command(filepath.Join(root, "build/sim/simwork"), "kinds")
+	stdin, _ := w.StdinPipe()
+	stdout, _ := w.StdoutPipe()
+	w.Stderr = os.Stderr
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Process.Kill()
+	lines := bufio.NewScanner(stdout)
+	lines.Scan() // "ready PID", after an allocation the probes see too
+	fmt.Fprintln(stdin)
+	for lines.Scan() && !strings.HasPrefix(lines.Text(), "expect") {
+	}
+	pid := uint32(w.Process.Pid)
+
+	const MiB = 1 << 20
+	// Every allocation of the kinds scenario (tests/tracer_test.go lists
+	// them) plus the one it makes before it starts, which it frees later.
+	allocated := 11*MiB + 354304 + 12345
+	freed := 3*MiB + 122880 + 12345
+	var proc gpumemGpumemProcess
+	if err := coll.Maps["processes"].Lookup(pid, &proc); err != nil {
+		t.Fatalf("processes[%d]: %v", pid, err)
+	}
+	if proc.AllocBytes != uint64(allocated) || proc.AllocCount != 15 || proc.LiveBytes != uint64(allocated-freed) ||
+		proc.FreeCount != 7 || proc.FailedCount != 0 {
+		t.Errorf("process totals %+v, want %d bytes in 15 allocations, %d live, 7 frees", proc, allocated, allocated-freed)
+	}
+	if mntns := mountNamespace(t, int(pid)); proc.Proc.MntnsId != mntns {
+		t.Errorf("mount namespace %d, want %d", proc.Proc.MntnsId, mntns)
+	}
+
+	var (
+		key   gpumemGpumemStackKey
+		stack gpumemGpumemStack
+		sum   gpumemGpumemStack
+		three []gpumemGpumemStack
+	)
+	it := coll.Maps["stacks"].Iterate()
+	for it.Next(&key, &stack) {
+		if key.Pid != pid {
+			continue
+		}
+		if key.StackId != stack.UstackRaw.StackId || stack.Proc.Pid != pid {
+			t.Errorf("stack %+v holds %+v", key, stack)
+		}
+		frames := make([]uint64, 127)
+		if err := coll.Maps["ig_ustack"].Lookup(key.StackId, &frames); err != nil {
+			t.Errorf("stack %d not in ig_ustack: %v", key.StackId, err)
+		}
+		sum.AllocBytes += stack.AllocBytes
+		sum.AllocCount += stack.AllocCount
+		sum.LiveBytes += stack.LiveBytes
+		sum.LiveCount += stack.LiveCount
+		if stack.AllocCount == 3 {
+			three = append(three, stack)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if sum.AllocBytes != uint64(allocated) || sum.AllocCount != 15 || sum.LiveBytes != uint64(allocated-freed) || sum.LiveCount != 8 {
+		t.Errorf("stacks sum to %+v", sum)
+	}
+	// alloc_device: three cuMemAlloc_v2 of 1 MiB in a loop, one stack, one freed.
+	if len(three) != 1 || three[0].AllocBytes != 3*MiB || three[0].LiveBytes != 2*MiB || three[0].LiveCount != 2 {
+		t.Errorf("alloc_device's stack: %+v", three)
+	}
+
+	stdin.Close()
+	if err := w.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	// The exit hook drops the process from every aggregate map.
+	deadline := time.Now().Add(2 * time.Second)
+	for coll.Maps["processes"].Lookup(pid, &proc) == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := coll.Maps["processes"].Lookup(pid, &proc); err == nil {
+		t.Errorf("exited process still in processes: %+v", proc)
+	}
+	it = coll.Maps["stacks"].Iterate()
+	for it.Next(&key, &stack) {
+		if key.Pid == pid {
+			t.Errorf("exited process still has stack %+v", key)
+		}
+	}
+}
+
+// attachPerFunction attaches the uprobe/libcuda:SYMBOL programs one by one,
+// as IG does, and the exit hook.
+func attachPerFunction(t *testing.T, coll *ebpf.Collection, lib string) {
+	ex, err := link.OpenExecutable(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	symbols, _, err := DriverFunctions(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, symbol := range symbols {
+		enter, err := ex.Uprobe(symbol, coll.Programs["gpumem_enter_"+symbol], nil)
+		if err != nil {
+			t.Fatalf("uprobe %s: %v", symbol, err)
+		}
+		t.Cleanup(func() { enter.Close() })
+		leave, err := ex.Uretprobe(symbol, coll.Programs["gpumem_leave_"+symbol], nil)
+		if err != nil {
+			t.Fatalf("uretprobe %s: %v", symbol, err)
+		}
+		t.Cleanup(func() { leave.Close() })
+	}
+	exit, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: "sched_process_exit", Program: coll.Programs["gpumem_exit"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { exit.Close() })
+}
+
+func mountNamespace(t *testing.T, pid int) uint64 {
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/mnt", pid), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
