@@ -169,7 +169,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, GPUMEM_MAX_PROCESSES);
-	__type(key, __u32);
+	__type(key, struct gpumem_process_key);
 	__type(value, struct gpumem_process);
 } processes SEC(".maps");
 
@@ -188,14 +188,14 @@ struct {
 
 static __always_inline struct gpumem_process *process_totals(const struct gpumem_event *e)
 {
-	__u32 pid = e->proc.pid;
-	struct gpumem_process *p = bpf_map_lookup_elem(&processes, &pid);
+	struct gpumem_process_key key = {.__pid = e->proc.pid};
+	struct gpumem_process *p = bpf_map_lookup_elem(&processes, &key);
 	if (p)
 		return p;
 	struct gpumem_process init = {.proc = e->proc};
-	if (bpf_map_update_elem(&processes, &pid, &init, BPF_NOEXIST) && !bpf_map_lookup_elem(&processes, &pid))
+	if (bpf_map_update_elem(&processes, &key, &init, BPF_NOEXIST) && !bpf_map_lookup_elem(&processes, &key))
 		count_loss(GPUMEM_LOSS_AGGREGATE_FULL);
-	return bpf_map_lookup_elem(&processes, &pid);
+	return bpf_map_lookup_elem(&processes, &key);
 }
 
 /* charge adds a successful allocation to its stack, its process, and the
@@ -208,13 +208,12 @@ static __always_inline void charge(struct pt_regs *ctx, const struct gpumem_even
 		return;
 	gadget_get_user_stack(ctx, &init->ustack_raw);
 	struct gpumem_allocation a = {
-		.stack = {.pid = e->proc.pid, .stack_id = init->ustack_raw.stack_id, .device = e->device},
+		.stack = {.__pid = e->proc.pid, .__stack_id = init->ustack_raw.stack_id, .device = e->device},
 		.bytes = e->bytes,
 	};
 	struct gpumem_stack *s = bpf_map_lookup_elem(&stacks, &a.stack);
 	if (!s) {
 		init->proc = e->proc;
-		init->gpu = e->device;
 		init->alloc_bytes = init->alloc_count = init->live_bytes = init->live_count = 0;
 		bpf_map_update_elem(&stacks, &a.stack, init, BPF_NOEXIST);
 		s = bpf_map_lookup_elem(&stacks, &a.stack);
@@ -277,7 +276,7 @@ static long forget_allocation(struct bpf_map *map, struct gpumem_allocation_key 
 
 static long forget_stack(struct bpf_map *map, struct gpumem_stack_key *k, struct gpumem_stack *s, __u32 *pid)
 {
-	if (k->pid == *pid)
+	if (k->__pid == *pid)
 		bpf_map_delete_elem(map, k);
 	return 0;
 }
@@ -288,7 +287,8 @@ static __always_inline void forget_process(__u32 pid)
 {
 	bpf_for_each_map_elem(&allocations, forget_allocation, &pid, 0);
 	bpf_for_each_map_elem(&stacks, forget_stack, &pid, 0);
-	bpf_map_delete_elem(&processes, &pid);
+	struct gpumem_process_key key = {.__pid = pid};
+	bpf_map_delete_elem(&processes, &key);
 }
 
 static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 aux)

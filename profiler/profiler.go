@@ -33,6 +33,9 @@ var ErrNoProcess = errors.New("no process with pid")
 
 // Config says what to trace.
 type Config struct {
+	// Object, when set, is the BPF object to load (program.bpf.c built
+	// elsewhere, as in a gadget image) instead of the one built in.
+	Object []byte
 	// Library, when set, is the only driver library attached; discovery is off.
 	Library string
 	// PIDs, when set, limits tracing and discovery to these processes.
@@ -122,7 +125,11 @@ func New(cfg Config) (*Profiler, error) {
 		}
 		pids = append(pids, uint32(pid))
 	}
-	tr, err := tracer.New(tracer.Options{PIDs: pids})
+	load := tracer.New
+	if cfg.Object != nil {
+		load = func(opts tracer.Options) (*tracer.Tracer, error) { return tracer.NewFromObject(cfg.Object, opts) }
+	}
+	tr, err := load(tracer.Options{PIDs: pids})
 	if err != nil {
 		return nil, err
 	}

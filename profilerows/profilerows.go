@@ -27,3 +27,16 @@ const (
 	Container = "container"
 	Workload  = "workload"
 )
+
+// StatsAnnotation marks the data source, emitted with each array of rows,
+// that holds the totals no row carries; its fields are these and the
+// tracer.Losses JSON names.
+const StatsAnnotation = "gpumem.stats"
+
+const (
+	Events       = "events"
+	UnknownFrees = "unknown_frees"
+	FailedFrees  = "failed_frees"
+	ProcessExits = "process_exits"
+	Libraries    = "libraries" // comma-separated
+)

@@ -20,3 +20,16 @@ cd "$(dirname "$0")/.."
 # The fork of notation-go that IG's go.mod replaces in is not in the public
 # checksum database; go.sum pins it.
 GONOSUMDB=github.com/inspektor-gadget/notation-go go mod download
+
+# IG's local image builder (gpumem image build) runs `clang -I
+# /usr/include/gadget/ARCH` and `llvm-strip`: IG's BPF headers from its
+# module, and Debian's versioned tools under the plain names.
+ig=$(go list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-gadget)
+if ! diff -rq "$ig/include/gadget" /usr/include/gadget >/dev/null 2>&1; then
+	rm -rf /usr/include/gadget
+	cp -r "$ig/include/gadget" /usr/include/gadget
+	chmod -R u+w /usr/include/gadget
+fi
+for tool in clang llvm-strip; do
+	[ "$(readlink -f "/usr/local/bin/$tool")" = "$(readlink -f "$(command -v "$tool-19")")" ] || ln -sf "$(command -v "$tool-19")" "/usr/local/bin/$tool"
+done

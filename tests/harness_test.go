@@ -45,7 +45,9 @@ func TestMain(m *testing.M) {
 	simLib = filepath.Join(root, "build/sim/libcuda.so.1")
 	simwork = filepath.Join(root, "build/sim/simwork")
 	gpumem = filepath.Join(root, "bin/gpumem")
-	os.Exit(m.Run())
+	code := m.Run()
+	removeImage()
+	os.Exit(code)
 }
 
 // workload is a process speaking simwork's protocol: "ready PID", a line to

@@ -163,6 +163,11 @@ type gpumemGpumemProcess struct {
 	FailedCount uint64
 }
 
+type gpumemGpumemProcessKey struct {
+	_   structs.HostLayout
+	Pid uint32
+}
+
 type gpumemGpumemPyFlag uint32
 
 const (
@@ -245,8 +250,6 @@ type gpumemGpumemStack struct {
 		OtelCorrelationId uint64
 		BootTimestamp     uint64
 	}
-	Gpu        int32
-	Pad        uint32
 	AllocBytes uint64
 	AllocCount uint64
 	LiveBytes  uint64

@@ -67,7 +67,7 @@ func TestStockIGPath(t *testing.T) {
 	allocated := 11*MiB + 354304 + 12345
 	freed := 3*MiB + 122880 + 12345
 	var proc gpumemGpumemProcess
-	if err := coll.Maps["processes"].Lookup(pid, &proc); err != nil {
+	if err := coll.Maps["processes"].Lookup(gpumemGpumemProcessKey{Pid: pid}, &proc); err != nil {
 		t.Fatalf("processes[%d]: %v", pid, err)
 	}
 	if proc.AllocBytes != uint64(allocated) || proc.AllocCount != 15 || proc.LiveBytes != uint64(allocated-freed) ||
@@ -121,10 +121,10 @@ func TestStockIGPath(t *testing.T) {
 	}
 	// The exit hook drops the process from every aggregate map.
 	deadline := time.Now().Add(2 * time.Second)
-	for coll.Maps["processes"].Lookup(pid, &proc) == nil && time.Now().Before(deadline) {
+	for coll.Maps["processes"].Lookup(gpumemGpumemProcessKey{Pid: pid}, &proc) == nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := coll.Maps["processes"].Lookup(pid, &proc); err == nil {
+	if err := coll.Maps["processes"].Lookup(gpumemGpumemProcessKey{Pid: pid}, &proc); err == nil {
 		t.Errorf("exited process still in processes: %+v", proc)
 	}
 	it = coll.Maps["stacks"].Iterate()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -46,14 +47,17 @@ frees of it are counted as unknown frees.`,
 			return o.run(cmd.Context(), args)
 		},
 	}
-	fs := cmd.Flags()
+	o.register(cmd.Flags())
+	return cmd
+}
+
+func (o *recordOptions) register(fs *pflag.FlagSet) {
 	o.target.register(fs)
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C or COMMAND exits)")
 	fs.StringVar(&o.value, "value", "inuse", "bytes in folded output: inuse (live) or alloc (allocated)")
 	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded, json or html (a flame graph)")
 	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, .folded, .json or .html)")
 	fs.IntVar(&o.top, "top", 5, "print the N stacks holding the most to stderr when done (0: none)")
-	return cmd
 }
 
 func (o *recordOptions) validate() error {

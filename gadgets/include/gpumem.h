@@ -155,7 +155,7 @@ struct gpumem_event {
 	__u16 pystack_len;
 	__u16 py_flags;   /* enum gpumem_py_flag */
 	__s32 device;     /* device ordinal, or GPUMEM_DEVICE_UNKNOWN */
-	__u32 pad;
+	__u32 __pad;
 	struct gpumem_pyframe pystack[GPUMEM_MAX_PY_FRAMES];
 	/* Room for the native stack when all Python frames are used; with fewer,
 	 * it starts right after the last one, so that events stay short. */
@@ -164,18 +164,19 @@ struct gpumem_event {
 
 /* Stock IG's view (with `aggregate`): bytes per process, native stack
  * (IG's stack map) and device, kept in BPF. */
+/* Key fields IG shows in the value are named __*, which IG skips: a
+ * top-level field named like one inside the value (proc.pid,
+ * ustack_raw.stack_id) clashes in IG's data source. */
 struct gpumem_stack_key {
-	__u32 pid;
-	__u32 stack_id; /* ig_ustack id; 0 without collect_ustack */
+	__u32 __pid;
+	__u32 __stack_id; /* ig_ustack id; 0 without collect_ustack */
 	__s32 device;
-	__u32 pad;
+	__u32 __pad;    /* IG skips fields named __* */
 };
 
 struct gpumem_stack {
 	struct gadget_process proc;
 	struct gadget_user_stack ustack_raw;
-	__s32 gpu;
-	__u32 pad;
 	__u64 alloc_bytes;
 	__u64 alloc_count;
 	__u64 live_bytes;
@@ -185,7 +186,7 @@ struct gpumem_stack {
 /* What one live allocation charged, for its free. */
 struct gpumem_allocation_key {
 	__u32 pid;
-	__u32 pad;
+	__u32 __pad;
 	__u64 address;
 };
 
@@ -194,7 +195,12 @@ struct gpumem_allocation {
 	__u64 bytes;
 };
 
-/* Per process totals, for IG's otel-metrics. */
+/* Per process totals, for IG's otel-metrics. IG's map iterators take
+ * struct keys only. */
+struct gpumem_process_key {
+	__u32 __pid;
+};
+
 struct gpumem_process {
 	struct gadget_process proc;
 	__u64 live_bytes;

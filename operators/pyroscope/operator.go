@@ -13,12 +13,8 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/params"
 
-	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/profiledata"
 	"github.com/gpu-mem/gpu-mem/profilerows"
-	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // The Inspektor Gadget side: an IG data operator that pushes the data
@@ -79,7 +75,7 @@ func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, value
 	if err != nil {
 		return nil, err
 	}
-	inst := &instance{exporter: exp, stacks: map[string]accounting.StackID{}}
+	inst := &instance{exporter: exp}
 	for _, ds := range gadgetCtx.GetDataSources() {
 		if ds.Annotations()[profilerows.Annotation] != "true" {
 			continue
@@ -124,92 +120,24 @@ type instance struct {
 	exporter *Exporter
 	cancel   context.CancelFunc
 	done     chan struct{}
-	stacks   map[string]accounting.StackID // pid and stack -> a stable ID, for interval deltas
 }
 
 func (i *instance) Name() string { return Name }
 
 func (i *instance) subscribe(ds datasource.DataSource) error {
-	f := map[string]datasource.FieldAccessor{}
-	for _, name := range []string{profilerows.PID, profilerows.Comm, profilerows.Kind, profilerows.GPU, profilerows.PodUID, profilerows.ContainerID,
-		profilerows.Stack, profilerows.AllocBytes, profilerows.AllocCount, profilerows.LiveBytes, profilerows.LiveCount} {
-		if f[name] = ds.GetField(name); f[name] == nil {
-			return fmt.Errorf("data source %s: no field %q", ds.Name(), name)
-		}
-	}
-	// Names, when operators/k8smeta added them.
-	for _, name := range []string{profilerows.Namespace, profilerows.Pod, profilerows.Container, profilerows.Workload} {
-		if acc := ds.GetField(name); acc != nil {
-			f[name] = acc
-		}
+	rows, err := profiledata.NewReader(ds)
+	if err != nil {
+		return err
 	}
 	return ds.SubscribeArray(func(ds datasource.DataSource, arr datasource.DataArray) error {
-		r := profiler.Report{Time: time.Now()}
-		for n := range arr.Len() {
-			row, err := i.row(f, arr.Get(n))
-			if err != nil {
-				return fmt.Errorf("data source %s: %w", ds.Name(), err)
-			}
-			r.Rows = append(r.Rows, row)
+		r, err := rows.Report(arr)
+		if err != nil {
+			return fmt.Errorf("data source %s: %w", ds.Name(), err)
 		}
+		r.Time = time.Now()
 		i.exporter.Export(r)
 		return nil
 	}, Priority)
-}
-
-// row reads one profile row; frees are what was allocated and is not live.
-func (i *instance) row(f map[string]datasource.FieldAccessor, d datasource.Data) (profiler.Row, error) {
-	var row profiler.Row
-	var err error
-	text := func(name string) string {
-		s, e := f[name].String(d)
-		err = cmpErr(err, e)
-		return s
-	}
-	number := func(name string) uint64 {
-		v, e := f[name].Uint64(d)
-		err = cmpErr(err, e)
-		return v
-	}
-	pid, e := f[profilerows.PID].Uint32(d)
-	err = cmpErr(err, e)
-	kind, ok := tracer.ParseKind(text(profilerows.Kind))
-	if !ok {
-		err = cmpErr(err, fmt.Errorf("unknown kind"))
-	}
-	device, convErr := strconv.Atoi(text(profilerows.GPU))
-	if convErr != nil {
-		device = tracer.DeviceUnknown
-	}
-	stack := text(profilerows.Stack)
-	key := strconv.FormatUint(uint64(pid), 10) + "\x00" + stack
-	id, seen := i.stacks[key]
-	if !seen {
-		id = accounting.StackID(len(i.stacks))
-		i.stacks[key] = id
-	}
-	names := strings.Split(stack, ";")
-	for n := len(names) - 1; n >= 0; n-- {
-		row.Frames = append(row.Frames, &symbolize.Frame{Function: names[n]})
-	}
-	row.Key = accounting.Key{PID: pid, Stack: id, Kind: kind, Device: int32(device)}
-	row.Comm = text(profilerows.Comm)
-	row.Container = k8smeta.Container{PodUID: text(profilerows.PodUID), ContainerID: text(profilerows.ContainerID)}
-	if f[profilerows.Namespace] != nil {
-		row.Container.Namespace, row.Container.Pod = text(profilerows.Namespace), text(profilerows.Pod)
-		row.Container.Name, row.Container.Workload = text(profilerows.Container), text(profilerows.Workload)
-	}
-	row.AllocBytes, row.AllocCount = number(profilerows.AllocBytes), number(profilerows.AllocCount)
-	row.FreeBytes = row.AllocBytes - number(profilerows.LiveBytes)
-	row.FreeCount = row.AllocCount - number(profilerows.LiveCount)
-	return row, err
-}
-
-func cmpErr(first, next error) error {
-	if first != nil {
-		return first
-	}
-	return next
 }
 
 func (i *instance) Start(gadgetCtx operators.GadgetContext) error {

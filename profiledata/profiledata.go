@@ -1,0 +1,190 @@
+// Package profiledata carries gpu-mem reports through Inspektor Gadget data
+// sources, in the shape package profilerows names: a Writer turns a
+// profiler.Report into an array of rows, a Reader turns rows back into
+// profiler rows. Operators on either side of IG's runtime share it.
+package profiledata
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
+	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/profilerows"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// fields are the row fields every profile data source has, with their kinds.
+var fields = []struct {
+	name string
+	kind api.Kind
+}{
+	{profilerows.PID, api.Kind_Uint32}, {profilerows.Comm, api.Kind_String}, {profilerows.Kind, api.Kind_String},
+	{profilerows.GPU, api.Kind_String}, {profilerows.PodUID, api.Kind_String}, {profilerows.ContainerID, api.Kind_String},
+	{profilerows.Stack, api.Kind_String}, {profilerows.AllocBytes, api.Kind_Uint64}, {profilerows.AllocCount, api.Kind_Uint64},
+	{profilerows.LiveBytes, api.Kind_Uint64}, {profilerows.LiveCount, api.Kind_Uint64},
+}
+
+// names are the optional fields operators/k8smeta adds.
+var names = []string{profilerows.Namespace, profilerows.Pod, profilerows.Container, profilerows.Workload}
+
+// Writer fills a profile data source.
+type Writer struct {
+	ds     datasource.DataSource
+	fields map[string]datasource.FieldAccessor
+}
+
+// NewWriter adds the row fields and the profilerows annotation to ds.
+func NewWriter(ds datasource.DataSource) (*Writer, error) {
+	w := &Writer{ds: ds, fields: map[string]datasource.FieldAccessor{}}
+	ds.AddAnnotation(profilerows.Annotation, "true")
+	for _, f := range fields {
+		acc, err := ds.AddField(f.name, f.kind)
+		if err != nil {
+			return nil, fmt.Errorf("data source %s: add %s: %w", ds.Name(), f.name, err)
+		}
+		w.fields[f.name] = acc
+	}
+	return w, nil
+}
+
+// Emit sends the rows of r as one array.
+func (w *Writer) Emit(r profiler.Report) error {
+	arr, err := w.ds.NewPacketArray()
+	if err != nil {
+		return err
+	}
+	for _, row := range r.Rows {
+		d := arr.New()
+		if err := w.put(d, row); err != nil {
+			w.ds.Release(arr)
+			return err
+		}
+		arr.Append(d)
+	}
+	return w.ds.EmitAndRelease(arr)
+}
+
+func (w *Writer) put(d datasource.Data, row profiler.Row) error {
+	frames := make([]string, len(row.Frames))
+	for i, f := range row.Frames {
+		frames[len(frames)-1-i] = f.Name()
+	}
+	errs := []error{w.fields[profilerows.PID].PutUint32(d, row.PID)}
+	for name, v := range map[string]string{
+		profilerows.Comm: row.Comm, profilerows.Kind: row.Kind.String(), profilerows.GPU: row.GPU(),
+		profilerows.PodUID: row.Container.PodUID, profilerows.ContainerID: row.Container.ContainerID,
+		profilerows.Stack: strings.Join(frames, ";"),
+	} {
+		errs = append(errs, w.fields[name].PutString(d, v))
+	}
+	for name, v := range map[string]uint64{
+		profilerows.AllocBytes: row.AllocBytes, profilerows.AllocCount: row.AllocCount,
+		profilerows.LiveBytes: row.LiveBytes(), profilerows.LiveCount: row.LiveCount(),
+	} {
+		errs = append(errs, w.fields[name].PutUint64(d, v))
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Reader reads rows of a profile data source. It gives each (process,
+// stack) a stable StackID, so that consecutive arrays can be compared.
+type Reader struct {
+	fields map[string]datasource.FieldAccessor
+	stacks map[string]accounting.StackID
+}
+
+// NewReader finds the row fields of ds, and the name fields when present.
+func NewReader(ds datasource.DataSource) (*Reader, error) {
+	r := &Reader{fields: map[string]datasource.FieldAccessor{}, stacks: map[string]accounting.StackID{}}
+	for _, f := range fields {
+		if r.fields[f.name] = ds.GetField(f.name); r.fields[f.name] == nil {
+			return nil, fmt.Errorf("data source %s: no field %q", ds.Name(), f.name)
+		}
+	}
+	for _, name := range names {
+		if acc := ds.GetField(name); acc != nil {
+			r.fields[name] = acc
+		}
+	}
+	return r, nil
+}
+
+// Report reads one array. Its frames carry function names only.
+func (r *Reader) Report(arr datasource.DataArray) (profiler.Report, error) {
+	var rep profiler.Report
+	for n := range arr.Len() {
+		row, err := r.Row(arr.Get(n))
+		if err != nil {
+			return rep, err
+		}
+		rep.Rows = append(rep.Rows, row)
+	}
+	return rep, nil
+}
+
+// Row reads one row; frees are what was allocated and is not live.
+func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
+	var row profiler.Row
+	var err error
+	text := func(name string) string {
+		s, e := r.fields[name].String(d)
+		err = firstErr(err, e)
+		return s
+	}
+	number := func(name string) uint64 {
+		v, e := r.fields[name].Uint64(d)
+		err = firstErr(err, e)
+		return v
+	}
+	pid, e := r.fields[profilerows.PID].Uint32(d)
+	err = firstErr(err, e)
+	kind, ok := tracer.ParseKind(text(profilerows.Kind))
+	if !ok {
+		err = firstErr(err, fmt.Errorf("unknown kind"))
+	}
+	device, convErr := strconv.Atoi(text(profilerows.GPU))
+	if convErr != nil {
+		device = tracer.DeviceUnknown
+	}
+	stack := text(profilerows.Stack)
+	key := strconv.FormatUint(uint64(pid), 10) + "\x00" + stack
+	id, seen := r.stacks[key]
+	if !seen {
+		id = accounting.StackID(len(r.stacks))
+		r.stacks[key] = id
+	}
+	frames := strings.Split(stack, ";")
+	for n := len(frames) - 1; n >= 0; n-- {
+		row.Frames = append(row.Frames, &symbolize.Frame{Function: frames[n]})
+	}
+	row.Key = accounting.Key{PID: pid, Stack: id, Kind: kind, Device: int32(device)}
+	row.Comm = text(profilerows.Comm)
+	row.Container = k8smeta.Container{PodUID: text(profilerows.PodUID), ContainerID: text(profilerows.ContainerID)}
+	if r.fields[profilerows.Namespace] != nil {
+		row.Container.Namespace, row.Container.Pod = text(profilerows.Namespace), text(profilerows.Pod)
+		row.Container.Name, row.Container.Workload = text(profilerows.Container), text(profilerows.Workload)
+	}
+	row.AllocBytes, row.AllocCount = number(profilerows.AllocBytes), number(profilerows.AllocCount)
+	row.FreeBytes = row.AllocBytes - number(profilerows.LiveBytes)
+	row.FreeCount = row.AllocCount - number(profilerows.LiveCount)
+	return row, err
+}
+
+func firstErr(first, next error) error {
+	if first != nil {
+		return first
+	}
+	return next
+}
