@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate check-generated sim demo test bench bench-smoke clean
+.PHONY: setup build generate check-generated sim demo image test bench bench-smoke clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -42,6 +42,12 @@ $(SIM)/simwork: tests/workloads/simwork.c tests/simcuda/cuda.h $(SIM)/libcuda.so
 # holding the most and writes gpumem-demo.pb.gz (go tool pprof -top it).
 demo: setup build sim
 	./bin/gpumem record --duration 3s --library $(SIM)/libcuda.so.1 -o gpumem-demo.pb.gz --top 6 -- env SIMWORK_NOWAIT=1 $(SIM)/simwork demo
+
+# The gadget as an Inspektor Gadget image in IG's local store, built with
+# local tools (no Docker); gpumem image export IMAGE FILE makes a tarball.
+IMAGE ?= gpu-mem:dev
+image: setup build
+	./bin/gpumem image build -t $(IMAGE) .
 
 # Every test; the end-to-end ones load BPF and need root. The Kubernetes
 # tests run a real kube-apiserver and etcd, built once (about 15 minutes)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing gpu-mem needs on Debian 12 (as root):
 # clang 19 and LLVM for the BPF object, a C toolchain for the simulated
-# driver and workloads, Chromium for the flame graph's browser test, and the
-# Go modules. Safe to run again.
+# driver and workloads, Chromium for the flame graph's browser test, the Go
+# modules, and IG's headers where its local image builder looks. Safe to run
+# again.
 set -euo pipefail
 
 packages=(clang-19 llvm-19 libbpf-dev bpftool gcc g++ make util-linux chromium)
