@@ -25,7 +25,6 @@ var counters = []struct {
 	{"stack_lost", func(r *profiler.Report) *uint64 { return &r.Losses.StackLost }},
 	{"result_unreadable", func(r *profiler.Report) *uint64 { return &r.Losses.ResultUnreadable }},
 	{"processes_full", func(r *profiler.Report) *uint64 { return &r.Losses.ProcessesFull }},
-	{"aggregate_full", func(r *profiler.Report) *uint64 { return &r.Losses.AggregateFull }},
 }
 
 // StatsWriter fills a stats data source (profilerows.StatsAnnotation).

@@ -74,6 +74,9 @@ func TestStockIGPath(t *testing.T) {
 		proc.FreeCount != 7 || proc.FailedCount != 0 {
 		t.Errorf("process totals %+v, want %d bytes in 15 allocations, %d live, 7 frees", proc, allocated, allocated-freed)
 	}
+	if lost, err := sumPerCPU(coll.Maps["losses"], uint32(gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL)); err != nil || lost != 0 {
+		t.Errorf("aggregate maps full %d times (%v)", lost, err)
+	}
 	if mntns := mountNamespace(t, int(pid)); proc.Proc.MntnsId != mntns {
 		t.Errorf("mount namespace %d, want %d", proc.Proc.MntnsId, mntns)
 	}

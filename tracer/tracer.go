@@ -262,12 +262,11 @@ type Losses struct {
 	StackLost        uint64 `json:"stack_lost"`        // events without their stack
 	ResultUnreadable uint64 `json:"result_unreadable"` // allocations whose pointer could not be read
 	ProcessesFull    uint64 `json:"processes_full"`    // process exits that will not be reported
-	AggregateFull    uint64 `json:"aggregate_full"`    // allocations missing from the in-kernel totals (stock IG only)
 }
 
 // Total is the sum of all losses.
 func (l Losses) Total() uint64 {
-	return l.RingBufferFull + l.InflightFull + l.StackLost + l.ResultUnreadable + l.ProcessesFull + l.AggregateFull
+	return l.RingBufferFull + l.InflightFull + l.StackLost + l.ResultUnreadable + l.ProcessesFull
 }
 
 // Losses reads the loss counters.
@@ -282,7 +281,6 @@ func (t *Tracer) Losses() (Losses, error) {
 		gpumemGpumemLossGPUMEM_LOSS_STACK:          &l.StackLost,
 		gpumemGpumemLossGPUMEM_LOSS_READ_RESULT:    &l.ResultUnreadable,
 		gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL: &l.ProcessesFull,
-		gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL: &l.AggregateFull,
 	} {
 		if *dst, err = sumPerCPU(t.coll.Maps["losses"], uint32(key)); err != nil {
 			return l, err
