@@ -29,11 +29,16 @@ check-generated:
 
 # The simulated driver and its workloads. simwork finds libcuda.so.1 beside
 # itself (RUNPATH $ORIGIN), so LD_LIBRARY_PATH can point it at another copy.
-sim: $(SIM)/libcuda.so.1 $(SIM)/simwork
+sim: $(SIM)/libcuda.so.1 $(SIM)/simwork $(SIM)/libc10_cuda.so
 
 $(SIM)/libcuda.so.1: tests/simcuda/libcuda.c tests/simcuda/cuda.h
 	@mkdir -p $(SIM)
 	cc $(SIM_CFLAGS) -O1 -shared -fPIC -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+
+# The simulated PyTorch caching allocator, with torch's USDT probes; it
+# finds libcuda.so.1 beside itself.
+$(SIM)/libc10_cuda.so: tests/simtorch/allocator.cc tests/simcuda/cuda.h $(SIM)/libcuda.so.1
+	c++ -std=c++17 $(SIM_CFLAGS) -O1 -shared -fPIC -o $@ $< -L$(SIM) -l:libcuda.so.1 -Wl,--enable-new-dtags,-rpath,'$$ORIGIN'
 
 $(SIM)/simwork: tests/workloads/simwork.c tests/simcuda/cuda.h $(SIM)/libcuda.so.1
 	cc $(SIM_CFLAGS) -o $@ $< -L$(SIM) -l:libcuda.so.1 -Wl,--enable-new-dtags,-rpath,'$$ORIGIN' -lpthread
