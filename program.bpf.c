@@ -115,6 +115,7 @@ const enum gpumem_loss *gpumem_loss_btf __attribute__((unused));
 const enum gpumem_op *gpumem_op_btf __attribute__((unused));
 const enum gpumem_py_flag *gpumem_py_flag_btf __attribute__((unused));
 const enum gpumem_pyframe_flag *gpumem_pyframe_flag_btf __attribute__((unused));
+const enum gpumem_usdt_arg_kind *gpumem_usdt_arg_kind_btf __attribute__((unused));
 
 
 GADGET_TRACER_MAP(events, GPUMEM_RINGBUF_BYTES);
@@ -604,6 +605,31 @@ static __always_inline __u64 event_size(const struct gpumem_event *e)
 	return size > sizeof(*e) ? sizeof(*e) : size;
 }
 
+/* begin_event fills the header of a call event. */
+static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 result)
+{
+	e->type = GPUMEM_EVENT_CALL;
+	e->op = op;
+	e->result = result;
+	gadget_process_populate(&e->proc);
+	e->ustack_len = 0;
+	e->pystack_len = 0;
+	e->py_flags = 0;
+	e->device = GPUMEM_DEVICE_UNKNOWN;
+}
+
+/* capture_allocation adds an allocation's Python and native stacks, and
+ * marks its process so that its exit is reported. */
+static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpumem_event *e)
+{
+	capture_python(e);
+	e->ustack_len = capture_stack(ctx, e);
+	__u8 one = 1;
+	if (!bpf_map_lookup_elem(&traced_pids, &e->proc.pid) &&
+	    bpf_map_update_elem(&traced_pids, &e->proc.pid, &one, BPF_ANY))
+		count_loss(GPUMEM_LOSS_PROCESSES_FULL);
+}
+
 /* leave turns the call in flight into an event. Allocations are stamped at
  * their return (when the pointer became valid) and frees at their entry
  * (before the driver could hand the pointer out again), so user space can
@@ -632,15 +658,7 @@ static __always_inline int leave(struct pt_regs *ctx, bool stock_ig)
 	if (!e)
 		return 0;
 
-	e->type = GPUMEM_EVENT_CALL;
-	e->op = call->op;
-	e->result = (__s32)PT_REGS_RC(ctx);
-	gadget_process_populate(&e->proc);
-	e->ustack_len = 0;
-	e->pystack_len = 0;
-	e->py_flags = 0;
-	e->device = GPUMEM_DEVICE_UNKNOWN;
-
+	begin_event(e, call->op, (__s32)PT_REGS_RC(ctx));
 	if (gpumem_op_is_free(call->op)) {
 		e->timestamp = call->timestamp;
 		e->address = call->target;
@@ -654,12 +672,7 @@ static __always_inline int leave(struct pt_regs *ctx, bool stock_ig)
 		if (e->result == 0 && !finish_allocation(e, call))
 			return 0;
 		e->device = current_device(call, e->proc.tid);
-		capture_python(e);
-		e->ustack_len = capture_stack(ctx, e);
-		__u8 one = 1;
-		if (!bpf_map_lookup_elem(&traced_pids, &e->proc.pid) &&
-		    bpf_map_update_elem(&traced_pids, &e->proc.pid, &one, BPF_ANY))
-			count_loss(GPUMEM_LOSS_PROCESSES_FULL);
+		capture_allocation(ctx, e);
 		if (stock_ig && aggregate)
 			aggregate_allocation(ctx, e);
 	}
@@ -754,6 +767,60 @@ int gpumem_leave(struct pt_regs *ctx)
 	 * capture tail-calls through IG's program array, and the kernel lets
 	 * programs of one attach type only (uprobe, not uprobe_multi) share it. */
 	return leave(ctx, false);
+}
+
+/* PyTorch's caching allocator, from its USDT probes: a tensor allocated
+ * or freed inside segments the driver handed out earlier. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GPUMEM_MAX_USDT_SITES);
+	__type(key, __u32);
+	__type(value, struct gpumem_usdt_site);
+} usdt_sites SEC(".maps");
+
+/* usdt_arg reads one argument at the probe, as libbpf's usdt.bpf.h does:
+ * eight bytes, cut to the argument's size with its sign. */
+static __always_inline __u64 usdt_arg(struct pt_regs *ctx, const struct gpumem_usdt_arg *a)
+{
+	__u64 v = 0;
+	if (a->kind == GPUMEM_USDT_CONSTANT)
+		v = a->value;
+	else if (bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + (a->reg & 0xff)))
+		return 0;
+	if (a->kind == GPUMEM_USDT_MEMORY && bpf_probe_read_user(&v, sizeof(v), (void *)(v + a->value)))
+		return 0;
+	__u32 shift = 64 - 8 * (a->size & 15);
+	if (shift >= 64)
+		return v;
+	v <<= shift;
+	return a->is_signed ? (__u64)((__s64)v >> shift) : v >> shift;
+}
+
+SEC("uprobe.multi/libc10_cuda")
+int gpumem_tensor(struct pt_regs *ctx)
+{
+	__u32 site = bpf_get_attach_cookie(ctx), zero = 0;
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+		return 0;
+	if (gadget_should_discard_data_current())
+		return 0;
+	struct gpumem_usdt_site *s = bpf_map_lookup_elem(&usdt_sites, &site);
+	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!s || !e)
+		return 0;
+	begin_event(e, s->op, 0);
+	e->timestamp = bpf_ktime_get_ns();
+	e->address = usdt_arg(ctx, &s->args[0]);
+	e->bytes = 0;
+	if (s->op == GPUMEM_OP_TENSOR_ALLOC) {
+		e->device = (__s32)usdt_arg(ctx, &s->args[1]);
+		e->bytes = usdt_arg(ctx, &s->args[2]);
+		capture_allocation(ctx, e);
+	}
+	output(e, event_size(e));
+	return 0;
 }
 
 /* The same probes, one program per function, for stock IG's uprobe attach

@@ -85,10 +85,11 @@ type process struct {
 	superseded map[address][]allocation
 }
 
-// address is a pointer, or a VMM handle: the two are separate name spaces.
+// address is a pointer, a VMM handle or a tensor pointer, each in its own
+// name space.
 type address struct {
-	value  uint64
-	handle bool
+	value uint64
+	space tracer.Space
 }
 
 type allocation struct {
@@ -126,9 +127,9 @@ func (l *Ledger) row(k Key) *Counters {
 }
 
 // Alloc records a successful allocation returned at time ts.
-func (l *Ledger) Alloc(k Key, addr uint64, handle bool, bytes, ts uint64) {
+func (l *Ledger) Alloc(k Key, addr uint64, space tracer.Space, bytes, ts uint64) {
 	p := l.process(k.PID)
-	a := address{addr, handle}
+	a := address{addr, space}
 	if old, ok := p.live[a]; ok {
 		p.superseded[a] = append(p.superseded[a], old)
 	}
@@ -139,9 +140,9 @@ func (l *Ledger) Alloc(k Key, addr uint64, handle bool, bytes, ts uint64) {
 }
 
 // Free records a successful free that entered the driver at time ts.
-func (l *Ledger) Free(pid uint32, addr uint64, handle bool, ts uint64) {
+func (l *Ledger) Free(pid uint32, addr uint64, space tracer.Space, ts uint64) {
 	p := l.procs[pid]
-	a := address{addr, handle}
+	a := address{addr, space}
 	if p == nil {
 		l.stats.UnknownFrees++
 		return

@@ -14,11 +14,11 @@ var (
 
 func TestFreeReleasesWhatItsAllocationCharged(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, false, 100, 1)
-	l.Alloc(weights, 0x2000, false, 200, 2)
-	l.Alloc(cache, 0x3000, false, 300, 3)
-	l.Free(10, 0x2000, false, 4)
-	l.Free(10, 0x3000, false, 5)
+	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
+	l.Alloc(weights, 0x2000, tracer.SpacePointer, 200, 2)
+	l.Alloc(cache, 0x3000, tracer.SpacePointer, 300, 3)
+	l.Free(10, 0x2000, tracer.SpacePointer, 4)
+	l.Free(10, 0x3000, tracer.SpacePointer, 5)
 
 	s := l.Snapshot()
 	if got, want := s.Rows[weights], (Counters{AllocBytes: 300, AllocCount: 2, FreeBytes: 200, FreeCount: 1}); got != want {
@@ -32,9 +32,9 @@ func TestFreeReleasesWhatItsAllocationCharged(t *testing.T) {
 func TestHandlesAndPointersAreApart(t *testing.T) {
 	l := New()
 	vmm := Key{PID: 10, Stack: 3, Kind: tracer.KindVMM}
-	l.Alloc(vmm, 0x1000, true, 64, 1)
-	l.Alloc(weights, 0x1000, false, 32, 2)
-	l.Free(10, 0x1000, true, 3)
+	l.Alloc(vmm, 0x1000, tracer.SpaceHandle, 64, 1)
+	l.Alloc(weights, 0x1000, tracer.SpacePointer, 32, 2)
+	l.Free(10, 0x1000, tracer.SpaceHandle, 3)
 	s := l.Snapshot()
 	if s.Rows[vmm].LiveBytes() != 0 || s.Rows[weights].LiveBytes() != 32 || s.Stats.UnknownFrees != 0 {
 		t.Errorf("%+v", s)
@@ -43,9 +43,9 @@ func TestHandlesAndPointersAreApart(t *testing.T) {
 
 func TestUnknownFrees(t *testing.T) {
 	l := New()
-	l.Free(10, 0x1000, false, 1) // process never seen
-	l.Alloc(weights, 0x2000, false, 8, 2)
-	l.Free(10, 0x3000, false, 3) // pointer never seen
+	l.Free(10, 0x1000, tracer.SpacePointer, 1) // process never seen
+	l.Alloc(weights, 0x2000, tracer.SpacePointer, 8, 2)
+	l.Free(10, 0x3000, tracer.SpacePointer, 3) // pointer never seen
 	if got := l.Snapshot().Stats.UnknownFrees; got != 2 {
 		t.Errorf("unknown frees %d", got)
 	}
@@ -56,14 +56,14 @@ func TestUnknownFrees(t *testing.T) {
 // stamped before the reuse, releases the old allocation.
 func TestFreeRacingWithReuse(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, false, 100, 1)
-	l.Alloc(cache, 0x1000, false, 300, 5) // returned at 5
-	l.Free(10, 0x1000, false, 4)          // entered at 4
+	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
+	l.Alloc(cache, 0x1000, tracer.SpacePointer, 300, 5) // returned at 5
+	l.Free(10, 0x1000, tracer.SpacePointer, 4)          // entered at 4
 	s := l.Snapshot()
 	if s.Rows[weights].LiveBytes() != 0 || s.Rows[cache].LiveBytes() != 300 || s.Stats.UnknownFrees != 0 {
 		t.Errorf("%+v", s)
 	}
-	l.Free(10, 0x1000, false, 6)
+	l.Free(10, 0x1000, tracer.SpacePointer, 6)
 	if s := l.Snapshot(); s.Rows[cache].LiveBytes() != 0 {
 		t.Errorf("%+v", s)
 	}
@@ -73,8 +73,8 @@ func TestFreeRacingWithReuse(t *testing.T) {
 // again, and the new allocation's event arrives first: the free is unknown.
 func TestFreeOfUnseenAllocationBeforeReuse(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, false, 100, 5)
-	l.Free(10, 0x1000, false, 4)
+	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 5)
+	l.Free(10, 0x1000, tracer.SpacePointer, 4)
 	s := l.Snapshot()
 	if s.Rows[weights].LiveBytes() != 100 || s.Stats.UnknownFrees != 1 {
 		t.Errorf("%+v", s)
@@ -83,10 +83,10 @@ func TestFreeOfUnseenAllocationBeforeReuse(t *testing.T) {
 
 func TestExitReleasesImplicitly(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, false, 100, 1)
-	l.Alloc(weights, 0x2000, false, 50, 2)
-	l.Alloc(other, 0x1000, false, 7, 3)
-	l.Free(10, 0x2000, false, 4)
+	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
+	l.Alloc(weights, 0x2000, tracer.SpacePointer, 50, 2)
+	l.Alloc(other, 0x1000, tracer.SpacePointer, 7, 3)
+	l.Free(10, 0x2000, tracer.SpacePointer, 4)
 	l.Exit(10)
 	s := l.Snapshot()
 	want := Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 50, FreeCount: 1, ImplicitFreeBytes: 100, ImplicitFreeCount: 1}
@@ -118,8 +118,8 @@ func TestFailuresAreNotAllocations(t *testing.T) {
 
 func TestDropExited(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, false, 100, 1)
-	l.Alloc(other, 0x1000, false, 7, 2)
+	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
+	l.Alloc(other, 0x1000, tracer.SpacePointer, 7, 2)
 	l.Fail(other, 1, tracer.CUDAOutOfMemory, 9)
 	// A live process whose only calls failed is not dropped.
 	failedOnly := Key{PID: 12, Stack: 1, Kind: tracer.KindDevice}

@@ -14,13 +14,16 @@ import (
 	"strings"
 )
 
-// Library is one driver library file, identified by device and inode: the
+// Library is one driver or allocator library file, identified by device and inode: the
 // kernel attaches uprobes to an inode, so one attach covers every process
 // that maps the same file, under whatever path.
 type Library struct {
 	Dev   string // major:minor as /proc/PID/maps prints it
 	Inode uint64
 	Path  string // a path that opens the file from this mount namespace
+	// Allocator marks PyTorch's CUDA allocator library (libc10_cuda.so);
+	// the others are the driver.
+	Allocator bool
 }
 
 // ID is the identity under which a library is attached once.
@@ -31,6 +34,12 @@ func (l Library) ID() string { return l.Dev + "/" + strconv.FormatUint(l.Inode, 
 func IsDriverLibrary(path string) bool {
 	base := filepath.Base(path)
 	return base == "libcuda.so" || strings.HasPrefix(base, "libcuda.so.")
+}
+
+// IsAllocatorLibrary says whether a mapped file's path names PyTorch's
+// CUDA caching allocator: libc10_cuda.so.
+func IsAllocatorLibrary(path string) bool {
+	return strings.HasPrefix(filepath.Base(path), "libc10_cuda.so")
 }
 
 // pythonFile matches the files that may hold a CPython runtime: the
@@ -49,7 +58,7 @@ func PythonVersion(path string) (string, bool) {
 
 // Result is what one scan found.
 type Result struct {
-	Libraries []Library // each driver library once
+	Libraries []Library // each driver and allocator library once
 	Python    []int     // processes that map a CPython interpreter or library
 }
 
@@ -108,13 +117,15 @@ func scanProcess(procRoot string, pid int) (libs []Library, python bool) {
 		if _, ok := PythonVersion(m.Path); ok {
 			python = true
 		}
-		if !IsDriverLibrary(m.Path) {
+		allocator := IsAllocatorLibrary(m.Path)
+		if !allocator && !IsDriverLibrary(m.Path) {
 			continue
 		}
 		libs = append(libs, Library{
-			Dev:   m.Dev,
-			Inode: m.Inode,
-			Path:  filepath.Join(procRoot, strconv.Itoa(pid), "root", m.Path),
+			Dev:       m.Dev,
+			Inode:     m.Inode,
+			Path:      filepath.Join(procRoot, strconv.Itoa(pid), "root", m.Path),
+			Allocator: allocator,
 		})
 	}
 	return libs, python

@@ -78,7 +78,7 @@ type Profiler struct {
 	comms      map[uint32]string
 	events     uint64
 	attached   map[string]discover.Library
-	failed     map[string]bool // libraries whose attach failed, logged once
+	failed     map[string]error // libraries whose attach failed, logged once
 	pyStats    PythonStats
 	frameTable map[symbolize.Frame]*symbolize.Frame // each distinct frame of resolved stacks, once
 	devices    []gpuinfo.Device                     // the driver's GPUs
@@ -146,7 +146,7 @@ func New(cfg Config) (*Profiler, error) {
 		pidKeys:    map[uint32][]string{},
 		comms:      map[uint32]string{},
 		attached:   map[string]discover.Library{},
-		failed:     map[string]bool{},
+		failed:     map[string]error{},
 		devices:    gpuinfo.Devices(cfg.GPUDir),
 		frameTable: map[symbolize.Frame]*symbolize.Frame{},
 		ordinals:   map[uint32]map[int]gpuinfo.Device{},
@@ -253,12 +253,12 @@ func (p *Profiler) handle(ev *tracer.Event) {
 	p.comms[ev.PID] = ev.Comm
 	switch {
 	case ev.Op.IsFree() && ev.Result == tracer.CUDASuccess:
-		p.ledger.Free(ev.PID, ev.Address, ev.Op.Handles(), ev.Timestamp)
+		p.ledger.Free(ev.PID, ev.Address, ev.Op.Space(), ev.Timestamp)
 	case ev.Op.IsFree():
 		p.ledger.FailedFree()
 	case ev.Result == tracer.CUDASuccess:
 		p.countPython(ev)
-		p.ledger.Alloc(p.key(ev), ev.Address, ev.Op.Handles(), ev.Bytes, ev.Timestamp)
+		p.ledger.Alloc(p.key(ev), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)
 	default:
 		p.countPython(ev)
 		p.ledger.Fail(p.key(ev), ev.Op, ev.Result, ev.Bytes)
@@ -418,33 +418,60 @@ func (p *Profiler) scan(first bool) {
 		}
 	}
 	p.mu.Unlock()
-	if p.cfg.Library != "" {
-		return
-	}
-	libs := found.Libraries
-	for _, lib := range libs {
-		if _, ok := p.attached[lib.ID()]; ok {
+	drivers := 0
+	for _, lib := range found.Libraries {
+		if !lib.Allocator {
+			drivers++
+		}
+		if !p.shouldAttach(lib) {
 			continue
 		}
-		if err := p.attach(lib); err != nil && !p.failed[lib.ID()] {
-			p.failed[lib.ID()] = true
-			p.cfg.Logf("%v (retrying)", err)
+		if err := p.attach(lib); err != nil && p.failed[lib.ID()] == nil {
+			p.failed[lib.ID()] = err
+			if errors.Is(err, tracer.ErrNoProbes) {
+				p.cfg.Logf("%v: no tensor view for it, the driver view goes on", err)
+			} else {
+				p.cfg.Logf("%v (retrying)", err)
+			}
 		}
 	}
-	if first && len(libs) == 0 {
+	if first && drivers == 0 && p.cfg.Library == "" {
 		p.cfg.Logf("waiting for a process to load libcuda.so (scanning every %v)", p.cfg.ScanInterval)
 	}
 }
 
+// shouldAttach says whether a library found by a scan is to be attached:
+// not yet attached, not the driver when --library names it (allocators are
+// still found), not an allocator library that has no probes.
+func (p *Profiler) shouldAttach(lib discover.Library) bool {
+	if _, ok := p.attached[lib.ID()]; ok {
+		return false
+	}
+	if p.cfg.Library != "" && !lib.Allocator {
+		return false
+	}
+	return !errors.Is(p.failed[lib.ID()], tracer.ErrNoProbes)
+}
+
 func (p *Profiler) attach(lib discover.Library) error {
-	symbols, err := p.tr.Attach(lib.Path)
+	what := "driver functions"
+	var n int
+	var err error
+	if lib.Allocator {
+		what = "PyTorch allocator probes"
+		n, err = p.tr.AttachAllocator(lib.Path)
+	} else {
+		var symbols []string
+		symbols, err = p.tr.Attach(lib.Path)
+		n = len(symbols)
+	}
 	if err != nil {
 		return err
 	}
 	p.mu.Lock()
 	p.attached[lib.ID()] = lib
 	p.mu.Unlock()
-	p.cfg.Logf("attached to %s: %d driver functions", lib.Path, len(symbols))
+	p.cfg.Logf("attached to %s: %d %s", lib.Path, n, what)
 	return nil
 }
 

@@ -191,15 +191,28 @@ func (s *session) stop() {
 // waitLog waits for a log message containing want.
 func (s *session) waitLog(want string, timeout time.Duration) string {
 	s.t.Helper()
+	return s.waitLogs(timeout, want)[0]
+}
+
+// waitLogs waits for log messages containing each of wants, in any order.
+func (s *session) waitLogs(timeout time.Duration, wants ...string) []string {
+	s.t.Helper()
+	found := make([]string, len(wants))
+	missing := len(wants)
 	deadline := time.After(timeout)
-	for {
+	for missing > 0 {
 		select {
 		case msg := <-s.logs:
-			if strings.Contains(msg, want) {
-				return msg
+			for i, want := range wants {
+				if found[i] == "" && strings.Contains(msg, want) {
+					found[i] = msg
+					missing--
+					break
+				}
 			}
 		case <-deadline:
-			s.t.Fatalf("no log %q within %v", want, timeout)
+			s.t.Fatalf("no log %q within %v (found %q)", wants, timeout, found)
 		}
 	}
+	return found
 }

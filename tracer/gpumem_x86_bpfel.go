@@ -126,6 +126,8 @@ const (
 	gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC                 gpumemGpumemOp = 13
 	gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC_PTSZ            gpumemGpumemOp = 14
 	gpumemGpumemOpGPUMEM_OP_MEM_RELEASE                    gpumemGpumemOp = 15
+	gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC                   gpumemGpumemOp = 16
+	gpumemGpumemOpGPUMEM_OP_TENSOR_FREE                    gpumemGpumemOp = 17
 	gpumemGpumemOpGPUMEM_OP_CTX_SET_CURRENT                gpumemGpumemOp = 32
 	gpumemGpumemOpGPUMEM_OP_CTX_PUSH_CURRENT               gpumemGpumemOp = 33
 	gpumemGpumemOpGPUMEM_OP_CTX_POP_CURRENT                gpumemGpumemOp = 34
@@ -264,6 +266,29 @@ type gpumemGpumemStackKey struct {
 	Pad     uint32
 }
 
+type gpumemGpumemUsdtArgKind uint32
+
+const (
+	gpumemGpumemUsdtArgKindGPUMEM_USDT_REGISTER gpumemGpumemUsdtArgKind = 1
+	gpumemGpumemUsdtArgKindGPUMEM_USDT_MEMORY   gpumemGpumemUsdtArgKind = 2
+	gpumemGpumemUsdtArgKindGPUMEM_USDT_CONSTANT gpumemGpumemUsdtArgKind = 3
+)
+
+type gpumemGpumemUsdtSite struct {
+	_    structs.HostLayout
+	Args [3]struct {
+		_        structs.HostLayout
+		Value    int64
+		Reg      uint16
+		Kind     uint8
+		Size     uint8
+		IsSigned uint8
+		Pad      [3]uint8
+	}
+	Op uint16
+	_  [6]byte
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -290,6 +315,7 @@ const (
 	gpumemMapTargetPids                              = "target_pids"
 	gpumemMapThreadContexts                          = "thread_contexts"
 	gpumemMapTracedPids                              = "traced_pids"
+	gpumemMapUsdtSites                               = "usdt_sites"
 	gpumemProgGpumemEnter                            = "gpumem_enter"
 	gpumemProgGpumemEnterCuCtxCreateV2               = "gpumem_enter_cuCtxCreate_v2"
 	gpumemProgGpumemEnterCuCtxCreateV3               = "gpumem_enter_cuCtxCreate_v3"
@@ -339,6 +365,7 @@ const (
 	gpumemProgGpumemLeaveCuMemFreeV2                 = "gpumem_leave_cuMemFree_v2"
 	gpumemProgGpumemLeaveCuMemHostAlloc              = "gpumem_leave_cuMemHostAlloc"
 	gpumemProgGpumemLeaveCuMemRelease                = "gpumem_leave_cuMemRelease"
+	gpumemProgGpumemTensor                           = "gpumem_tensor"
 	gpumemVarGadgetTracerTypeCuda                    = "__gadget_tracer_type_cuda"
 	gpumemVarAggregate                               = "aggregate"
 	gpumemVarCollectBuildId                          = "collect_build_id"
@@ -367,6 +394,7 @@ const (
 	gpumemVarGpumemOpBtf                             = "gpumem_op_btf"
 	gpumemVarGpumemPyFlagBtf                         = "gpumem_py_flag_btf"
 	gpumemVarGpumemPyframeFlagBtf                    = "gpumem_pyframe_flag_btf"
+	gpumemVarGpumemUsdtArgKindBtf                    = "gpumem_usdt_arg_kind_btf"
 	gpumemVarIgBuildIdMaxEntries                     = "ig_build_id_max_entries"
 	gpumemVarTargComm                                = "targ_comm"
 	gpumemVarTargGid                                 = "targ_gid"
@@ -466,6 +494,7 @@ type gpumemProgramSpecs struct {
 	GpumemLeaveCuMemFreeV2                 *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFree_v2"`
 	GpumemLeaveCuMemHostAlloc              *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemHostAlloc"`
 	GpumemLeaveCuMemRelease                *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemRelease"`
+	GpumemTensor                           *ebpf.ProgramSpec `ebpf:"gpumem_tensor"`
 }
 
 // gpumemMapSpecs contains maps before they are loaded into the kernel.
@@ -494,6 +523,7 @@ type gpumemMapSpecs struct {
 	TargetPids           *ebpf.MapSpec `ebpf:"target_pids"`
 	ThreadContexts       *ebpf.MapSpec `ebpf:"thread_contexts"`
 	TracedPids           *ebpf.MapSpec `ebpf:"traced_pids"`
+	UsdtSites            *ebpf.MapSpec `ebpf:"usdt_sites"`
 }
 
 // gpumemVariableSpecs contains global variables before they are loaded into the kernel.
@@ -528,6 +558,7 @@ type gpumemVariableSpecs struct {
 	GpumemOpBtf                       *ebpf.VariableSpec `ebpf:"gpumem_op_btf"`
 	GpumemPyFlagBtf                   *ebpf.VariableSpec `ebpf:"gpumem_py_flag_btf"`
 	GpumemPyframeFlagBtf              *ebpf.VariableSpec `ebpf:"gpumem_pyframe_flag_btf"`
+	GpumemUsdtArgKindBtf              *ebpf.VariableSpec `ebpf:"gpumem_usdt_arg_kind_btf"`
 	IgBuildIdMaxEntries               *ebpf.VariableSpec `ebpf:"ig_build_id_max_entries"`
 	TargComm                          *ebpf.VariableSpec `ebpf:"targ_comm"`
 	TargGid                           *ebpf.VariableSpec `ebpf:"targ_gid"`
@@ -578,6 +609,7 @@ type gpumemMaps struct {
 	TargetPids           *ebpf.Map `ebpf:"target_pids"`
 	ThreadContexts       *ebpf.Map `ebpf:"thread_contexts"`
 	TracedPids           *ebpf.Map `ebpf:"traced_pids"`
+	UsdtSites            *ebpf.Map `ebpf:"usdt_sites"`
 }
 
 func (m *gpumemMaps) Close() error {
@@ -604,6 +636,7 @@ func (m *gpumemMaps) Close() error {
 		m.TargetPids,
 		m.ThreadContexts,
 		m.TracedPids,
+		m.UsdtSites,
 	)
 }
 
@@ -639,6 +672,7 @@ type gpumemVariables struct {
 	GpumemOpBtf                       *ebpf.Variable `ebpf:"gpumem_op_btf"`
 	GpumemPyFlagBtf                   *ebpf.Variable `ebpf:"gpumem_py_flag_btf"`
 	GpumemPyframeFlagBtf              *ebpf.Variable `ebpf:"gpumem_pyframe_flag_btf"`
+	GpumemUsdtArgKindBtf              *ebpf.Variable `ebpf:"gpumem_usdt_arg_kind_btf"`
 	IgBuildIdMaxEntries               *ebpf.Variable `ebpf:"ig_build_id_max_entries"`
 	TargComm                          *ebpf.Variable `ebpf:"targ_comm"`
 	TargGid                           *ebpf.Variable `ebpf:"targ_gid"`
@@ -700,6 +734,7 @@ type gpumemPrograms struct {
 	GpumemLeaveCuMemFreeV2                 *ebpf.Program `ebpf:"gpumem_leave_cuMemFree_v2"`
 	GpumemLeaveCuMemHostAlloc              *ebpf.Program `ebpf:"gpumem_leave_cuMemHostAlloc"`
 	GpumemLeaveCuMemRelease                *ebpf.Program `ebpf:"gpumem_leave_cuMemRelease"`
+	GpumemTensor                           *ebpf.Program `ebpf:"gpumem_tensor"`
 }
 
 func (p *gpumemPrograms) Close() error {
@@ -753,6 +788,7 @@ func (p *gpumemPrograms) Close() error {
 		p.GpumemLeaveCuMemFreeV2,
 		p.GpumemLeaveCuMemHostAlloc,
 		p.GpumemLeaveCuMemRelease,
+		p.GpumemTensor,
 	)
 }
 

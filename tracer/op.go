@@ -13,6 +13,7 @@ const (
 	KindHost                    // page-locked host memory
 	KindManaged                 // unified memory
 	KindVMM                     // physical memory of the virtual memory management API
+	KindTensor                  // tensors of PyTorch's caching allocator, inside device memory it holds
 )
 
 func (k Kind) String() string {
@@ -25,13 +26,15 @@ func (k Kind) String() string {
 		return "managed"
 	case KindVMM:
 		return "vmm"
+	case KindTensor:
+		return "tensor"
 	}
 	return "unknown"
 }
 
 // ParseKind is the inverse of Kind.String.
 func ParseKind(s string) (Kind, bool) {
-	for k := KindDevice; k <= KindVMM; k++ {
+	for k := KindDevice; k <= KindTensor; k++ {
 		if k.String() == s {
 			return k, true
 		}
@@ -62,6 +65,10 @@ var ops = map[Op]opInfo{
 	Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC_PTSZ):            {"cuMemFreeAsync_ptsz", 0},
 	Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE):                    {"cuMemRelease", 0},
 
+	// PyTorch's caching allocator, from its USDT probes.
+	Op(gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC): {"pytorch:malloc", KindTensor},
+	Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE):  {"pytorch:free", 0},
+
 	// Context calls, followed in BPF only: they say which device the
 	// calling thread allocates on.
 	Op(gpumemGpumemOpGPUMEM_OP_CTX_SET_CURRENT):           {"cuCtxSetCurrent", 0},
@@ -84,16 +91,33 @@ func (o Op) Symbol() string {
 
 // IsFree tells frees from allocations; events carry nothing else.
 func (o Op) IsFree() bool {
-	return o >= Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE) && o <= Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE)
+	return o >= Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE) && o <= Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE) ||
+		o == Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE)
 }
 
 // Kind is the memory an allocation op hands out.
 func (o Op) Kind() Kind { return ops[o].kind }
 
-// Handles says whether the op's address is a VMM allocation handle rather
-// than a pointer: handles and pointers are different name spaces.
-func (o Op) Handles() bool {
-	return o == Op(gpumemGpumemOpGPUMEM_OP_MEM_CREATE) || o == Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE)
+// Space is the name space of an event's address: a driver pointer, a VMM
+// handle, or a tensor's pointer, which lies inside a driver allocation and
+// is often equal to its pointer.
+type Space uint8
+
+const (
+	SpacePointer Space = iota
+	SpaceHandle
+	SpaceTensor
+)
+
+// Space says which name space the op's address is in.
+func (o Op) Space() Space {
+	switch o {
+	case Op(gpumemGpumemOpGPUMEM_OP_MEM_CREATE), Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE):
+		return SpaceHandle
+	case Op(gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC), Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE):
+		return SpaceTensor
+	}
+	return SpacePointer
 }
 
 // DeviceUnknown is the device of an allocation made in a context gpu-mem

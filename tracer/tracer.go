@@ -16,6 +16,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/gpu-mem/gpu-mem/usdt"
 )
 
 // ErrPermission is returned by New when the kernel refuses to load BPF.
@@ -34,8 +36,9 @@ type Tracer struct {
 	record ringbuf.Record // Read's, reused
 	exit   link.Link
 
-	mu    sync.Mutex
-	links []link.Link
+	mu        sync.Mutex
+	links     []link.Link
+	usdtSites uint32 // entries of usdt_sites in use
 }
 
 // New loads the BPF program and starts watching process exits. Nothing is
@@ -61,7 +64,7 @@ func NewFromObject(object []byte, opts Options) (*Tracer, error) {
 }
 
 // Programs gpumem attaches; the others in the object are stock IG's.
-var programs = []string{"gpumem_enter", "gpumem_leave", "gpumem_exit"}
+var programs = []string{"gpumem_enter", "gpumem_leave", "gpumem_exit", "gpumem_tensor"}
 
 // checkObject makes sure an object has gpumem's programs and the event
 // layout decode reads.
@@ -163,6 +166,75 @@ func (t *Tracer) Attach(path string) ([]string, error) {
 	t.links = append(t.links, enter, leave)
 	t.mu.Unlock()
 	return symbols, nil
+}
+
+// ErrNoProbes is returned by AttachAllocator for a library without
+// PyTorch's USDT probes (a torch built without them).
+var ErrNoProbes = errors.New("no pytorch:malloc or pytorch:free USDT probes")
+
+// AttachAllocator puts probes on the USDT sites of PyTorch's caching
+// allocator in the library at path (libc10_cuda.so): every tensor allocated
+// and freed. The kernel counts the probes in their semaphores, which turns
+// them on in every process that maps the library. It returns the number of
+// sites.
+func (t *Tracer) AttachAllocator(path string) (int, error) {
+	probes, err := usdt.Read(path)
+	if err != nil {
+		return 0, err
+	}
+	var addrs, refs, cookies []uint64
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range probes {
+		site, ok := usdtSite(p)
+		if !ok {
+			continue
+		}
+		if max := t.coll.Maps["usdt_sites"].MaxEntries(); t.usdtSites >= max {
+			return 0, fmt.Errorf("%s: more than %d USDT sites in all", path, max)
+		}
+		if err := t.coll.Maps["usdt_sites"].Put(t.usdtSites, site); err != nil {
+			return 0, fmt.Errorf("store USDT site: %w", err)
+		}
+		addrs, refs, cookies = append(addrs, p.Offset), append(refs, p.SemaphoreOffset), append(cookies, uint64(t.usdtSites))
+		t.usdtSites++
+	}
+	if len(addrs) == 0 {
+		return 0, fmt.Errorf("%s: %w", path, ErrNoProbes)
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", path, err)
+	}
+	l, err := ex.UprobeMulti(nil, t.coll.Programs["gpumem_tensor"], &link.UprobeMultiOptions{Addresses: addrs, RefCtrOffsets: refs, Cookies: cookies})
+	if err != nil {
+		return 0, fmt.Errorf("attach USDT probes to %s: %w", path, err)
+	}
+	t.links = append(t.links, l)
+	return len(addrs), nil
+}
+
+// usdtSite describes a pytorch:malloc or pytorch:free site for BPF: the
+// arguments it reads, pointer first.
+func usdtSite(p usdt.Probe) (gpumemGpumemUsdtSite, bool) {
+	var site gpumemGpumemUsdtSite
+	want := map[string]int{"malloc": 3, "free": 1}[p.Name] // malloc(ptr, device, size, stream)
+	if p.Provider != "pytorch" || want == 0 || len(p.Args) < want {
+		return site, false
+	}
+	site.Op = uint16(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE)
+	if p.Name == "malloc" {
+		site.Op = uint16(gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC)
+	}
+	for i, a := range p.Args[:want] {
+		// usdt.ArgKind has the values of enum gpumem_usdt_arg_kind.
+		site.Args[i].Value, site.Args[i].Reg, site.Args[i].Kind = a.Value, a.Reg, uint8(a.Kind)
+		site.Args[i].Size = a.Size
+		if a.Signed {
+			site.Args[i].IsSigned = 1
+		}
+	}
+	return site, true
 }
 
 // DriverFunctions lists the traced functions the library exports, with

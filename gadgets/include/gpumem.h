@@ -31,6 +31,10 @@ enum gpumem_op {
 	GPUMEM_OP_MEM_FREE_ASYNC_PTSZ,           /* cuMemFreeAsync_ptsz */
 	GPUMEM_OP_MEM_RELEASE,                   /* cuMemRelease */
 
+	/* PyTorch's caching allocator (libc10_cuda.so USDT probes): tensors. */
+	GPUMEM_OP_TENSOR_ALLOC,                  /* pytorch:malloc */
+	GPUMEM_OP_TENSOR_FREE,                   /* pytorch:free */
+
 	/* Context calls: which device each thread's allocations land on. */
 	GPUMEM_OP_CTX_SET_CURRENT = 32,          /* cuCtxSetCurrent */
 	GPUMEM_OP_CTX_PUSH_CURRENT,              /* cuCtxPushCurrent_v2 */
@@ -44,7 +48,7 @@ enum gpumem_op {
 
 static __always_inline bool gpumem_op_is_free(__u16 op)
 {
-	return op >= GPUMEM_OP_MEM_FREE && op <= GPUMEM_OP_MEM_RELEASE;
+	return (op >= GPUMEM_OP_MEM_FREE && op <= GPUMEM_OP_MEM_RELEASE) || op == GPUMEM_OP_TENSOR_FREE;
 }
 
 static __always_inline bool gpumem_op_is_context(__u16 op)
@@ -160,6 +164,31 @@ struct gpumem_event {
 	/* Room for the native stack when all Python frames are used; with fewer,
 	 * it starts right after the last one, so that events stay short. */
 	__u64 ustack[GPUMEM_MAX_STACK_DEPTH];
+};
+
+/* Where a USDT argument is at the probe (package usdt's Arg). */
+enum gpumem_usdt_arg_kind {
+	GPUMEM_USDT_REGISTER = 1, /* in the register at pt_regs offset reg */
+	GPUMEM_USDT_MEMORY,       /* at the register's value plus value */
+	GPUMEM_USDT_CONSTANT,     /* value itself */
+};
+
+struct gpumem_usdt_arg {
+	__s64 value;
+	__u16 reg;
+	__u8 kind; /* enum gpumem_usdt_arg_kind */
+	__u8 size; /* bytes */
+	__u8 is_signed;
+	__u8 __pad[3];
+};
+
+/* One USDT site of PyTorch's allocator (the attach cookie indexes them):
+ * pytorch:malloc's pointer, device and size, or pytorch:free's pointer. */
+#define GPUMEM_USDT_ARGS 3
+#define GPUMEM_MAX_USDT_SITES 256
+struct gpumem_usdt_site {
+	struct gpumem_usdt_arg args[GPUMEM_USDT_ARGS];
+	__u16 op; /* GPUMEM_OP_TENSOR_ALLOC or GPUMEM_OP_TENSOR_FREE */
 };
 
 /* Stock IG's view (with `aggregate`): bytes per process, native stack

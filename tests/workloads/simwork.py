@@ -10,6 +10,16 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
     python3 simwork.py sites   one allocation of a distinct size from each kind
                                of Python code; expects lineSIZE=LINE for each,
                                LINE being the caller's line of cuda_malloc
+    python3 simwork.py tensors tensors from the simulated PyTorch allocator
+                               (SIMTORCH_LIB, or libc10_cuda.so) in three functions;
+                               expects tensor_FUNCTION=live bytes for each
+    python3 simwork.py tensor_oom
+                               fills device memory with tensors (fill_cache), then asks
+                               for more than is left (big_batch): out of memory;
+                               expects held=bytes in tensors, requested=bytes asked
+
+The tensor scenarios call the allocator straight from the named functions,
+as PyTorch code calls torch.empty: those are the innermost Python frames.
 """
 import asyncio
 import ctypes
@@ -22,6 +32,16 @@ cuda = ctypes.CDLL(os.environ.get("SIMCUDA_LIB", "libcuda.so.1"))
 cuda.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
 cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
 cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+
+torch = None  # the simulated allocator, loaded by the tensor scenarios
+
+
+def load_allocator():
+    global torch
+    torch = ctypes.CDLL(os.environ.get("SIMTORCH_LIB", "libc10_cuda.so"))
+    torch.simtorch_malloc.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
+    torch.simtorch_free.argtypes = [ctypes.c_void_p]
+
 
 totals = {"allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0}
 totals_lock = threading.Lock()
@@ -181,12 +201,80 @@ def pairs():
     totals["ns_per_pair"] = (time.perf_counter_ns() - start) // n
 
 
+def block_size(nbytes):
+    """The bytes the allocator gives a tensor: a multiple of 512."""
+    return max(512, (nbytes + 511) // 512 * 512)
+
+
+def load_weights(held):
+    for _ in range(3):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 4 << 20, ctypes.byref(ptr)):
+            raise MemoryError("load_weights")
+        held.append(ptr.value)
+    totals["tensor_load_weights"] = 3 * block_size(4 << 20)
+
+
+def kv_cache(held):
+    ptr = ctypes.c_void_p()
+    if torch.simtorch_malloc(0, 12 << 20, ctypes.byref(ptr)):
+        raise MemoryError("kv_cache")
+    held.append(ptr.value)
+    totals["tensor_kv_cache"] = block_size(12 << 20)
+
+
+def activations(held):
+    acts = []
+    for _ in range(8):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 300_000, ctypes.byref(ptr)):
+            raise MemoryError("activations")
+        acts.append(ptr.value)
+    for ptr in acts[2:]:
+        torch.simtorch_free(ptr)
+    held.extend(acts[:2])
+    totals["tensor_activations"] = 2 * block_size(300_000)
+
+
+held_tensors = []  # live until the process exits
+
+
+def tensors():
+    load_weights(held_tensors)
+    kv_cache(held_tensors)
+    activations(held_tensors)
+
+
+def fill_cache(held):
+    for _ in range(6):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 12 << 20, ctypes.byref(ptr)):
+            raise MemoryError("fill_cache")
+        held.append(ptr.value)
+    totals["held"] = 6 * block_size(12 << 20)
+
+
+def big_batch():
+    ptr = ctypes.c_void_p()
+    rc = torch.simtorch_malloc(0, 40 << 20, ctypes.byref(ptr))
+    totals["requested"] = 40 << 20
+    totals["result"] = rc
+
+
+def tensor_oom():
+    """Run with SIMCUDA_CAPACITY=104857600 (100 MiB): 72 MiB held, 40 more asked."""
+    fill_cache(held_tensors)
+    big_batch()
+
+
 def main():
-    scenarios = {"model": model, "sites": sites, "pairs": pairs}
+    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
     cuda.cuInit(0)
+    if sys.argv[1].startswith("tensor"):
+        load_allocator()  # as import torch does, before any tensor
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()
     scenarios[sys.argv[1]]()
