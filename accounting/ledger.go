@@ -228,6 +228,17 @@ func (l *Ledger) DropExited() map[uint32]bool {
 	return dropped
 }
 
+// ProcessRows copies the rows of one process.
+func (l *Ledger) ProcessRows(pid uint32) map[Key]Counters {
+	rows := map[Key]Counters{}
+	for k, c := range l.rows {
+		if k.PID == pid {
+			rows[k] = *c
+		}
+	}
+	return rows
+}
+
 // LivePIDs are the processes that hold memory in the books.
 func (l *Ledger) LivePIDs() []uint32 {
 	pids := make([]uint32, 0, len(l.procs))

@@ -54,6 +54,9 @@ type Config struct {
 	ScanInterval time.Duration
 	// Logf receives progress messages (attachments, waiting); may be nil.
 	Logf func(format string, args ...any)
+	// OnOOM, when set, receives each out-of-memory snapshot as it is taken,
+	// from the goroutine that reads events: it should not block for long.
+	OnOOM func(OOM)
 }
 
 // Profiler is safe for concurrent use: Run in one goroutine, Report and
@@ -69,6 +72,8 @@ type Profiler struct {
 	watching  map[int]bool // commands Watch waits for
 
 	mu         sync.Mutex
+	oomPending []oomSnapshot // taken, not yet delivered
+	ooms       []OOM         // delivered, the latest MaxOOMs
 	ledger     *accounting.Ledger
 	stacks     map[accounting.StackID]stack
 	stackIDs   map[string]accounting.StackID // by pid, op and raw frames
@@ -234,17 +239,20 @@ func (p *Profiler) readEvents() error {
 		case err != nil:
 			return err
 		}
-		p.handle(&ev)
+		if p.handle(&ev) {
+			p.deliverOOMs()
+		}
 	}
 }
 
-func (p *Profiler) handle(ev *tracer.Event) {
+// handle accounts one event; true when it took an out-of-memory snapshot.
+func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.events++
 	if ev.Exit {
 		p.forget(ev.PID)
-		return
+		return false
 	}
 	if _, seen := p.comms[ev.PID]; !seen {
 		p.ordinals[ev.PID] = gpuinfo.Ordinals(p.devices, p.environ(ev.PID))
@@ -261,8 +269,14 @@ func (p *Profiler) handle(ev *tracer.Event) {
 		p.ledger.Alloc(p.key(ev), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)
 	default:
 		p.countPython(ev)
-		p.ledger.Fail(p.key(ev), ev.Op, ev.Result, ev.Bytes)
+		k := p.key(ev)
+		p.ledger.Fail(k, ev.Op, ev.Result, ev.Bytes)
+		if ev.Result == tracer.CUDAOutOfMemory {
+			p.takeOOM(accounting.FailureKey{Key: k, Op: ev.Op, Result: ev.Result}, ev.Bytes)
+			return true
+		}
 	}
+	return false
 }
 
 // key is the row an allocation event goes to. Host and managed memory do

@@ -18,6 +18,7 @@ type Report struct {
 	Time      time.Time
 	Rows      []Row     // by live bytes, then allocated bytes, descending
 	Failures  []Failure // by count, descending
+	OOMs      []OOM     // out-of-memory snapshots, oldest first, the latest MaxOOMs
 	Losses    tracer.Losses
 	Ledger    accounting.Stats
 	Python    PythonStats
@@ -51,7 +52,7 @@ func (p *Profiler) Report() (Report, error) {
 	defer p.mu.Unlock()
 	losses, err := p.currentLosses()
 	snap := p.ledger.Snapshot()
-	r := Report{Time: time.Now(), Losses: losses, Ledger: snap.Stats, Python: p.pyStats, Events: p.events}
+	r := Report{Time: time.Now(), Losses: losses, Ledger: snap.Stats, Python: p.pyStats, Events: p.events, OOMs: slices.Clone(p.ooms)}
 	for _, lib := range p.attached {
 		r.Libraries = append(r.Libraries, lib.Path)
 	}
@@ -87,7 +88,7 @@ func (p *Profiler) onGPU(k accounting.Key) bool {
 	if len(p.cfg.GPUs) == 0 {
 		return true
 	}
-	return (k.Kind == tracer.KindDevice || k.Kind == tracer.KindVMM) && slices.Contains(p.cfg.GPUs, int(k.Device))
+	return k.Kind.OnDevice() && slices.Contains(p.cfg.GPUs, int(k.Device))
 }
 
 // frames are a stack's frames; a stack interned after resolve ran (by an
@@ -102,7 +103,7 @@ func (p *Profiler) frames(id accounting.StackID) []*symbolize.Frame {
 
 // device is the GPU a row's memory is on, if known.
 func (p *Profiler) device(k accounting.Key) gpuinfo.Device {
-	if k.Kind != tracer.KindDevice && k.Kind != tracer.KindVMM {
+	if !k.Kind.OnDevice() {
 		return gpuinfo.Device{}
 	}
 	return p.ordinals[k.PID][int(k.Device)]

@@ -15,6 +15,7 @@ type jsonReport struct {
 	Time      time.Time            `json:"time"`
 	Stacks    []jsonStack          `json:"stacks"`
 	Failures  []jsonFailure        `json:"failures"`
+	OOMs      []jsonOOM            `json:"out_of_memory"`
 	Losses    tracer.Losses        `json:"losses"`
 	Ledger    accounting.Stats     `json:"ledger"`
 	Python    profiler.PythonStats `json:"python"`
@@ -66,6 +67,13 @@ type jsonFailure struct {
 	RequestedBytes uint64      `json:"requested_bytes"`
 }
 
+// jsonOOM is an out-of-memory failure and what its process held then.
+type jsonOOM struct {
+	Time    time.Time   `json:"time"`
+	Failure jsonFailure `json:"failure"`
+	Held    []jsonStack `json:"held"` // by live bytes, both views
+}
+
 func jsonFrames(frames []*symbolize.Frame) []jsonFrame {
 	out := make([]jsonFrame, len(frames))
 	for i, f := range frames {
@@ -82,24 +90,40 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 		Stacks: []jsonStack{}, Failures: []jsonFailure{},
 	}
 	for _, row := range r.Rows {
-		out.Stacks = append(out.Stacks, jsonStack{
-			PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), GPU: row.GPU(), Frames: jsonFrames(row.Frames),
-			GPUName: row.Device.Name, GPUUUID: row.Device.UUID, GPUBus: row.Device.Bus,
-			PodUID: row.Container.PodUID, ContainerID: row.Container.ContainerID,
-			Namespace: row.Container.Namespace, Pod: row.Container.Pod, Container: row.Container.Name,
-			AllocatedBytes: row.AllocBytes, Allocations: row.AllocCount,
-			FreedBytes: row.FreeBytes, Frees: row.FreeCount,
-			ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,
-			LiveBytes: row.LiveBytes(), LiveAllocations: row.LiveCount(),
-		})
+		out.Stacks = append(out.Stacks, newJSONStack(row))
 	}
 	for _, f := range r.Failures {
-		out.Failures = append(out.Failures, jsonFailure{
-			PID: f.PID, Comm: f.Comm, Kind: f.Kind.String(), GPU: f.GPU(), Function: f.Op.Symbol(), Result: f.Result,
-			Frames: jsonFrames(f.Frames), Count: f.Count, RequestedBytes: f.Bytes,
-		})
+		out.Failures = append(out.Failures, newJSONFailure(f))
+	}
+	out.OOMs = []jsonOOM{}
+	for _, o := range r.OOMs {
+		j := jsonOOM{Time: o.Time, Failure: newJSONFailure(o.Failure), Held: []jsonStack{}}
+		for _, row := range o.Held {
+			j.Held = append(j.Held, newJSONStack(row))
+		}
+		out.OOMs = append(out.OOMs, j)
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
+}
+
+func newJSONStack(row profiler.Row) jsonStack {
+	return jsonStack{
+		PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), GPU: row.GPU(), Frames: jsonFrames(row.Frames),
+		GPUName: row.Device.Name, GPUUUID: row.Device.UUID, GPUBus: row.Device.Bus,
+		PodUID: row.Container.PodUID, ContainerID: row.Container.ContainerID,
+		Namespace: row.Container.Namespace, Pod: row.Container.Pod, Container: row.Container.Name,
+		AllocatedBytes: row.AllocBytes, Allocations: row.AllocCount,
+		FreedBytes: row.FreeBytes, Frees: row.FreeCount,
+		ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,
+		LiveBytes: row.LiveBytes(), LiveAllocations: row.LiveCount(),
+	}
+}
+
+func newJSONFailure(f profiler.Failure) jsonFailure {
+	return jsonFailure{
+		PID: f.PID, Comm: f.Comm, Kind: f.Kind.String(), GPU: f.GPU(), Function: f.Op.Symbol(), Result: f.Result,
+		Frames: jsonFrames(f.Frames), Count: f.Count, RequestedBytes: f.Bytes,
+	}
 }

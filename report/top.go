@@ -52,7 +52,7 @@ func Top(r profiler.Report) []TopRow {
 		t.Frees += s.FreeCount + s.ImplicitFreeCount
 		weight := s.LiveBytes()
 		if t.Hottest == "" || weight > t.hottest {
-			t.Hottest, t.hottest = hottestFrame(s.Frames), weight
+			t.Hottest, t.hottest = HottestFrame(s.Frames), weight
 		}
 	}
 	for _, f := range r.Failures {
@@ -74,10 +74,10 @@ func Top(r profiler.Report) []TopRow {
 	return out
 }
 
-// hottestFrame names the code a reader acts on: the innermost Python frame,
+// HottestFrame names the code a reader acts on: the innermost Python frame,
 // else the native frame that called the driver (frame 0 is the driver
 // function itself).
-func hottestFrame(frames []*symbolize.Frame) string {
+func HottestFrame(frames []*symbolize.Frame) string {
 	for _, f := range frames {
 		if f.File != "" {
 			return f.Name()

@@ -2,7 +2,11 @@ package tests
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,5 +91,76 @@ func TestTensorsExact(t *testing.T) {
 			assertNoLosses(t, r)
 			w.exit()
 		})
+	}
+}
+
+// TestTensorOutOfMemorySnapshot: a process fills device memory with tensors
+// from fill_cache, then asks for more than is left from big_batch. The
+// snapshot taken at the driver's refusal names big_batch as the asker and
+// fill_cache as what held the memory, in both views, byte for byte; record
+// --on-oom writes it as pprof and folded files.
+func TestTensorOutOfMemorySnapshot(t *testing.T) {
+	const MiB = 1 << 20
+	python := pythons(t)[2]
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var ooms []profiler.OOM
+	cfg := profiler.Config{Library: simLib, OnOOM: func(o profiler.OOM) {
+		mu.Lock()
+		ooms = append(ooms, o)
+		mu.Unlock()
+	}}
+	s := startProfiler(t, cfg)
+	w := startTensors(t, s, python, "tensor_oom", "SIMCUDA_CAPACITY=104857600")
+	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--on-oom", dir, "-o", filepath.Join(dir, "all.pb.gz"))
+	c.waitStderr("PyTorch allocator probes")
+	expect := w.run()
+	if expect["result"] != 2 || expect["requested"] != 40*MiB || expect["held"] != 72*MiB {
+		t.Fatalf("workload: %v", expect)
+	}
+	r := s.report()
+	c.interrupt()
+
+	mu.Lock()
+	defer mu.Unlock()
+	// PyTorch's allocator asks twice (again after emptying its cache): one
+	// out-of-memory, one snapshot.
+	if len(ooms) != 1 || len(r.OOMs) != 1 {
+		t.Fatalf("%d snapshots delivered, %d in the report", len(ooms), len(r.OOMs))
+	}
+	o := ooms[0]
+	if py := pythonFrames(o.Failure.Frames); len(py) == 0 || py[0].Function != "big_batch" || o.Failure.Bytes != 40*MiB ||
+		o.Failure.Op.Symbol() != "cuMemAlloc_v2" || o.Failure.PID != uint32(w.pid) {
+		t.Errorf("failure %+v at %v", o.Failure.FailureKey, frameNames(o.Failure.Frames))
+	}
+	if o.HeldBy(tracer.KindTensor) != 72*MiB || o.HeldBy(tracer.KindDevice) != 72*MiB || len(o.Held) != 2 {
+		t.Errorf("held %d in tensors, %d in segments, %d rows", o.HeldBy(tracer.KindTensor), o.HeldBy(tracer.KindDevice), len(o.Held))
+	}
+	for _, row := range o.Held {
+		if py := pythonFrames(row.Frames); len(py) == 0 || py[0].Function != "fill_cache" || row.LiveCount() != 6 {
+			t.Errorf("held %s: %d bytes in %d from %v", row.Kind, row.LiveBytes(), row.LiveCount(), frameNames(row.Frames))
+		}
+	}
+	w.exit()
+
+	files, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("oom-%d-*", w.pid)))
+	if len(files) != 2 {
+		t.Fatalf("record --on-oom wrote %v", files)
+	}
+	folded, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("oom-%d-1.folded", w.pid)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total uint64
+	for _, line := range strings.Split(strings.TrimSpace(string(folded)), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		n, _ := strconv.ParseUint(line[i+1:], 10, 64)
+		if !strings.Contains(line, ";fill_cache") {
+			t.Errorf("folded line not from fill_cache: %s", line)
+		}
+		total += n
+	}
+	if total != 144*MiB {
+		t.Errorf("folded snapshot holds %d bytes, want 72 MiB of tensors and 72 MiB of segments", total)
 	}
 }

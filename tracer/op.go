@@ -32,6 +32,9 @@ func (k Kind) String() string {
 	return "unknown"
 }
 
+// OnDevice says whether memory of kind k lives on one GPU.
+func (k Kind) OnDevice() bool { return k == KindDevice || k == KindVMM || k == KindTensor }
+
 // ParseKind is the inverse of Kind.String.
 func ParseKind(s string) (Kind, bool) {
 	for k := KindDevice; k <= KindTensor; k++ {

@@ -24,6 +24,7 @@ type recordOptions struct {
 	format   string
 	output   string
 	top      int
+	onOOM    string
 }
 
 var defaultOutputs = map[string]string{"pprof": "gpumem.pb.gz", "folded": "gpumem.folded", "json": "gpumem.json", "html": "gpumem.html"}
@@ -42,7 +43,8 @@ frees of it are counted as unknown frees.`,
 		Example: `  gpumem record --duration 30s -o gpu.pb.gz && go tool pprof -top gpu.pb.gz
   gpumem record --pid 4242 --format folded --value alloc -o gpu.folded
   gpumem record --duration 1m --format html -o gpu.html   # a flame graph to open in a browser
-  gpumem record --library ./libcuda.so.1 -- python train.py`,
+  gpumem record --library ./libcuda.so.1 -- python train.py
+  gpumem record --on-oom oom/ -- python train.py   # what filled the GPU, at each out-of-memory`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return o.run(cmd.Context(), args)
 		},
@@ -58,6 +60,7 @@ func (o *recordOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded, json or html (a flame graph)")
 	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, .folded, .json or .html)")
 	fs.IntVar(&o.top, "top", 5, "print the N stacks holding the most to stderr when done (0: none)")
+	fs.StringVar(&o.onOOM, "on-oom", "", "at each out-of-memory failure, write what the process held (pprof and folded) into this directory")
 }
 
 func (o *recordOptions) validate() error {
@@ -73,14 +76,28 @@ func (o *recordOptions) validate() error {
 	if o.output == "" {
 		o.output = defaultOutputs[o.format]
 	}
+	if o.onOOM != "" {
+		if err := os.MkdirAll(o.onOOM, 0o755); err != nil {
+			return usageError{fmt.Errorf("--on-oom: %w", err)}
+		}
+	}
 	return nil
+}
+
+// config is the profiler's configuration for these flags.
+func (o *recordOptions) config() profiler.Config {
+	cfg := o.target.config()
+	if o.onOOM != "" {
+		cfg.OnOOM = (&oomWriter{dir: o.onOOM}).write
+	}
+	return cfg
 }
 
 func (o *recordOptions) run(ctx context.Context, command []string) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	p, err := profiler.New(o.target.config())
+	p, err := profiler.New(o.config())
 	if err != nil {
 		return err
 	}

@@ -68,6 +68,9 @@ gpumem record.`,
 }
 
 func (o *runOptions) run(ctx context.Context, image string) error {
+	if o.record.onOOM != "" {
+		return usageError{fmt.Errorf("--on-oom is record's: gpumem run carries profile rows only")}
+	}
 	if err := o.record.validate(); err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ func newTopCommand() *cobra.Command {
 		Use:   "top [flags]",
 		Short: "Show GPU memory per process and kind, live, refreshed every second",
 		Long: `Top shows one row per process and kind of memory (device, host-pinned, managed,
-vmm), sorted by live bytes, with the function that called the driver on the
+vmm, and tensor for PyTorch's allocator), sorted by live bytes, with the function that called the driver on the
 stack holding the most. On a terminal the screen is redrawn; otherwise each
 refresh prints plain lines.`,
 		Args: cobra.NoArgs,

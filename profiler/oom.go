@@ -1,0 +1,111 @@
+package profiler
+
+import (
+	"sort"
+	"time"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// OOM is an allocation the driver refused for want of memory, with what the
+// process held at that moment, in both views: the tensors of PyTorch's
+// allocator and the driver memory under them. It answers "what filled the
+// GPU", which the failing stack alone does not.
+type OOM struct {
+	Time    time.Time
+	Failure Failure // the refused call: its stack, function and bytes asked
+	Held    []Row   // the process's rows with live memory, by live bytes
+}
+
+// MaxOOMs is how many OOM snapshots a Report keeps, the latest.
+const MaxOOMs = 64
+
+// oomSnapshot is an OOM as taken, before its stacks are resolved.
+type oomSnapshot struct {
+	time    time.Time
+	failure accounting.FailureKey
+	bytes   uint64
+	rows    map[accounting.Key]accounting.Counters
+}
+
+// takeOOM copies the failing process's books, unless it failed less than a
+// second ago: PyTorch's allocator asks again after emptying its cache (from
+// another call site), which is one out-of-memory to the user, and the books
+// of one second are the same story. The caller holds p.mu.
+func (p *Profiler) takeOOM(k accounting.FailureKey, bytes uint64) {
+	now := time.Now()
+	for _, o := range p.ooms {
+		if o.Failure.PID == k.PID && now.Sub(o.Time) < time.Second {
+			return
+		}
+	}
+	for _, o := range p.oomPending {
+		if o.failure.PID == k.PID {
+			return
+		}
+	}
+	p.oomPending = append(p.oomPending, oomSnapshot{time: now, failure: k, bytes: bytes, rows: p.ledger.ProcessRows(k.PID)})
+}
+
+// deliverOOMs resolves the stacks of the snapshots taken and hands them to
+// Config.OnOOM; Report keeps the latest MaxOOMs.
+func (p *Profiler) deliverOOMs() {
+	p.mu.Lock()
+	pending := p.oomPending
+	p.oomPending = nil
+	p.mu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	p.resolve()
+	p.mu.Lock()
+	var ooms []OOM
+	for _, s := range pending {
+		ooms = append(ooms, p.oom(s))
+	}
+	p.ooms = append(p.ooms, ooms...)
+	if len(p.ooms) > MaxOOMs {
+		p.ooms = p.ooms[len(p.ooms)-MaxOOMs:]
+	}
+	p.mu.Unlock()
+	if p.cfg.OnOOM != nil {
+		for _, o := range ooms {
+			p.cfg.OnOOM(o)
+		}
+	}
+}
+
+// oom names a snapshot's stacks. The caller holds p.mu.
+func (p *Profiler) oom(s oomSnapshot) OOM {
+	comm := p.comms[s.failure.PID]
+	o := OOM{Time: s.time, Failure: Failure{
+		FailureKey: s.failure, Comm: comm, Frames: p.frames(s.failure.Stack),
+		Failures: accounting.Failures{Count: 1, Bytes: s.bytes},
+	}}
+	for k, c := range s.rows {
+		if c.LiveBytes() == 0 {
+			continue
+		}
+		o.Held = append(o.Held, Row{Key: k, Comm: comm, Device: p.device(k), Container: p.containers[k.PID].Named(p.cfg.Pods), Frames: p.frames(k.Stack), Counters: c})
+	}
+	sort.Slice(o.Held, func(i, j int) bool {
+		a, b := o.Held[i], o.Held[j]
+		if a.LiveBytes() != b.LiveBytes() {
+			return a.LiveBytes() > b.LiveBytes()
+		}
+		return a.Kind < b.Kind
+	})
+	return o
+}
+
+// HeldBy sums the live bytes of an OOM's rows of one kind.
+func (o OOM) HeldBy(kind tracer.Kind) uint64 {
+	var n uint64
+	for _, r := range o.Held {
+		if r.Kind == kind {
+			n += r.LiveBytes()
+		}
+	}
+	return n
+}
