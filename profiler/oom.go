@@ -1,10 +1,12 @@
 package profiler
 
 import (
+	"slices"
 	"sort"
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -29,22 +31,29 @@ type oomSnapshot struct {
 	rows    map[accounting.Key]accounting.Counters
 }
 
-// takeOOM copies the failing process's books, unless it failed less than a
-// second ago: PyTorch's allocator asks again after emptying its cache (from
-// another call site), which is one out-of-memory to the user, and the books
-// of one second are the same story. The caller holds p.mu.
+// oomRepeat bounds how far apart two failures can be one out-of-memory.
+const oomRepeat = 30 * time.Second
+
+// oomMark is the last failure a process was snapshotted for.
+type oomMark struct {
+	at     time.Time
+	bytes  uint64
+	python []pystack.Frame
+}
+
+// takeOOM copies the failing process's books, unless the failure repeats
+// the one last snapshotted: the same size asked from the same Python frames
+// within oomRepeat. PyTorch's allocator asks again after emptying its cache,
+// from another native call site and, on a large GPU, seconds later; that is
+// one out-of-memory to the user. The caller holds p.mu.
 func (p *Profiler) takeOOM(k accounting.FailureKey, bytes uint64) {
 	now := time.Now()
-	for _, o := range p.ooms {
-		if o.Failure.PID == k.PID && now.Sub(o.Time) < time.Second {
-			return
-		}
+	python := p.stacks[k.Stack].python
+	last, seen := p.lastOOM[k.PID]
+	if seen && last.bytes == bytes && slices.Equal(last.python, python) && now.Sub(last.at) < oomRepeat {
+		return
 	}
-	for _, o := range p.oomPending {
-		if o.failure.PID == k.PID {
-			return
-		}
-	}
+	p.lastOOM[k.PID] = oomMark{at: now, bytes: bytes, python: python}
 	p.oomPending = append(p.oomPending, oomSnapshot{time: now, failure: k, bytes: bytes, rows: p.ledger.ProcessRows(k.PID)})
 }
 
@@ -94,7 +103,7 @@ func (p *Profiler) oom(s oomSnapshot) OOM {
 		if a.LiveBytes() != b.LiveBytes() {
 			return a.LiveBytes() > b.LiveBytes()
 		}
-		return a.Kind < b.Kind
+		return a.Kind > b.Kind // on a tie, tensors before the segments they are in
 	})
 	return o
 }

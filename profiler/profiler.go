@@ -33,6 +33,9 @@ var ErrNoProcess = errors.New("no process with pid")
 
 // Config says what to trace.
 type Config struct {
+	// NoTensors leaves PyTorch's caching allocator alone: the driver view
+	// only, without the probes' cost on every tensor.
+	NoTensors bool
 	// Object, when set, is the BPF object to load (program.bpf.c built
 	// elsewhere, as in a gadget image) instead of the one built in.
 	Object []byte
@@ -74,6 +77,7 @@ type Profiler struct {
 	mu         sync.Mutex
 	oomPending []oomSnapshot // taken, not yet delivered
 	ooms       []OOM         // delivered, the latest MaxOOMs
+	lastOOM    map[uint32]oomMark
 	ledger     *accounting.Ledger
 	stacks     map[accounting.StackID]stack
 	stackIDs   map[string]accounting.StackID // by pid, op and raw frames
@@ -152,6 +156,7 @@ func New(cfg Config) (*Profiler, error) {
 		comms:      map[uint32]string{},
 		attached:   map[string]discover.Library{},
 		failed:     map[string]error{},
+		lastOOM:    map[uint32]oomMark{},
 		devices:    gpuinfo.Devices(cfg.GPUDir),
 		frameTable: map[symbolize.Frame]*symbolize.Frame{},
 		ordinals:   map[uint32]map[int]gpuinfo.Device{},
@@ -362,6 +367,7 @@ func (p *Profiler) addPython(pid int) bool {
 // are symbolized at the next report.
 func (p *Profiler) forget(pid uint32) {
 	p.ledger.Exit(pid)
+	delete(p.lastOOM, pid)
 	if p.py.Has(pid) {
 		p.py.Forget(pid)
 		p.tr.RemovePython(pid)
@@ -456,12 +462,12 @@ func (p *Profiler) scan(first bool) {
 
 // shouldAttach says whether a library found by a scan is to be attached:
 // not yet attached, not the driver when --library names it (allocators are
-// still found), not an allocator library that has no probes.
+// still found), not an allocator with the tensor view off or without probes.
 func (p *Profiler) shouldAttach(lib discover.Library) bool {
 	if _, ok := p.attached[lib.ID()]; ok {
 		return false
 	}
-	if p.cfg.Library != "" && !lib.Allocator {
+	if p.cfg.Library != "" && !lib.Allocator || p.cfg.NoTensors && lib.Allocator {
 		return false
 	}
 	return !errors.Is(p.failed[lib.ID()], tracer.ErrNoProbes)

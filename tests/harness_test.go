@@ -136,6 +136,7 @@ func (w *workload) exit() {
 // session is a profiler running in the test process.
 type session struct {
 	t      *testing.T
+	cfg    profiler.Config
 	p      *profiler.Profiler
 	cancel context.CancelFunc
 	done   chan error
@@ -158,7 +159,7 @@ func startProfiler(t *testing.T, cfg profiler.Config) *session {
 		t.Fatalf("profiler: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &session{t: t, p: p, cancel: cancel, done: make(chan error, 1), logs: logs}
+	s := &session{t: t, cfg: cfg, p: p, cancel: cancel, done: make(chan error, 1), logs: logs}
 	go func() { s.done <- p.Run(ctx) }()
 	t.Cleanup(func() { s.stop() })
 	return s

@@ -15,16 +15,18 @@ import (
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-var simTorch string // the simulated PyTorch allocator, libc10_cuda.so
-
 // startTensors starts simwork.py's tensor scenario under python, with the
-// simulated allocator, once gpu-mem has attached to it and walks its frames.
+// simulated driver and allocator, once gpu-mem walks its frames and, unless
+// the tensor view is off, has attached to the allocator.
 func startTensors(t *testing.T, s *session, python, scenario string, env ...string) *workload {
 	t.Helper()
-	simTorch = filepath.Join(repoRoot, "build/sim/libc10_cuda.so")
-	env = append(env, "SIMCUDA_LIB="+simLib, "SIMTORCH_LIB="+simTorch)
+	env = append(env, "SIMCUDA_LIB="+simLib, "SIMTORCH_LIB="+filepath.Join(repoRoot, "build/sim/libc10_cuda.so"))
 	w := startWorkload(t, env, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), scenario)
-	s.waitLogs(3*time.Second, "PyTorch allocator probes", fmt.Sprintf("pid %d: Python", w.pid))
+	logs := []string{fmt.Sprintf("pid %d: Python", w.pid)}
+	if !s.cfg.NoTensors {
+		logs = append(logs, "PyTorch allocator probes")
+	}
+	s.waitLogs(3*time.Second, logs...)
 	return w
 }
 
@@ -123,8 +125,8 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	// PyTorch's allocator asks twice (again after emptying its cache): one
-	// out-of-memory, one snapshot.
+	// The allocator asks twice (again after emptying its cache, from another
+	// call site): one out-of-memory, one snapshot.
 	if len(ooms) != 1 || len(r.OOMs) != 1 {
 		t.Fatalf("%d snapshots delivered, %d in the report", len(ooms), len(r.OOMs))
 	}
@@ -163,4 +165,20 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 	if total != 144*MiB {
 		t.Errorf("folded snapshot holds %d bytes, want 72 MiB of tensors and 72 MiB of segments", total)
 	}
+}
+
+// TestTensorViewOff: with NoTensors (--tensors=false) the allocator is left
+// alone, and the driver view is as before.
+func TestTensorViewOff(t *testing.T) {
+	s := startProfiler(t, profiler.Config{Library: simLib, NoTensors: true})
+	w := startTensors(t, s, pythons(t)[2], "tensors")
+	w.run()
+	r := s.report()
+	if rows := byPythonFunction(r, w.pid, tracer.KindTensor); len(rows) != 0 {
+		t.Errorf("tensor rows with the tensor view off: %v", rows)
+	}
+	if segments := byPythonFunction(r, w.pid, tracer.KindDevice); segments["kv_cache"].LiveBytes() != 12<<20 {
+		t.Errorf("driver view: %v", segments)
+	}
+	w.exit()
 }

@@ -27,34 +27,9 @@ for caching in 1 0; do
 	done
 done
 done
-cat "$results"
-python3 - "$results" "$out/RESULTS.md" <<'PY'
-import statistics, sys
-runs = {}
-for line in open(sys.argv[1]):
-    kv = dict(x.split("=") for x in line.split()[1:])
-    runs.setdefault((kv["caching"], kv["profiler"]), []).append((float(kv["us_per_empty"]), float(kv["ms_per_step"])))
-rows = {k: (statistics.median(e for e, _ in v), statistics.median(s for _, s in v)) for k, v in runs.items()}
-gpu = open("/proc/driver/nvidia/gpus/" + __import__("os").listdir("/proc/driver/nvidia/gpus")[0] + "/information").read().split("\n")[0].split(":", 1)[1].strip()
-with open(sys.argv[2], "w") as f:
-    f.write("## On the GPU\n\n")
-    f.write(f"{gpu}, torch {__import__('torch').__version__}, measured by `bench/gpu/run.sh`: each figure is the median of\n")
-    f.write("3 interleaved rounds of the best of 5 repeats. `torch.empty` of 1 MiB then `del`; a 4-layer transformer encoder\n")
-    f.write("(d_model 512, batch 16 x 256 tokens) training step. Slowdown is relative to no profiler.\n\n")
-    f.write("| caching allocator | profiler | us per empty+del | slowdown | ms per model step | slowdown |\n")
-    f.write("| --- | --- | ---: | ---: | ---: | ---: |\n")
-    ok2, below = True, True
-    for caching in ("1", "0"):
-        base = rows[(caching, "none")]
-        for profiler in ("none", "gpumem", "history"):
-            e, s = rows[(caching, profiler)]
-            name = {"none": "none", "gpumem": "gpu-mem", "history": "`_record_memory_history`"}[profiler]
-            f.write(f"| {'on' if caching == '1' else 'off'} | {name} | {e:.2f} | {100 * (e / base[0] - 1):+.1f}% | {s:.2f} | {100 * (s / base[1] - 1):+.1f}% |\n")
-        g, h = rows[(caching, "gpumem")], rows[(caching, "history")]
-        below = below and g[0] - base[0] < h[0] - base[0]
-        if caching == "1":
-            ok2 = g[0] / base[0] <= 1.02
-    f.write(f"\nTargets: at most 2% slower with caching on ({'met' if ok2 else 'missed'}); below\n")
-    f.write(f"`_record_memory_history`'s overhead in every configuration ({'met' if below else 'missed'}).\n")
-PY
+# The tensor path, measured inside one process (bench/gpu/tensor.sh).
+tensor=$out/tensor.txt
+"$here/tensor.sh" "$gpumem" "$out" >"$tensor"
+cat "$results" "$tensor"
+python3 "$here/report.py" "$results" "$tensor" "$out/RESULTS.md"
 cat "$out/RESULTS.md"

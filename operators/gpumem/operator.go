@@ -42,6 +42,7 @@ const (
 	ParamPIDs     = "pid"
 	ParamGPUs     = "gpu"
 	ParamInterval = "interval"
+	ParamTensors  = "tensors"
 )
 
 var params = api.Params{
@@ -49,6 +50,7 @@ var params = api.Params{
 	{Key: ParamPIDs, Description: "trace only these processes (comma-separated)"},
 	{Key: ParamGPUs, Description: "report only memory on these device ordinals (comma-separated)"},
 	{Key: ParamInterval, DefaultValue: "5s", TypeHint: api.TypeDuration, Description: "how often the books are emitted"},
+	{Key: ParamTensors, DefaultValue: "true", TypeHint: api.TypeBool, Description: "also trace PyTorch's caching allocator: the tensor view"},
 }
 
 // Operator is the image operator. Register it for MediaType in place of
@@ -111,6 +113,7 @@ func configFrom(values api.ParamValues) (profiler.Config, time.Duration, error) 
 	if cfg.GPUs, err = ints(values[ParamGPUs]); err != nil {
 		return cfg, 0, fmt.Errorf("%s: %w", ParamGPUs, err)
 	}
+	cfg.NoTensors = values[ParamTensors] == "false"
 	interval := 5 * time.Second
 	if v := values[ParamInterval]; v != "" {
 		if interval, err = time.ParseDuration(v); err != nil || interval <= 0 {

@@ -1,0 +1,50 @@
+"""The cost of the tensor view, measured inside one process.
+
+A loop of torch.empty(1 MiB) + del runs at about 2.5 or about 4.5 us per
+iteration from one process to the next on the GPU machine, whatever the
+profiler: too much noise to see a few microseconds between processes. So this
+script measures, in one process, phases the harness (bench/gpu/run.sh) sets
+up between them: "base" (no profiler), "gpumem" (gpumem record attached to
+this process, its USDT probes firing on every empty and del), "base" again
+once gpumem has stopped, then "history" (PyTorch's own
+_record_memory_history). Protocol: prints "ready PID", then before each
+phase "phase NAME" and waits for a line; prints "result phase=NAME
+us_per_empty=..." (best of 5 runs of 20000) after each; exits.
+"""
+import os
+import sys
+import time
+
+import torch
+
+
+def empty_and_del(n):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        del x
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def phase(name):
+    print(f"phase {name}", flush=True)
+    sys.stdin.readline()
+    if name == "history":
+        torch.cuda.memory._record_memory_history(max_entries=100000)
+    empty_and_del(500)
+    best = min(empty_and_del(20000) for _ in range(5))
+    print(f"result phase={name} us_per_empty={best:.3f}", flush=True)
+
+
+def main():
+    torch.cuda.init()
+    empty_and_del(200)
+    print(f"ready {os.getpid()}", flush=True)
+    for name in ("base", "gpumem", "base", "history"):
+        phase(name)
+
+
+if __name__ == "__main__":
+    main()
