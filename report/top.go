@@ -6,6 +6,7 @@ import (
 	"sort"
 	"text/tabwriter"
 
+	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -24,13 +25,14 @@ type TopRow struct {
 	Allocs    uint64
 	Frees     uint64 // explicit and at exit
 	Failures  uint64
+	Growth    int64  // change of live bytes over the growth window
 	Hottest   string // the caller of the driver on the stack holding most
 	hottest   uint64
 }
 
 // Top folds a report's stacks into one row per process, kind and device,
-// sorted by live bytes.
-func Top(r profiler.Report) []TopRow {
+// sorted by live bytes; grew is each stack's growth (Growth.Observe).
+func Top(r profiler.Report, grew map[accounting.Key]int64) []TopRow {
 	type key struct {
 		pid  uint32
 		kind tracer.Kind
@@ -50,6 +52,7 @@ func Top(r profiler.Report) []TopRow {
 		t.Allocated += s.AllocBytes
 		t.Allocs += s.AllocCount
 		t.Frees += s.FreeCount + s.ImplicitFreeCount
+		t.Growth += grew[s.Key]
 		weight := s.LiveBytes()
 		if t.Hottest == "" || weight > t.hottest {
 			t.Hottest, t.hottest = HottestFrame(s.Frames), weight
@@ -92,22 +95,36 @@ func HottestFrame(frames []*symbolize.Frame) string {
 	return "?"
 }
 
-// WriteTop writes a status line and the table of Top, at most limit rows
-// (all when limit <= 0).
-func WriteTop(w io.Writer, r profiler.Report, limit int) error {
+// WriteTop writes a status line, the table of Top, at most limit rows (all
+// when limit <= 0), the three stacks that grew most over the window g
+// follows, and the latest out-of-memory.
+func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
 		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
+	grew := g.Observe(r)
+	window := windowName(g.Window)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tCOMM\tPOD\tKIND\tGPU\tLIVE\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME")
-	rows := Top(r)
+	fmt.Fprintf(tw, "PID\tCOMM\tPOD\tKIND\tGPU\tLIVE\tGROWTH/%s\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME\n", window)
+	rows := Top(r, grew)
 	if limit > 0 && len(rows) > limit {
 		rows = rows[:limit]
 	}
 	for _, t := range rows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, t.Comm, t.Pod, t.Kind, t.GPU,
-			HumanBytes(t.Live), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, t.Hottest)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, t.Comm, t.Pod, t.Kind, t.GPU,
+			HumanBytes(t.Live), SignedBytes(t.Growth), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, t.Hottest)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, gr := range Growers(r, grew, 3) {
+		fmt.Fprintf(w, "growing: %s in %s to %s, pid %d (%s), %s, at %s\n", SignedBytes(gr.Growth), window,
+			HumanBytes(gr.LiveBytes()), gr.PID, gr.Comm, gr.Kind, HottestFrame(gr.Frames))
+	}
+	if len(r.OOMs) > 0 {
+		o := r.OOMs[len(r.OOMs)-1]
+		fmt.Fprintf(w, "%s %s\n", o.Time.Format("15:04:05"), DescribeOOM(o))
+	}
+	return nil
 }
 
 // HumanBytes formats a byte count with binary units: 1.5 MiB.

@@ -198,6 +198,7 @@ func TestTopPlainLines(t *testing.T) {
 	w := startWorkload(t, nil, simwork, "hold", "5000000")
 	c := startCLI(t, "top", "--pid", strconv.Itoa(w.pid), "--interval", "200ms")
 	c.waitStderr("attached to")
+	time.Sleep(700 * time.Millisecond) // a refresh before the allocation: growth starts from nothing
 	w.run()
 	time.Sleep(500 * time.Millisecond)
 	c.interrupt()
@@ -206,10 +207,15 @@ func TestTopPlainLines(t *testing.T) {
 		t.Errorf("escape codes in non-terminal output")
 	}
 	// The workload made its context before gpumem started: its device is
-	// unknown.
-	want := strconv.Itoa(w.pid) + " +simwork +- +device +unknown +4.8 MiB +4.8 MiB +1 +0 +0 +hold$"
-	if !matchLine(out, want) {
-		t.Errorf("no line matching %q in:\n%s", want, out)
+	// unknown. It grew by what it holds within the minute.
+	for _, want := range []string{
+		"PID +COMM +POD +KIND +GPU +LIVE +GROWTH/1m +ALLOCATED +ALLOCS +FREES +FAILURES +HOTTEST FRAME$",
+		strconv.Itoa(w.pid) + ` +simwork +- +device +unknown +4.8 MiB +\+4.8 MiB +4.8 MiB +1 +0 +0 +hold$`,
+		`^growing: \+4.8 MiB in 1m to 4.8 MiB, pid ` + strconv.Itoa(w.pid) + ` \(simwork\), device, at hold$`,
+	} {
+		if !matchLine(out, want) {
+			t.Errorf("no line matching %q in:\n%s", want, out)
+		}
 	}
 	w.exit()
 }

@@ -18,6 +18,7 @@ type topOptions struct {
 	interval time.Duration
 	duration time.Duration
 	limit    int
+	growth   report.Growth
 }
 
 func newTopCommand() *cobra.Command {
@@ -27,8 +28,11 @@ func newTopCommand() *cobra.Command {
 		Short: "Show GPU memory per process and kind, live, refreshed every second",
 		Long: `Top shows one row per process and kind of memory (device, host-pinned, managed,
 vmm, and tensor for PyTorch's allocator), sorted by live bytes, with the function that called the driver on the
-stack holding the most. On a terminal the screen is redrawn; otherwise each
-refresh prints plain lines.`,
+stack holding the most, and how much its live bytes grew over the last
+minute (--growth-window), with the three stacks that grew most below: a leak
+grows window after window. The latest out-of-memory, if any, is the last
+line. On a terminal the screen is redrawn; otherwise each refresh prints
+plain lines.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return o.run(cmd.Context())
@@ -39,12 +43,13 @@ refresh prints plain lines.`,
 	fs.DurationVar(&o.interval, "interval", time.Second, "refresh interval")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C)")
 	fs.IntVar(&o.limit, "limit", 20, "rows shown (0: all)")
+	fs.DurationVar(&o.growth.Window, "growth-window", time.Minute, "the GROWTH column's window: how much live bytes grew over it")
 	return cmd
 }
 
 func (o *topOptions) run(ctx context.Context) error {
-	if o.interval <= 0 {
-		return usageError{fmt.Errorf("--interval must be positive")}
+	if o.interval <= 0 || o.growth.Window <= 0 {
+		return usageError{fmt.Errorf("--interval and --growth-window must be positive")}
 	}
 	p, err := profiler.New(o.target.config())
 	if err != nil {
@@ -81,5 +86,5 @@ func (o *topOptions) draw(p *profiler.Profiler, interactive bool) error {
 	if interactive {
 		fmt.Print("\033[H\033[2J")
 	}
-	return report.WriteTop(os.Stdout, r, o.limit)
+	return report.WriteTop(os.Stdout, r, o.limit, &o.growth)
 }
