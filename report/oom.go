@@ -18,4 +18,3 @@ func DescribeOOM(o profiler.OOM) string {
 	}
 	return s
 }
-
