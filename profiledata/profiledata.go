@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
@@ -119,6 +120,23 @@ func NewReader(ds datasource.DataSource) (*Reader, error) {
 		}
 	}
 	return r, nil
+}
+
+// SubscribeReports calls f with each array of the profile data source ds,
+// read as a report stamped with the time it arrived.
+func SubscribeReports(ds datasource.DataSource, priority int, f func(profiler.Report) error) error {
+	rows, err := NewReader(ds)
+	if err != nil {
+		return err
+	}
+	return ds.SubscribeArray(func(ds datasource.DataSource, arr datasource.DataArray) error {
+		r, err := rows.Report(arr)
+		if err != nil {
+			return fmt.Errorf("data source %s: %w", ds.Name(), err)
+		}
+		r.Time = time.Now()
+		return f(r)
+	}, priority)
 }
 
 // Report reads one array. Its frames carry function names only.

@@ -78,15 +78,7 @@ func TestRecordPprof(t *testing.T) {
 	recordKinds(t, "--format", "pprof", "-o", out)
 
 	// Read back with pprof's own package: exact values per function.
-	f, err := os.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	p, err := profile.Parse(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := readProfile(t, out)
 	var types []string
 	for _, st := range p.SampleType {
 		types = append(types, st.Type+"/"+st.Unit)
@@ -262,6 +254,21 @@ func TestSaysItIsWaiting(t *testing.T) {
 	c := startCLI(t, "record", "--pid", strconv.Itoa(sleep.Process.Pid), "-o", filepath.Join(t.TempDir(), "out.pb.gz"))
 	c.waitStderr("waiting for a process to load libcuda.so")
 	c.interrupt()
+}
+
+// readProfile parses a pprof file with pprof's own package.
+func readProfile(t *testing.T, path string) *profile.Profile {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p, err := profile.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func matchLine(text, pattern string) bool {

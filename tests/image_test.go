@@ -12,8 +12,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/google/pprof/profile"
-
 	"github.com/gpu-mem/gpu-mem/metadata"
 )
 
@@ -200,15 +198,7 @@ func TestRunMatchesRecord(t *testing.T) {
 // the four values, summed over samples with the same names.
 func samples(t *testing.T, path string) map[string][4]int64 {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	p, err := profile.Parse(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := readProfile(t, path)
 	out := map[string][4]int64{}
 	for _, s := range p.Sample {
 		var names []string

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/pprof/profile"
-
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -170,15 +168,7 @@ func TestPythonInEveryOutput(t *testing.T) {
 		outputs["line"] = strconv.FormatUint(expect["line1002"], 10)
 	}
 
-	f, err := os.Open(outputs["pprof"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	p, err := profile.Parse(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := readProfile(t, outputs["pprof"])
 	found := false
 	for _, s := range p.Sample {
 		for _, loc := range s.Location {

@@ -13,19 +13,10 @@ us_per_empty=..." (best of 5 runs of 20000) after each; exits.
 """
 import os
 import sys
-import time
 
 import torch
 
-
-def empty_and_del(n):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-        del x
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / n * 1e6
+from torch_bench import empty_and_del  # the same loop as the table above it
 
 
 def phase(name):

@@ -169,21 +169,13 @@ func (l *lastReport) operator() operators.DataOperator {
 }
 
 func (l *lastReport) subscribeRows(ds datasource.DataSource) error {
-	rows, err := profiledata.NewReader(ds)
-	if err != nil {
-		return err
-	}
-	return ds.SubscribeArray(func(ds datasource.DataSource, arr datasource.DataArray) error {
-		r, err := rows.Report(arr)
-		if err != nil {
-			return err
-		}
+	return profiledata.SubscribeReports(ds, pyroscope.Priority+1, func(r profiler.Report) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		r.Time, r.Events, r.Losses, r.Ledger, r.Libraries = time.Now(), l.stats.Events, l.stats.Losses, l.stats.Ledger, l.stats.Libraries
+		r.Events, r.Losses, r.Ledger, r.Libraries = l.stats.Events, l.stats.Losses, l.stats.Ledger, l.stats.Libraries
 		l.report, l.seen = r, true
 		return nil
-	}, pyroscope.Priority+1)
+	})
 }
 
 func (l *lastReport) subscribeStats(ds datasource.DataSource) error {

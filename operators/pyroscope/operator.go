@@ -14,6 +14,7 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/params"
 
 	"github.com/gpu-mem/gpu-mem/profiledata"
+	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/profilerows"
 )
 
@@ -125,19 +126,10 @@ type instance struct {
 func (i *instance) Name() string { return Name }
 
 func (i *instance) subscribe(ds datasource.DataSource) error {
-	rows, err := profiledata.NewReader(ds)
-	if err != nil {
-		return err
-	}
-	return ds.SubscribeArray(func(ds datasource.DataSource, arr datasource.DataArray) error {
-		r, err := rows.Report(arr)
-		if err != nil {
-			return fmt.Errorf("data source %s: %w", ds.Name(), err)
-		}
-		r.Time = time.Now()
+	return profiledata.SubscribeReports(ds, Priority, func(r profiler.Report) error {
 		i.exporter.Export(r)
 		return nil
-	}, Priority)
+	})
 }
 
 func (i *instance) Start(gadgetCtx operators.GadgetContext) error {
