@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -38,7 +38,7 @@ const oomRepeat = 30 * time.Second
 type oomMark struct {
 	at     time.Time
 	bytes  uint64
-	python []pystack.Frame
+	python []symbolize.Frame
 }
 
 // takeOOM copies the failing process's books, unless the failure repeats
@@ -48,13 +48,25 @@ type oomMark struct {
 // one out-of-memory to the user. The caller holds p.mu.
 func (p *Profiler) takeOOM(k accounting.FailureKey, bytes uint64) {
 	now := time.Now()
-	python := p.stacks[k.Stack].python
+	python := pythonFrames(p.frames(k.Stack))
 	last, seen := p.lastOOM[k.PID]
 	if seen && last.bytes == bytes && slices.Equal(last.python, python) && now.Sub(last.at) < oomRepeat {
 		return
 	}
 	p.lastOOM[k.PID] = oomMark{at: now, bytes: bytes, python: python}
 	p.oomPending = append(p.oomPending, oomSnapshot{time: now, failure: k, bytes: bytes, rows: p.ledger.ProcessRows(k.PID)})
+}
+
+// pythonFrames are the Python frames of a stack, whether or not its native
+// frames are resolved yet.
+func pythonFrames(frames []*symbolize.Frame) []symbolize.Frame {
+	var py []symbolize.Frame
+	for _, f := range frames {
+		if f.File != "" {
+			py = append(py, *f)
+		}
+	}
+	return py
 }
 
 // deliverOOMs resolves the stacks of the snapshots taken and hands them to

@@ -57,50 +57,52 @@ func byPythonFunction(r profiler.Report, pid int, kind tracer.Kind) map[string]p
 // segments the allocator holds, under the function whose tensor grew them.
 func TestTensorsExact(t *testing.T) {
 	for _, python := range pythons(t) {
-		t.Run(pythonName(python), func(t *testing.T) {
-			s := startProfiler(t, profiler.Config{Library: simLib})
-			w := startTensors(t, s, python, "tensors")
-			expect := w.run()
-			r := s.report()
-			const MiB = 1 << 20
-			tensors := byPythonFunction(r, w.pid, tracer.KindTensor)
-			if tensors["activations"].LiveBytes() != expect["tensor_activations"] {
-				t.Errorf("activations live %d, workload holds %d", tensors["activations"].LiveBytes(), expect["tensor_activations"])
-			}
-			for fn, want := range map[string]accounting.Counters{
-				"load_weights": {AllocBytes: expect["tensor_load_weights"], AllocCount: 3},
-				"kv_cache":     {AllocBytes: expect["tensor_kv_cache"], AllocCount: 1},
-				"activations":  {AllocBytes: 8 * 300032, AllocCount: 8, FreeBytes: 6 * 300032, FreeCount: 6},
-			} {
-				row := tensors[fn]
-				if row.Counters != want || row.Key.Device != 0 {
-					t.Errorf("tensors of %s: %+v on device %d, want %+v on 0", fn, row.Counters, row.Key.Device, want)
-				}
-				delete(tensors, fn)
-			}
-			if len(tensors) != 0 {
-				t.Errorf("tensor rows elsewhere: %v", tensors)
-			}
-			segments := byPythonFunction(r, w.pid, tracer.KindDevice)
-			for fn, want := range map[string]uint64{"load_weights": 20 * MiB, "kv_cache": 12 * MiB, "activations": 4 * MiB} {
-				if row := segments[fn]; row.LiveBytes() != want || row.AllocBytes != want || row.Key.Device != 0 {
-					t.Errorf("segments of %s: %+v on device %d, want %d live", fn, row.Counters, row.Key.Device, want)
-				}
-			}
-			if r.Python.Missing != 0 {
-				t.Errorf("python stats %+v", r.Python)
-			}
-			assertNoLosses(t, r)
-			w.exit()
-		})
+		t.Run(pythonName(python), func(t *testing.T) { testTensorsExact(t, python) })
 	}
 }
 
+func testTensorsExact(t *testing.T, python string) {
+	s := startProfiler(t, profiler.Config{Library: simLib})
+	w := startTensors(t, s, python, "tensors")
+	expect := w.run()
+	r := s.report()
+	const MiB = 1 << 20
+	tensors := byPythonFunction(r, w.pid, tracer.KindTensor)
+	if tensors["activations"].LiveBytes() != expect["tensor_activations"] {
+		t.Errorf("activations live %d, workload holds %d", tensors["activations"].LiveBytes(), expect["tensor_activations"])
+	}
+	for fn, want := range map[string]accounting.Counters{
+		"load_weights": {AllocBytes: expect["tensor_load_weights"], AllocCount: 3},
+		"kv_cache":     {AllocBytes: expect["tensor_kv_cache"], AllocCount: 1},
+		"activations":  {AllocBytes: 8 * 300000, AllocCount: 8, FreeBytes: 6 * 300000, FreeCount: 6},
+	} {
+		row := tensors[fn]
+		if row.Counters != want || row.Key.Device != 0 {
+			t.Errorf("tensors of %s: %+v on device %d, want %+v on 0", fn, row.Counters, row.Key.Device, want)
+		}
+		delete(tensors, fn)
+	}
+	if len(tensors) != 0 {
+		t.Errorf("tensor rows elsewhere: %v", tensors)
+	}
+	segments := byPythonFunction(r, w.pid, tracer.KindDevice)
+	for fn, want := range map[string]uint64{"load_weights": 20 * MiB, "kv_cache": 12 * MiB, "activations": 4 * MiB} {
+		if row := segments[fn]; row.LiveBytes() != want || row.AllocBytes != want || row.Key.Device != 0 {
+			t.Errorf("segments of %s: %+v on device %d, want %d live", fn, row.Counters, row.Key.Device, want)
+		}
+	}
+	if r.Python.Missing != 0 {
+		t.Errorf("python stats %+v", r.Python)
+	}
+	assertNoLosses(t, r)
+	w.exit()
+}
+
 // TestTensorOutOfMemorySnapshot: a process fills device memory with tensors
-// from fill_cache, then asks for more than is left from big_batch. The
-// snapshot taken at the driver's refusal names big_batch as the asker and
-// fill_cache as what held the memory, in both views, byte for byte; record
-// --on-oom writes it as pprof and folded files.
+// from fill_cache, then asks five times for more than is left from
+// big_batch. One snapshot, taken at the driver's first refusal, names
+// big_batch as the asker and fill_cache as what held the memory, in both
+// views, byte for byte; record --on-oom writes it as pprof and folded files.
 func TestTensorOutOfMemorySnapshot(t *testing.T) {
 	const MiB = 1 << 20
 	python := pythons(t)[2]
@@ -125,8 +127,8 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	// The allocator asks twice (again after emptying its cache, from another
-	// call site): one out-of-memory, one snapshot.
+	// Each of the five attempts asks the driver twice (again after emptying
+	// the cache, from another call site): one out-of-memory, one snapshot.
 	if len(ooms) != 1 || len(r.OOMs) != 1 {
 		t.Fatalf("%d snapshots delivered, %d in the report", len(ooms), len(r.OOMs))
 	}
@@ -143,6 +145,11 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 			t.Errorf("held %s: %d bytes in %d from %v", row.Kind, row.LiveBytes(), row.LiveCount(), frameNames(row.Frames))
 		}
 	}
+	// After the failed attempts, the books go on exactly.
+	if after := byPythonFunction(r, w.pid, tracer.KindTensor)["after_oom"]; after.LiveBytes() != expect["tensor_after_oom"] || after.AllocCount != 4 {
+		t.Errorf("after the out-of-memory: %+v, workload holds %d", after.Counters, expect["tensor_after_oom"])
+	}
+	assertNoLosses(t, r)
 	w.exit()
 
 	files, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("oom-%d-*", w.pid)))

@@ -55,6 +55,7 @@ public:
 	__attribute__((noinline)) Block *malloc(int device, size_t size, void *stream)
 	{
 		std::lock_guard<std::mutex> lock(mu_);
+		size_t requested = size; // what the probe reports, as in torch
 		size = round_size(size);
 		Block *b = find_free(size);
 		if (!b)
@@ -64,7 +65,7 @@ public:
 		split(b, size);
 		b->allocated = true;
 		if (pytorch_malloc_semaphore)
-			STAP_PROBE4(pytorch, malloc, b->ptr, (int8_t)device, b->size, stream);
+			STAP_PROBE4(pytorch, malloc, b->ptr, (int8_t)device, requested, stream);
 		return b;
 	}
 

@@ -15,8 +15,10 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                expects tensor_FUNCTION=live bytes for each
     python3 simwork.py tensor_oom
                                fills device memory with tensors (fill_cache), then asks
-                               for more than is left (big_batch): out of memory;
-                               expects held=bytes in tensors, requested=bytes asked
+                               five times for more than is left (big_batch): out of
+                               memory; then allocates what fits (after_oom); expects
+                               held=bytes in tensors, requested=bytes asked,
+                               tensor_after_oom=bytes
 
 The tensor scenarios call the allocator straight from the named functions,
 as PyTorch code calls torch.empty: those are the innermost Python frames.
@@ -201,18 +203,13 @@ def pairs():
     totals["ns_per_pair"] = (time.perf_counter_ns() - start) // n
 
 
-def block_size(nbytes):
-    """The bytes the allocator gives a tensor: a multiple of 512."""
-    return max(512, (nbytes + 511) // 512 * 512)
-
-
 def load_weights(held):
     for _ in range(3):
         ptr = ctypes.c_void_p()
         if torch.simtorch_malloc(0, 4 << 20, ctypes.byref(ptr)):
             raise MemoryError("load_weights")
         held.append(ptr.value)
-    totals["tensor_load_weights"] = 3 * block_size(4 << 20)
+    totals["tensor_load_weights"] = 3 * (4 << 20)
 
 
 def kv_cache(held):
@@ -220,7 +217,7 @@ def kv_cache(held):
     if torch.simtorch_malloc(0, 12 << 20, ctypes.byref(ptr)):
         raise MemoryError("kv_cache")
     held.append(ptr.value)
-    totals["tensor_kv_cache"] = block_size(12 << 20)
+    totals["tensor_kv_cache"] = 12 << 20
 
 
 def activations(held):
@@ -233,7 +230,7 @@ def activations(held):
     for ptr in acts[2:]:
         torch.simtorch_free(ptr)
     held.extend(acts[:2])
-    totals["tensor_activations"] = 2 * block_size(300_000)
+    totals["tensor_activations"] = 2 * 300_000
 
 
 held_tensors = []  # live until the process exits
@@ -251,20 +248,32 @@ def fill_cache(held):
         if torch.simtorch_malloc(0, 12 << 20, ctypes.byref(ptr)):
             raise MemoryError("fill_cache")
         held.append(ptr.value)
-    totals["held"] = 6 * block_size(12 << 20)
+    totals["held"] = 6 * (12 << 20)
 
 
 def big_batch():
-    ptr = ctypes.c_void_p()
-    rc = torch.simtorch_malloc(0, 40 << 20, ctypes.byref(ptr))
+    for _ in range(5):  # retried, as a training loop that catches the error does
+        ptr = ctypes.c_void_p()
+        rc = torch.simtorch_malloc(0, 40 << 20, ctypes.byref(ptr))
     totals["requested"] = 40 << 20
     totals["result"] = rc
 
 
+def after_oom(held):
+    for _ in range(4):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 1 << 20, ctypes.byref(ptr)):
+            raise MemoryError("after_oom")
+        held.append(ptr.value)
+    totals["tensor_after_oom"] = 4 * (1 << 20)
+
+
 def tensor_oom():
-    """Run with SIMCUDA_CAPACITY=104857600 (100 MiB): 72 MiB held, 40 more asked."""
+    """Run with SIMCUDA_CAPACITY=104857600 (100 MiB): 72 MiB held, 40 more
+    asked five times, then 4 MiB more, which fit."""
     fill_cache(held_tensors)
     big_batch()
+    after_oom(held_tensors)
 
 
 def main():
