@@ -299,8 +299,6 @@ static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 aux)
 
 	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
 		return 0;
-	if (gadget_should_discard_data_current())
-		return 0;
 
 	struct gpumem_calls *calls = bpf_map_lookup_elem(&inflight, &id);
 	if (!calls) {
@@ -605,13 +603,21 @@ static __always_inline __u64 event_size(const struct gpumem_event *e)
 	return size > sizeof(*e) ? sizeof(*e) : size;
 }
 
-/* begin_event fills the header of a call event. */
-static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 result)
+/* begin_event fills the header of a call event. Stock IG gets the whole
+ * process (parent, credentials, mount namespace for its Kubernetes
+ * enrichment); gpumem reads the pid, tid and comm only. */
+static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 result, bool stock_ig)
 {
 	e->type = GPUMEM_EVENT_CALL;
 	e->op = op;
 	e->result = result;
-	gadget_process_populate(&e->proc);
+	if (stock_ig) {
+		gadget_process_populate(&e->proc);
+	} else {
+		__u64 id = bpf_get_current_pid_tgid();
+		e->proc = (struct gadget_process){.pid = id >> 32, .tid = (__u32)id};
+		bpf_get_current_comm(e->proc.comm, sizeof(e->proc.comm));
+	}
 	e->ustack_len = 0;
 	e->pystack_len = 0;
 	e->py_flags = 0;
@@ -658,7 +664,7 @@ static __always_inline int leave(struct pt_regs *ctx, bool stock_ig)
 	if (!e)
 		return 0;
 
-	begin_event(e, call->op, (__s32)PT_REGS_RC(ctx));
+	begin_event(e, call->op, (__s32)PT_REGS_RC(ctx), stock_ig);
 	if (gpumem_op_is_free(call->op)) {
 		e->timestamp = call->timestamp;
 		e->address = call->target;
@@ -804,13 +810,11 @@ int gpumem_tensor(struct pt_regs *ctx)
 
 	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
 		return 0;
-	if (gadget_should_discard_data_current())
-		return 0;
 	struct gpumem_usdt_site *s = bpf_map_lookup_elem(&usdt_sites, &site);
 	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
 	if (!s || !e)
 		return 0;
-	begin_event(e, s->op, 0);
+	begin_event(e, s->op, 0, false);
 	e->timestamp = bpf_ktime_get_ns();
 	e->address = usdt_arg(ctx, &s->args[0]);
 	e->bytes = 0;
@@ -825,11 +829,15 @@ int gpumem_tensor(struct pt_regs *ctx)
 
 /* The same probes, one program per function, for stock IG's uprobe attach
  * (it takes one library:symbol per program). The op is fixed at compile time
- * where gpumem_enter reads it from the attach cookie. */
+ * where gpumem_enter reads it from the attach cookie; IG's filters (mount
+ * namespace, --pid, --comm) apply at entry: a call not entered is not
+ * reported. */
 #define GPUMEM_PROBE(symbol, op)                                    \
 	SEC("uprobe/libcuda:" #symbol)                              \
 	int gpumem_enter_##symbol(struct pt_regs *ctx)             \
 	{                                                           \
+		if (gadget_should_discard_data_current())           \
+			return 0;                                   \
 		return enter_op(ctx, op);                           \
 	}                                                           \
 	SEC("uretprobe/libcuda:" #symbol)                           \

@@ -74,11 +74,9 @@ func checkDataSource(name string, ds *metadatav1.DataSource) []error {
 	for _, f := range sortedKeys(ds.Fields) {
 		errs = append(errs, checkAnnotations(where+", field "+f, ds.Fields[f].Annotations)...)
 	}
-	for _, key := range []string{"profiles.value-field"} {
-		if f, ok := ds.Annotations[key]; ok {
-			if _, declared := ds.Fields[f]; !declared {
-				errs = append(errs, fmt.Errorf("%s: %s names field %q, which it does not declare", where, key, f))
-			}
+	if f, ok := ds.Annotations["profiles.value-field"]; ok {
+		if _, declared := ds.Fields[f]; !declared {
+			errs = append(errs, fmt.Errorf("%s: profiles.value-field names field %q, which it does not declare", where, f))
 		}
 	}
 	if ds.Annotations["metrics.collect"] != "true" {
