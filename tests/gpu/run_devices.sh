@@ -20,19 +20,9 @@ for caching in 0 1; do
 	python3 "$here/check_devices.py" "$log.json" "$(grep expect "$log.stdout")" "$(grep uuid "$log.stdout")" || status=1
 done
 unset PYTORCH_NO_CUDA_MEMORY_CACHING
+. "$here/protocol.sh"
 log=$out/devices-attached
-fifo=$(mktemp -u) && mkfifo "$fifo"
-WAIT=1 python3 "$here/torch_devices.py" <"$fifo" >"$log.stdout" &
-py=$!
-exec 3>"$fifo"
-until grep -q ready "$log.stdout"; do sleep 0.1; done
-"$gpumem" record --pid "$py" --format json -o "$log.json" --top 0 2>"$log.stderr" &
-rec=$!
-until grep -q "attached" "$log.stderr"; do sleep 0.1; done
-echo >&3
-until grep -q expect "$log.stdout"; do sleep 0.1; done
-kill -INT $rec && wait $rec
-echo >&3 && exec 3>&- && wait $py
+WAIT=1 record_protocol "$log" "attached" "$here/torch_devices.py" -- --top 0
 echo "== attached to a running process (caching on)"
 python3 "$here/check_devices.py" "$log.json" "$(grep expect "$log.stdout")" || echo "(contexts made before gpumem attached: see docs/validation.md)"
 exit $status
