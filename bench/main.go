@@ -21,7 +21,7 @@ var (
 	smoke   = flag.Bool("smoke", false, "a short run that checks the harness, not the figures")
 	out     = flag.String("o", "BENCHMARKS.md", "where to write the results")
 	repo    = flag.String("repo", ".", "the repository root (build/sim and bin/ built)")
-	only    = flag.String("only", "", "run one section: costs, rates, agent or latency")
+	only    = flag.String("only", "", "run one section: costs, rates, agent, latency or load")
 	runs    = 5
 	simLib  string
 	simwork string
@@ -54,6 +54,7 @@ func main() {
 		{"rates", "Sustained event rate without loss", rates},
 		{"agent", "Agent CPU and memory", agentFootprint},
 		{"latency", "Attach latency", attachLatency},
+		{"load", "Load time of the BPF object", func() string { return loadTimes(root) }},
 	} {
 		if *only == "" || *only == s.name {
 			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)

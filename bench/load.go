@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// loadTimes measures loading program.bpf.c's object two ways: what gpumem
+// loads (its own programs, tracer.New) and the whole object as stock IG
+// loads it (every program, with the in-kernel totals and user stacks on).
+func loadTimes(root string) string {
+	gpumemLoad := timeRuns(func() {
+		t, err := tracer.New(tracer.Options{})
+		check(err)
+		t.Close()
+	})
+	object := filepath.Join(root, "tracer/gpumem_x86_bpfel.o")
+	var programs int
+	igLoad := timeRuns(func() {
+		spec, err := ebpf.LoadCollectionSpec(object)
+		check(err)
+		spec.Maps["ig_build_id"].MaxEntries = 1024 // as IG sizes it at run time
+		check(spec.Variables["aggregate"].Set(true))
+		check(spec.Variables["collect_ustack"].Set(true))
+		coll, err := ebpf.NewCollection(spec)
+		check(err)
+		programs = len(coll.Programs)
+		coll.Close()
+	})
+	var b strings.Builder
+	b.WriteString("| loader | programs | load time | ratio |\n| --- | ---: | ---: | ---: |\n")
+	fmt.Fprintf(&b, "| gpumem (`tracer.New`) | 4 | %.2f s | 1.00x |\n", gpumemLoad)
+	fmt.Fprintf(&b, "| the whole object, as stock IG loads it | %d | %.2f s | %.2fx |\n", programs, igLoad, igLoad/gpumemLoad)
+	b.WriteString("\nStock IG loads every program of the image (one entry and one return program per driver\n")
+	b.WriteString("function, 23 of each); gpumem loads its four. Each return program carries the Python frame\n")
+	b.WriteString("walk, which the verifier checks anew in every one.\n")
+	return b.String()
+}
+
+// timeRuns is the median wall time of runs calls of f, in seconds.
+func timeRuns(f func()) float64 {
+	var xs []float64
+	for range runs {
+		start := time.Now()
+		f()
+		xs = append(xs, time.Since(start).Seconds())
+	}
+	return median(xs)
+}
