@@ -44,6 +44,24 @@ type Layout struct {
 	BytesData       uint16
 	TupleItems      uint16
 	TypeName        uint16
+
+	Names310 Names310 // zero after 3.10
+}
+
+// Names310 is where 3.10, whose code objects have no qualified name, keeps
+// what names a function the way co_qualname does in 3.11+: classes, their
+// dicts, functions, modules (qualname310.go).
+type Names310 struct {
+	InterpModules    uint16 // PyInterpreterState.modules: sys.modules
+	ModuleDict       uint16
+	TypeDict         uint16
+	TypeMro          uint16
+	HeapTypeQualname uint16
+	DictVersion      uint16 // ma_version_tag: changes with every change
+	DictKeys         uint16
+	DictValues       uint16 // non-NULL: a split table
+	FuncCode         uint16
+	FuncQualname     uint16
 }
 
 const no = tracer.PyNoField
@@ -57,6 +75,10 @@ var layouts = map[string]Layout{
 		CodeFilename: 104, CodeName: 112, CodeQualname: no, CodeFirstlineno: 40, CodeLinetable: 120,
 		CodeAdaptive: no, CodeVarnames: 72, UnicodeASCII: 48, UnicodeCompact: 72,
 		BytesData: 32, TupleItems: 24, TypeName: 24,
+		Names310: Names310{
+			InterpModules: 856, ModuleDict: 16, TypeDict: 264, TypeMro: 344, HeapTypeQualname: 864,
+			DictVersion: 24, DictKeys: 32, DictValues: 40, FuncCode: 48, FuncQualname: 40,
+		},
 	},
 	"3.11": {
 		RuntimeInterpretersHead: 40, InterpNext: 0, InterpThreadsHead: 16,

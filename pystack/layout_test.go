@@ -93,6 +93,29 @@ func TestLayoutsMatchHeaders(t *testing.T) {
 					t.Errorf("%s: layout says %d, headers %d", name, got, want)
 				}
 			}
+			if minor != "3.10" {
+				if l.Names310 != (Names310{}) {
+					t.Errorf("Names310 set: %+v", l.Names310)
+				}
+				return
+			}
+			n := l.Names310
+			for name, got := range map[string]uint16{
+				"interp_modules":     n.InterpModules,
+				"module_dict":        n.ModuleDict,
+				"type_dict":          n.TypeDict,
+				"type_mro":           n.TypeMro,
+				"heap_type_qualname": n.HeapTypeQualname,
+				"dict_version":       n.DictVersion,
+				"dict_keys":          n.DictKeys,
+				"dict_values":        n.DictValues,
+				"func_code":          n.FuncCode,
+				"func_qualname":      n.FuncQualname,
+			} {
+				if want, ok := h[name]; !ok || uint64(got) != want {
+					t.Errorf("%s: layout says %d, headers %d (printed: %v)", name, got, want, ok)
+				}
+			}
 		})
 	}
 }

@@ -25,7 +25,8 @@ type process struct {
 	*Process
 	mem     *memory
 	codes   map[uint64]*code
-	classes map[uint64]string
+	classes map[uint64]string // 3.10: class -> qualified name
+	n310    *names310         // 3.10: what names are found with
 }
 
 type code struct {
@@ -33,7 +34,7 @@ type code struct {
 	filename  string
 	firstLine int
 	linetable []byte
-	firstArg  string // 3.10: co_varnames[0], to tell methods
+	firstArg  string // 3.10: co_varnames[0], to tell methods (self, cls)
 	err       error
 }
 
@@ -96,10 +97,8 @@ func (p *process) frame(f tracer.PyFrame) symbolize.Frame {
 		return symbolize.Frame{Function: fmt.Sprintf("[unreadable Python code %#x]", f.Code)}
 	}
 	name := c.qualname
-	if f.Class != 0 && (c.firstArg == "self" || c.firstArg == "cls") {
-		if class := p.className(f.Class); class != "" {
-			name = class + "." + name
-		}
+	if p.Layout.CodeQualname == tracer.PyNoField {
+		name = p.name310(f.Code, c, f.Class)
 	}
 	return symbolize.Frame{Function: name, File: c.filename, Line: int64(p.line(c, f))}
 }
@@ -163,18 +162,6 @@ func (p *process) firstName(field uint64) string {
 		return ""
 	}
 	name, _ := p.stringAt(tuple + uint64(p.Layout.TupleItems))
-	return name
-}
-
-func (p *process) className(addr uint64) string {
-	if name, ok := p.classes[addr]; ok {
-		return name
-	}
-	var name string
-	if ptr, err := p.mem.pointer(addr + uint64(p.Layout.TypeName)); err == nil {
-		name, _ = p.mem.cString(ptr, 256)
-	}
-	p.classes[addr] = name
 	return name
 }
 

@@ -12,6 +12,7 @@
 #include "internal/pycore_code.h"
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h>
+#include "internal/pycore_moduleobject.h"
 #endif
 #define P(name, expr) printf("%s=%zu\n", name, (size_t)(expr))
 int main(void) {
@@ -33,6 +34,16 @@ int main(void) {
 	P("frame_localsplus", offsetof(PyFrameObject, f_localsplus));
 	P("type_flags", offsetof(PyTypeObject, tp_flags));
 	P("code_varnames", offsetof(PyCodeObject, co_varnames));
+	P("interp_modules", offsetof(PyInterpreterState, modules));
+	P("module_dict", offsetof(PyModuleObject, md_dict));
+	P("type_dict", offsetof(PyTypeObject, tp_dict));
+	P("type_mro", offsetof(PyTypeObject, tp_mro));
+	P("heap_type_qualname", offsetof(PyHeapTypeObject, ht_qualname));
+	P("dict_version", offsetof(PyDictObject, ma_version_tag));
+	P("dict_keys", offsetof(PyDictObject, ma_keys));
+	P("dict_values", offsetof(PyDictObject, ma_values));
+	P("func_code", offsetof(PyFunctionObject, func_code));
+	P("func_qualname", offsetof(PyFunctionObject, func_qualname));
 #elif PY_VERSION_HEX < 0x030D0000
 	P("tstate_frame", offsetof(PyThreadState, cframe));
 	P("cframe_current_frame", offsetof(_PyCFrame, current_frame));

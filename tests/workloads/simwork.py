@@ -142,6 +142,37 @@ class Outer:
             cuda_malloc(1006)
 
 
+class Loader:
+    class Shard:
+        def pin(self):
+            cuda_malloc(1031)
+
+        @classmethod
+        def open(cls):
+            cuda_malloc(1032)
+
+        @staticmethod
+        def size():
+            cuda_malloc(1033)
+
+        @property
+        def nbytes(self):
+            return cuda_malloc(1034)
+
+
+class Base:
+    def release(self):
+        cuda_malloc(1035)
+
+    @classmethod
+    def create(cls):
+        cuda_malloc(1036)
+
+
+class Derived(Base):
+    pass
+
+
 def generate_buffers():
     yield cuda_malloc(1007)
 
@@ -181,6 +212,12 @@ def sites():
     Model.static_method()
     outer()
     Outer.Inner().method()
+    Loader.Shard().pin()
+    Loader.Shard.open()
+    Loader.Shard.size()
+    Loader.Shard().nbytes
+    Derived().release()
+    Derived.create()
     list(generate_buffers())
     asyncio.run(load_async())
     threads = [threading.Thread(target=f) for f in (thread_one, thread_two, thread_three, thread_four)]
