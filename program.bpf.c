@@ -636,54 +636,69 @@ static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpume
 		count_loss(GPUMEM_LOSS_PROCESSES_FULL);
 }
 
-/* leave turns the call in flight into an event. Allocations are stamped at
- * their return (when the pointer became valid) and frees at their entry
- * (before the driver could hand the pointer out again), so user space can
- * order a free and a reuse of the same pointer racing on two threads. With
- * stock_ig (IG's per-function programs) it also keeps the in-kernel totals. */
-static __always_inline int leave(struct pt_regs *ctx, bool stock_ig)
+/* pop_call takes the calling thread's innermost call in flight; NULL when
+ * there is none: filtered out, attached while the call ran, or too deep
+ * (counted at entry). */
+static __always_inline struct gpumem_call *pop_call(__u64 id)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 zero = 0;
-
 	struct gpumem_calls *calls = bpf_map_lookup_elem(&inflight, &id);
 	if (!calls || calls->depth == 0)
-		return 0; /* filtered out, or attached while the call was running */
+		return NULL;
 	__u32 depth = --calls->depth;
 	if (depth >= GPUMEM_MAX_NESTED)
-		return 0; /* too deep: counted at entry */
-	struct gpumem_call *call = &calls->calls[depth & (GPUMEM_MAX_NESTED - 1)];
+		return NULL;
+	return &calls->calls[depth & (GPUMEM_MAX_NESTED - 1)];
+}
 
-	if (gpumem_op_is_context(call->op)) {
-		if (PT_REGS_RC(ctx) == 0)
-			track_context(call, (__u32)id);
-		return 0;
-	}
+/* leave_context applies a context call that succeeded. */
+static __always_inline int leave_context(struct pt_regs *ctx, const struct gpumem_call *call, __u64 id)
+{
+	if (PT_REGS_RC(ctx) == 0)
+		track_context(call, (__u32)id);
+	return 0;
+}
 
+/* report_allocation turns a returning allocation into an event, stamped at
+ * its return, when the pointer became valid. With stock_ig (IG's
+ * per-function programs) it also keeps the in-kernel totals. */
+static __always_inline int report_allocation(struct pt_regs *ctx, const struct gpumem_call *call, bool stock_ig)
+{
+	__u32 zero = 0;
 	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
 	if (!e)
 		return 0;
-
 	begin_event(e, call->op, (__s32)PT_REGS_RC(ctx), stock_ig);
-	if (gpumem_op_is_free(call->op)) {
-		e->timestamp = call->timestamp;
-		e->address = call->target;
-		e->bytes = 0;
-		if (stock_ig && aggregate && e->result == 0)
-			release(e);
-	} else {
-		e->timestamp = bpf_ktime_get_ns();
-		e->address = 0;
-		e->bytes = call->bytes;
-		if (e->result == 0 && !finish_allocation(e, call))
-			return 0;
-		e->device = current_device(call, e->proc.tid);
-		capture_allocation(ctx, e);
-		if (stock_ig && aggregate)
-			aggregate_allocation(ctx, e);
-	}
-
+	e->timestamp = bpf_ktime_get_ns();
+	e->address = 0;
+	e->bytes = call->bytes;
+	if (e->result == 0 && !finish_allocation(e, call))
+		return 0;
+	e->device = current_device(call, e->proc.tid);
+	capture_allocation(ctx, e);
+	if (stock_ig && aggregate)
+		aggregate_allocation(ctx, e);
 	output(e, event_size(e));
+	return 0;
+}
+
+/* report_free sends a free at its entry, before the driver could hand the
+ * pointer out again, so that user space orders a free and a reuse of the
+ * same pointer racing on two threads. A free has no return probe: one trap
+ * fewer per pair. Its result is not read: a refused free is a free of a
+ * pointer gpu-mem never saw allocated, an unknown free to user space. */
+static __always_inline int report_free(__u16 op, __u64 ptr, bool stock_ig)
+{
+	__u32 zero = 0;
+	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e)
+		return 0;
+	begin_event(e, op, 0, stock_ig);
+	e->timestamp = bpf_ktime_get_ns();
+	e->address = ptr;
+	e->bytes = 0;
+	if (stock_ig && aggregate)
+		release(e);
+	output(e, offsetof(struct gpumem_event, pystack));
 	return 0;
 }
 
@@ -727,13 +742,19 @@ int gpumem_exit(void *ctx)
 	return 0;
 }
 
-/* enter_op reads the arguments of driver function op. Every traced
- * function takes its pointer, context or out-parameter first; allocations
- * take their size second. */
-static __always_inline int enter_op(struct pt_regs *ctx, __u16 op)
+/* enter_op reads the arguments of driver function op, or reports it at
+ * once when it is a free. Every traced function takes its pointer, context
+ * or out-parameter first; allocations take their size second. */
+static __always_inline int enter_op(struct pt_regs *ctx, __u16 op, bool stock_ig)
 {
 	__u64 target = PT_REGS_PARM1(ctx);
 
+	if (gpumem_op_is_free(op)) {
+		__u32 pid = bpf_get_current_pid_tgid() >> 32;
+		if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+			return 0;
+		return report_free(op, target, stock_ig);
+	}
 	switch (op) {
 	case GPUMEM_OP_MEM_ALLOC_PITCH:
 		/* (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) */
@@ -750,20 +771,20 @@ static __always_inline int enter_op(struct pt_regs *ctx, __u16 op)
 	case GPUMEM_OP_CTX_CREATE_V4: /* (pctx, ctxCreateParams, flags, dev) */
 		return enter(op, target, PT_REGS_PARM4(ctx), 0);
 	}
-	if (gpumem_op_is_free(op) || gpumem_op_is_context(op))
+	if (gpumem_op_is_context(op))
 		return enter(op, target, 0, 0);
 	return enter(op, target, PT_REGS_PARM2(ctx), 0);
 }
 
-/* One entry and one return program for every driver function, attached
- * by gpumem with uprobe_multi links: the attach cookie is the function's enum
- * gpumem_op. One link per library keeps attach and detach to one RCU grace
- * period each, where a perf-event uprobe per function costs 0.1s apiece to
- * detach. */
+/* The entry program for every driver function and the return program for
+ * every one but the frees, attached by gpumem with uprobe_multi links: the
+ * attach cookie is the function's enum gpumem_op. One link per library
+ * keeps attach and detach to one RCU grace period each, where a perf-event
+ * uprobe per function costs 0.1s apiece to detach. */
 SEC("uprobe.multi/libcuda")
 int gpumem_enter(struct pt_regs *ctx)
 {
-	return enter_op(ctx, bpf_get_attach_cookie(ctx));
+	return enter_op(ctx, bpf_get_attach_cookie(ctx), false);
 }
 
 SEC("uretprobe.multi/libcuda")
@@ -772,7 +793,13 @@ int gpumem_leave(struct pt_regs *ctx)
 	/* Without the in-kernel totals, which gpumem does not use: their stack
 	 * capture tail-calls through IG's program array, and the kernel lets
 	 * programs of one attach type only (uprobe, not uprobe_multi) share it. */
-	return leave(ctx, false);
+	__u64 id = bpf_get_current_pid_tgid();
+	struct gpumem_call *call = pop_call(id);
+	if (!call)
+		return 0;
+	if (gpumem_op_is_context(call->op))
+		return leave_context(ctx, call, id);
+	return report_allocation(ctx, call, false);
 }
 
 /* PyTorch's caching allocator, from its USDT probes: a tensor allocated
@@ -831,43 +858,103 @@ int gpumem_tensor(struct pt_regs *ctx)
  * (it takes one library:symbol per program). The op is fixed at compile time
  * where gpumem_enter reads it from the attach cookie; IG's filters (mount
  * namespace, --pid, --comm) apply at entry: a call not entered is not
- * reported. */
-#define GPUMEM_PROBE(symbol, op)                                    \
+ * reported.
+ *
+ * The allocations' return programs hand the call to one program,
+ * gpumem_finish, through a tail call: the Python frame walk and the stack
+ * capture are then checked by the verifier once, not once per function. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gpumem_call);
+} finishing SEC(".maps");
+
+/* gadget.yaml leaves it unattached: only the tail call runs it. */
+SEC("kprobe/gpumem_finish")
+int gpumem_finish(struct pt_regs *ctx)
+{
+	__u32 zero = 0;
+	struct gpumem_call *call = bpf_map_lookup_elem(&finishing, &zero);
+	if (!call)
+		return 0;
+	return report_allocation(ctx, call, true);
+}
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, int(struct pt_regs *));
+} finish_allocations SEC(".maps") = {
+	.values = {[0] = (void *)&gpumem_finish},
+};
+
+static __always_inline int leave_allocation(struct pt_regs *ctx)
+{
+	__u32 zero = 0;
+	struct gpumem_call *call = pop_call(bpf_get_current_pid_tgid());
+	struct gpumem_call *next = bpf_map_lookup_elem(&finishing, &zero);
+	if (!call || !next)
+		return 0;
+	*next = *call;
+	bpf_tail_call(ctx, &finish_allocations, 0);
+	count_loss(GPUMEM_LOSS_UNFINISHED); /* the program array was left empty */
+	return 0;
+}
+
+#define GPUMEM_ENTRY(symbol, op)                                    \
 	SEC("uprobe/libcuda:" #symbol)                              \
 	int gpumem_enter_##symbol(struct pt_regs *ctx)             \
 	{                                                           \
 		if (gadget_should_discard_data_current())           \
 			return 0;                                   \
-		return enter_op(ctx, op);                           \
-	}                                                           \
+		return enter_op(ctx, op, true);                     \
+	}
+
+#define GPUMEM_ALLOCATION_PROBE(symbol, op)                         \
+	GPUMEM_ENTRY(symbol, op)                                    \
 	SEC("uretprobe/libcuda:" #symbol)                           \
 	int gpumem_leave_##symbol(struct pt_regs *ctx)             \
 	{                                                           \
-		return leave(ctx, true);                            \
+		return leave_allocation(ctx);                       \
 	}
 
-GPUMEM_PROBE(cuMemAlloc_v2, GPUMEM_OP_MEM_ALLOC)
-GPUMEM_PROBE(cuMemAllocPitch_v2, GPUMEM_OP_MEM_ALLOC_PITCH)
-GPUMEM_PROBE(cuMemAllocManaged, GPUMEM_OP_MEM_ALLOC_MANAGED)
-GPUMEM_PROBE(cuMemAllocHost_v2, GPUMEM_OP_MEM_ALLOC_HOST)
-GPUMEM_PROBE(cuMemHostAlloc, GPUMEM_OP_MEM_HOST_ALLOC)
-GPUMEM_PROBE(cuMemAllocAsync, GPUMEM_OP_MEM_ALLOC_ASYNC)
-GPUMEM_PROBE(cuMemAllocAsync_ptsz, GPUMEM_OP_MEM_ALLOC_ASYNC_PTSZ)
-GPUMEM_PROBE(cuMemAllocFromPoolAsync, GPUMEM_OP_MEM_ALLOC_FROM_POOL_ASYNC)
-GPUMEM_PROBE(cuMemAllocFromPoolAsync_ptsz, GPUMEM_OP_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ)
-GPUMEM_PROBE(cuMemCreate, GPUMEM_OP_MEM_CREATE)
-GPUMEM_PROBE(cuMemFree_v2, GPUMEM_OP_MEM_FREE)
-GPUMEM_PROBE(cuMemFreeHost, GPUMEM_OP_MEM_FREE_HOST)
-GPUMEM_PROBE(cuMemFreeAsync, GPUMEM_OP_MEM_FREE_ASYNC)
-GPUMEM_PROBE(cuMemFreeAsync_ptsz, GPUMEM_OP_MEM_FREE_ASYNC_PTSZ)
-GPUMEM_PROBE(cuMemRelease, GPUMEM_OP_MEM_RELEASE)
-GPUMEM_PROBE(cuCtxSetCurrent, GPUMEM_OP_CTX_SET_CURRENT)
-GPUMEM_PROBE(cuCtxPushCurrent_v2, GPUMEM_OP_CTX_PUSH_CURRENT)
-GPUMEM_PROBE(cuCtxPopCurrent_v2, GPUMEM_OP_CTX_POP_CURRENT)
-GPUMEM_PROBE(cuDevicePrimaryCtxRetain, GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN)
-GPUMEM_PROBE(cuCtxCreate_v2, GPUMEM_OP_CTX_CREATE)
-GPUMEM_PROBE(cuCtxCreate_v3, GPUMEM_OP_CTX_CREATE_V3)
-GPUMEM_PROBE(cuCtxCreate_v4, GPUMEM_OP_CTX_CREATE_V4)
-GPUMEM_PROBE(cuCtxDestroy_v2, GPUMEM_OP_CTX_DESTROY)
+#define GPUMEM_CONTEXT_PROBE(symbol, op)                            \
+	GPUMEM_ENTRY(symbol, op)                                    \
+	SEC("uretprobe/libcuda:" #symbol)                           \
+	int gpumem_leave_##symbol(struct pt_regs *ctx)             \
+	{                                                           \
+		__u64 id = bpf_get_current_pid_tgid();              \
+		struct gpumem_call *call = pop_call(id);            \
+		return call ? leave_context(ctx, call, id) : 0;     \
+	}
+
+/* Frees are reported at their entry: no return program. */
+#define GPUMEM_FREE_PROBE(symbol, op) GPUMEM_ENTRY(symbol, op)
+
+GPUMEM_ALLOCATION_PROBE(cuMemAlloc_v2, GPUMEM_OP_MEM_ALLOC)
+GPUMEM_ALLOCATION_PROBE(cuMemAllocPitch_v2, GPUMEM_OP_MEM_ALLOC_PITCH)
+GPUMEM_ALLOCATION_PROBE(cuMemAllocManaged, GPUMEM_OP_MEM_ALLOC_MANAGED)
+GPUMEM_ALLOCATION_PROBE(cuMemAllocHost_v2, GPUMEM_OP_MEM_ALLOC_HOST)
+GPUMEM_ALLOCATION_PROBE(cuMemHostAlloc, GPUMEM_OP_MEM_HOST_ALLOC)
+GPUMEM_ALLOCATION_PROBE(cuMemAllocAsync, GPUMEM_OP_MEM_ALLOC_ASYNC)
+GPUMEM_ALLOCATION_PROBE(cuMemAllocAsync_ptsz, GPUMEM_OP_MEM_ALLOC_ASYNC_PTSZ)
+GPUMEM_ALLOCATION_PROBE(cuMemAllocFromPoolAsync, GPUMEM_OP_MEM_ALLOC_FROM_POOL_ASYNC)
+GPUMEM_ALLOCATION_PROBE(cuMemAllocFromPoolAsync_ptsz, GPUMEM_OP_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ)
+GPUMEM_ALLOCATION_PROBE(cuMemCreate, GPUMEM_OP_MEM_CREATE)
+GPUMEM_FREE_PROBE(cuMemFree_v2, GPUMEM_OP_MEM_FREE)
+GPUMEM_FREE_PROBE(cuMemFreeHost, GPUMEM_OP_MEM_FREE_HOST)
+GPUMEM_FREE_PROBE(cuMemFreeAsync, GPUMEM_OP_MEM_FREE_ASYNC)
+GPUMEM_FREE_PROBE(cuMemFreeAsync_ptsz, GPUMEM_OP_MEM_FREE_ASYNC_PTSZ)
+GPUMEM_FREE_PROBE(cuMemRelease, GPUMEM_OP_MEM_RELEASE)
+GPUMEM_CONTEXT_PROBE(cuCtxSetCurrent, GPUMEM_OP_CTX_SET_CURRENT)
+GPUMEM_CONTEXT_PROBE(cuCtxPushCurrent_v2, GPUMEM_OP_CTX_PUSH_CURRENT)
+GPUMEM_CONTEXT_PROBE(cuCtxPopCurrent_v2, GPUMEM_OP_CTX_POP_CURRENT)
+GPUMEM_CONTEXT_PROBE(cuDevicePrimaryCtxRetain, GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN)
+GPUMEM_CONTEXT_PROBE(cuCtxCreate_v2, GPUMEM_OP_CTX_CREATE)
+GPUMEM_CONTEXT_PROBE(cuCtxCreate_v3, GPUMEM_OP_CTX_CREATE_V3)
+GPUMEM_CONTEXT_PROBE(cuCtxCreate_v4, GPUMEM_OP_CTX_CREATE_V4)
+GPUMEM_CONTEXT_PROBE(cuCtxDestroy_v2, GPUMEM_OP_CTX_DESTROY)
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

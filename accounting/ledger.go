@@ -60,10 +60,9 @@ type Failures struct {
 // Stats are the ledger's own counts of what it could not match.
 type Stats struct {
 	// UnknownFrees are frees of pointers never seen allocated: memory
-	// allocated before the tracer attached, or whose event was lost.
+	// allocated before the tracer attached, whose event was lost, or a
+	// pointer the driver refuses to free (a free's result is not read).
 	UnknownFrees uint64 `json:"unknown_frees"`
-	// FailedFrees are frees the driver refused; they release nothing.
-	FailedFrees uint64 `json:"failed_frees"`
 	// ProcessExits are traced processes seen exiting.
 	ProcessExits uint64 `json:"process_exits"`
 }
@@ -169,8 +168,6 @@ func release(a allocation) {
 	a.row.FreeCount++
 }
 
-// FailedFree records a free the driver refused.
-func (l *Ledger) FailedFree() { l.stats.FailedFrees++ }
 
 // Fail records an allocation call that returned an error.
 func (l *Ledger) Fail(k Key, op tracer.Op, result int32, bytes uint64) {

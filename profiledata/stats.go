@@ -18,7 +18,6 @@ var counters = []struct {
 }{
 	{profilerows.Events, func(r *profiler.Report) *uint64 { return &r.Events }},
 	{profilerows.UnknownFrees, func(r *profiler.Report) *uint64 { return &r.Ledger.UnknownFrees }},
-	{profilerows.FailedFrees, func(r *profiler.Report) *uint64 { return &r.Ledger.FailedFrees }},
 	{profilerows.ProcessExits, func(r *profiler.Report) *uint64 { return &r.Ledger.ProcessExits }},
 	{"ring_buffer_full", func(r *profiler.Report) *uint64 { return &r.Losses.RingBufferFull }},
 	{"inflight_full", func(r *profiler.Report) *uint64 { return &r.Losses.InflightFull }},

@@ -265,10 +265,8 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	}
 	p.comms[ev.PID] = ev.Comm
 	switch {
-	case ev.Op.IsFree() && ev.Result == tracer.CUDASuccess:
-		p.ledger.Free(ev.PID, ev.Address, ev.Op.Space(), ev.Timestamp)
 	case ev.Op.IsFree():
-		p.ledger.FailedFree()
+		p.ledger.Free(ev.PID, ev.Address, ev.Op.Space(), ev.Timestamp)
 	case ev.Result == tracer.CUDASuccess:
 		p.countPython(ev)
 		p.ledger.Alloc(p.key(ev), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)

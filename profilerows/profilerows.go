@@ -36,7 +36,6 @@ const StatsAnnotation = "gpumem.stats"
 const (
 	Events       = "events"
 	UnknownFrees = "unknown_frees"
-	FailedFrees  = "failed_frees"
 	ProcessExits = "process_exits"
 	Libraries    = "libraries" // comma-separated
 )

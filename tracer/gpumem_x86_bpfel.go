@@ -105,7 +105,8 @@ const (
 	gpumemGpumemLossGPUMEM_LOSS_READ_RESULT    gpumemGpumemLoss = 2
 	gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL gpumemGpumemLoss = 3
 	gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL gpumemGpumemLoss = 4
-	gpumemGpumemLossGPUMEM_LOSS_MAX            gpumemGpumemLoss = 5
+	gpumemGpumemLossGPUMEM_LOSS_UNFINISHED     gpumemGpumemLoss = 5
+	gpumemGpumemLossGPUMEM_LOSS_MAX            gpumemGpumemLoss = 6
 )
 
 type gpumemGpumemOp uint32
@@ -297,6 +298,8 @@ const (
 	gpumemMapContextDevices                          = "context_devices"
 	gpumemMapEvents                                  = "events"
 	gpumemMapEventsLostSamples                       = "events_lost_samples"
+	gpumemMapFinishAllocations                       = "finish_allocations"
+	gpumemMapFinishing                               = "finishing"
 	gpumemMapGadgetHeap                              = "gadget_heap"
 	gpumemMapGadgetMntnsFilterMap                    = "gadget_mntns_filter_map"
 	gpumemMapIgBuildId                               = "ig_build_id"
@@ -341,6 +344,7 @@ const (
 	gpumemProgGpumemEnterCuMemHostAlloc              = "gpumem_enter_cuMemHostAlloc"
 	gpumemProgGpumemEnterCuMemRelease                = "gpumem_enter_cuMemRelease"
 	gpumemProgGpumemExit                             = "gpumem_exit"
+	gpumemProgGpumemFinish                           = "gpumem_finish"
 	gpumemProgGpumemLeave                            = "gpumem_leave"
 	gpumemProgGpumemLeaveCuCtxCreateV2               = "gpumem_leave_cuCtxCreate_v2"
 	gpumemProgGpumemLeaveCuCtxCreateV3               = "gpumem_leave_cuCtxCreate_v3"
@@ -359,12 +363,7 @@ const (
 	gpumemProgGpumemLeaveCuMemAllocPitchV2           = "gpumem_leave_cuMemAllocPitch_v2"
 	gpumemProgGpumemLeaveCuMemAllocV2                = "gpumem_leave_cuMemAlloc_v2"
 	gpumemProgGpumemLeaveCuMemCreate                 = "gpumem_leave_cuMemCreate"
-	gpumemProgGpumemLeaveCuMemFreeAsync              = "gpumem_leave_cuMemFreeAsync"
-	gpumemProgGpumemLeaveCuMemFreeAsyncPtsz          = "gpumem_leave_cuMemFreeAsync_ptsz"
-	gpumemProgGpumemLeaveCuMemFreeHost               = "gpumem_leave_cuMemFreeHost"
-	gpumemProgGpumemLeaveCuMemFreeV2                 = "gpumem_leave_cuMemFree_v2"
 	gpumemProgGpumemLeaveCuMemHostAlloc              = "gpumem_leave_cuMemHostAlloc"
-	gpumemProgGpumemLeaveCuMemRelease                = "gpumem_leave_cuMemRelease"
 	gpumemProgGpumemTensor                           = "gpumem_tensor"
 	gpumemVarGadgetTracerTypeCuda                    = "__gadget_tracer_type_cuda"
 	gpumemVarAggregate                               = "aggregate"
@@ -470,6 +469,7 @@ type gpumemProgramSpecs struct {
 	GpumemEnterCuMemHostAlloc              *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemHostAlloc"`
 	GpumemEnterCuMemRelease                *ebpf.ProgramSpec `ebpf:"gpumem_enter_cuMemRelease"`
 	GpumemExit                             *ebpf.ProgramSpec `ebpf:"gpumem_exit"`
+	GpumemFinish                           *ebpf.ProgramSpec `ebpf:"gpumem_finish"`
 	GpumemLeave                            *ebpf.ProgramSpec `ebpf:"gpumem_leave"`
 	GpumemLeaveCuCtxCreateV2               *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxCreate_v2"`
 	GpumemLeaveCuCtxCreateV3               *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuCtxCreate_v3"`
@@ -488,12 +488,7 @@ type gpumemProgramSpecs struct {
 	GpumemLeaveCuMemAllocPitchV2           *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAllocPitch_v2"`
 	GpumemLeaveCuMemAllocV2                *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAlloc_v2"`
 	GpumemLeaveCuMemCreate                 *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemCreate"`
-	GpumemLeaveCuMemFreeAsync              *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFreeAsync"`
-	GpumemLeaveCuMemFreeAsyncPtsz          *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFreeAsync_ptsz"`
-	GpumemLeaveCuMemFreeHost               *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFreeHost"`
-	GpumemLeaveCuMemFreeV2                 *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemFree_v2"`
 	GpumemLeaveCuMemHostAlloc              *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemHostAlloc"`
-	GpumemLeaveCuMemRelease                *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemRelease"`
 	GpumemTensor                           *ebpf.ProgramSpec `ebpf:"gpumem_tensor"`
 }
 
@@ -505,6 +500,8 @@ type gpumemMapSpecs struct {
 	ContextDevices       *ebpf.MapSpec `ebpf:"context_devices"`
 	Events               *ebpf.MapSpec `ebpf:"events"`
 	EventsLostSamples    *ebpf.MapSpec `ebpf:"events_lost_samples"`
+	FinishAllocations    *ebpf.MapSpec `ebpf:"finish_allocations"`
+	Finishing            *ebpf.MapSpec `ebpf:"finishing"`
 	GadgetHeap           *ebpf.MapSpec `ebpf:"gadget_heap"`
 	GadgetMntnsFilterMap *ebpf.MapSpec `ebpf:"gadget_mntns_filter_map"`
 	IgBuildId            *ebpf.MapSpec `ebpf:"ig_build_id"`
@@ -591,6 +588,8 @@ type gpumemMaps struct {
 	ContextDevices       *ebpf.Map `ebpf:"context_devices"`
 	Events               *ebpf.Map `ebpf:"events"`
 	EventsLostSamples    *ebpf.Map `ebpf:"events_lost_samples"`
+	FinishAllocations    *ebpf.Map `ebpf:"finish_allocations"`
+	Finishing            *ebpf.Map `ebpf:"finishing"`
 	GadgetHeap           *ebpf.Map `ebpf:"gadget_heap"`
 	GadgetMntnsFilterMap *ebpf.Map `ebpf:"gadget_mntns_filter_map"`
 	IgBuildId            *ebpf.Map `ebpf:"ig_build_id"`
@@ -618,6 +617,8 @@ func (m *gpumemMaps) Close() error {
 		m.ContextDevices,
 		m.Events,
 		m.EventsLostSamples,
+		m.FinishAllocations,
+		m.Finishing,
 		m.GadgetHeap,
 		m.GadgetMntnsFilterMap,
 		m.IgBuildId,
@@ -710,6 +711,7 @@ type gpumemPrograms struct {
 	GpumemEnterCuMemHostAlloc              *ebpf.Program `ebpf:"gpumem_enter_cuMemHostAlloc"`
 	GpumemEnterCuMemRelease                *ebpf.Program `ebpf:"gpumem_enter_cuMemRelease"`
 	GpumemExit                             *ebpf.Program `ebpf:"gpumem_exit"`
+	GpumemFinish                           *ebpf.Program `ebpf:"gpumem_finish"`
 	GpumemLeave                            *ebpf.Program `ebpf:"gpumem_leave"`
 	GpumemLeaveCuCtxCreateV2               *ebpf.Program `ebpf:"gpumem_leave_cuCtxCreate_v2"`
 	GpumemLeaveCuCtxCreateV3               *ebpf.Program `ebpf:"gpumem_leave_cuCtxCreate_v3"`
@@ -728,12 +730,7 @@ type gpumemPrograms struct {
 	GpumemLeaveCuMemAllocPitchV2           *ebpf.Program `ebpf:"gpumem_leave_cuMemAllocPitch_v2"`
 	GpumemLeaveCuMemAllocV2                *ebpf.Program `ebpf:"gpumem_leave_cuMemAlloc_v2"`
 	GpumemLeaveCuMemCreate                 *ebpf.Program `ebpf:"gpumem_leave_cuMemCreate"`
-	GpumemLeaveCuMemFreeAsync              *ebpf.Program `ebpf:"gpumem_leave_cuMemFreeAsync"`
-	GpumemLeaveCuMemFreeAsyncPtsz          *ebpf.Program `ebpf:"gpumem_leave_cuMemFreeAsync_ptsz"`
-	GpumemLeaveCuMemFreeHost               *ebpf.Program `ebpf:"gpumem_leave_cuMemFreeHost"`
-	GpumemLeaveCuMemFreeV2                 *ebpf.Program `ebpf:"gpumem_leave_cuMemFree_v2"`
 	GpumemLeaveCuMemHostAlloc              *ebpf.Program `ebpf:"gpumem_leave_cuMemHostAlloc"`
-	GpumemLeaveCuMemRelease                *ebpf.Program `ebpf:"gpumem_leave_cuMemRelease"`
 	GpumemTensor                           *ebpf.Program `ebpf:"gpumem_tensor"`
 }
 
@@ -764,6 +761,7 @@ func (p *gpumemPrograms) Close() error {
 		p.GpumemEnterCuMemHostAlloc,
 		p.GpumemEnterCuMemRelease,
 		p.GpumemExit,
+		p.GpumemFinish,
 		p.GpumemLeave,
 		p.GpumemLeaveCuCtxCreateV2,
 		p.GpumemLeaveCuCtxCreateV3,
@@ -782,12 +780,7 @@ func (p *gpumemPrograms) Close() error {
 		p.GpumemLeaveCuMemAllocPitchV2,
 		p.GpumemLeaveCuMemAllocV2,
 		p.GpumemLeaveCuMemCreate,
-		p.GpumemLeaveCuMemFreeAsync,
-		p.GpumemLeaveCuMemFreeAsyncPtsz,
-		p.GpumemLeaveCuMemFreeHost,
-		p.GpumemLeaveCuMemFreeV2,
 		p.GpumemLeaveCuMemHostAlloc,
-		p.GpumemLeaveCuMemRelease,
 		p.GpumemTensor,
 	)
 }

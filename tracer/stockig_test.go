@@ -44,7 +44,7 @@ func TestStockIGPath(t *testing.T) {
 		t.Fatalf("load every program: %+v", err)
 	}
 	defer coll.Close()
-	attachPerFunction(t, coll, lib)
+	attachPerFunction(t, spec, coll, lib)
 
 	w := exec.Command(filepath.Join(root, "build/sim/simwork"), "kinds")
 	stdin, _ := w.StdinPipe()
@@ -74,8 +74,10 @@ func TestStockIGPath(t *testing.T) {
 		proc.FreeCount != 7 || proc.FailedCount != 0 {
 		t.Errorf("process totals %+v, want %d bytes in 15 allocations, %d live, 7 frees", proc, allocated, allocated-freed)
 	}
-	if lost, err := sumPerCPU(coll.Maps["losses"], uint32(gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL)); err != nil || lost != 0 {
-		t.Errorf("aggregate maps full %d times (%v)", lost, err)
+	for _, loss := range []gpumemGpumemLoss{gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL, gpumemGpumemLossGPUMEM_LOSS_UNFINISHED} {
+		if lost, err := sumPerCPU(coll.Maps["losses"], uint32(loss)); err != nil || lost != 0 {
+			t.Errorf("loss %d: %d (%v)", loss, lost, err)
+		}
 	}
 	if mntns := mountNamespace(t, int(pid)); proc.Proc.MntnsId != mntns {
 		t.Errorf("mount namespace %d, want %d", proc.Proc.MntnsId, mntns)
@@ -138,28 +140,28 @@ func TestStockIGPath(t *testing.T) {
 	}
 }
 
-// attachPerFunction attaches the uprobe/libcuda:SYMBOL programs one by one,
-// as IG does, and the exit hook.
-func attachPerFunction(t *testing.T, coll *ebpf.Collection, lib string) {
+// attachPerFunction attaches the uprobe/libcuda:SYMBOL and
+// uretprobe/libcuda:SYMBOL programs one by one, as IG does, and the exit
+// hook. Frees have no return program.
+func attachPerFunction(t *testing.T, spec *ebpf.CollectionSpec, coll *ebpf.Collection, lib string) {
 	ex, err := link.OpenExecutable(lib)
 	if err != nil {
 		t.Fatal(err)
 	}
-	symbols, _, err := DriverFunctions(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, symbol := range symbols {
-		enter, err := ex.Uprobe(symbol, coll.Programs["gpumem_enter_"+symbol], nil)
-		if err != nil {
-			t.Fatalf("uprobe %s: %v", symbol, err)
+	for name, p := range spec.Programs {
+		kind, symbol, ok := strings.Cut(p.SectionName, "/libcuda:")
+		if !ok {
+			continue
 		}
-		t.Cleanup(func() { enter.Close() })
-		leave, err := ex.Uretprobe(symbol, coll.Programs["gpumem_leave_"+symbol], nil)
-		if err != nil {
-			t.Fatalf("uretprobe %s: %v", symbol, err)
+		attach := ex.Uprobe
+		if kind == "uretprobe" {
+			attach = ex.Uretprobe
 		}
-		t.Cleanup(func() { leave.Close() })
+		l, err := attach(symbol, coll.Programs[name], nil)
+		if err != nil {
+			t.Fatalf("%s %s: %v", kind, symbol, err)
+		}
+		t.Cleanup(func() { l.Close() })
 	}
 	exit, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: "sched_process_exit", Program: coll.Programs["gpumem_exit"]})
 	if err != nil {

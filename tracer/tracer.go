@@ -92,10 +92,13 @@ func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
 			delete(spec.Programs, name)
 		}
 	}
-	for _, name := range []string{"stacks", "allocations", "processes", "ig_ustack", "ig_build_id"} {
+	for _, name := range []string{"stacks", "allocations", "processes", "ig_ustack", "ig_build_id", "finishing", "finish_allocations"} {
 		if m := spec.Maps[name]; m != nil {
 			m.MaxEntries = 1
 		}
+	}
+	if m := spec.Maps["finish_allocations"]; m != nil {
+		m.Contents = nil // gpumem_finish, trimmed above
 	}
 	if len(opts.PIDs) > 0 {
 		if err := spec.Variables["filter_pids"].Set(true); err != nil {
@@ -139,10 +142,11 @@ func (t *Tracer) setup(opts Options) error {
 	return nil
 }
 
-// Attach puts the entry and return probes on every driver function that the
-// library at path exports, and returns the functions it found. Symbols a
-// driver version lacks (the _ptsz variants, say) are skipped; a library
-// exporting none of them is an error.
+// Attach puts the entry probes on every driver function that the library
+// at path exports, and return probes on all but the frees, which are
+// reported at their entry (one trap fewer per free). It returns the
+// functions it found. Symbols a driver version lacks (the _ptsz variants,
+// say) are skipped; a library exporting none of them is an error.
 func (t *Tracer) Attach(path string) ([]string, error) {
 	symbols, cookies, err := DriverFunctions(path)
 	if err != nil {
@@ -152,20 +156,35 @@ func (t *Tracer) Attach(path string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	opts := &link.UprobeMultiOptions{Cookies: cookies}
-	enter, err := ex.UprobeMulti(symbols, t.coll.Programs["gpumem_enter"], opts)
+	enter, err := ex.UprobeMulti(symbols, t.coll.Programs["gpumem_enter"], &link.UprobeMultiOptions{Cookies: cookies})
 	if err != nil {
 		return nil, fmt.Errorf("attach entry probes to %s: %w", path, err)
 	}
-	leave, err := ex.UretprobeMulti(symbols, t.coll.Programs["gpumem_leave"], opts)
-	if err != nil {
-		enter.Close()
-		return nil, fmt.Errorf("attach return probes to %s: %w", path, err)
+	links := []link.Link{enter}
+	if returning, returnCookies := withoutFrees(symbols, cookies); len(returning) > 0 {
+		leave, err := ex.UretprobeMulti(returning, t.coll.Programs["gpumem_leave"], &link.UprobeMultiOptions{Cookies: returnCookies})
+		if err != nil {
+			enter.Close()
+			return nil, fmt.Errorf("attach return probes to %s: %w", path, err)
+		}
+		links = append(links, leave)
 	}
 	t.mu.Lock()
-	t.links = append(t.links, enter, leave)
+	t.links = append(t.links, links...)
 	t.mu.Unlock()
 	return symbols, nil
+}
+
+// withoutFrees keeps the functions whose return is probed.
+func withoutFrees(symbols []string, cookies []uint64) ([]string, []uint64) {
+	var s []string
+	var c []uint64
+	for i, op := range cookies {
+		if !Op(op).IsFree() {
+			s, c = append(s, symbols[i]), append(c, op)
+		}
+	}
+	return s, c
 }
 
 // ErrNoProbes is returned by AttachAllocator for a library without

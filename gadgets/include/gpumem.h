@@ -78,6 +78,7 @@ enum gpumem_loss {
 	GPUMEM_LOSS_READ_RESULT,        /* allocation's out-parameter unreadable */
 	GPUMEM_LOSS_PROCESSES_FULL,     /* process exit will not be reported */
 	GPUMEM_LOSS_AGGREGATE_FULL,     /* allocation missing from IG's stack maps */
+	GPUMEM_LOSS_UNFINISHED,         /* stock IG: allocation not reported, finish_allocations empty */
 	GPUMEM_LOSS_MAX,
 };
 
