@@ -62,7 +62,7 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	l := t.Losses
 	for reason, n := range map[string]uint64{
-		"ring_buffer_full": l.RingBufferFull, "inflight_full": l.InflightFull, "stack_lost": l.StackLost,
+		"ring_buffer_full": l.RingBufferFull, "inflight_full": l.InflightFull,
 		"result_unreadable": l.ResultUnreadable, "processes_full": l.ProcessesFull,
 	} {
 		ch <- prometheus.MustNewConstMetric(losses, prometheus.CounterValue, float64(n), reason)

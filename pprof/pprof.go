@@ -83,7 +83,7 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 func Comment(r profiler.Report) []string {
 	return []string{
 		fmt.Sprintf("gpu-mem at %s", r.Time.Format(time.RFC3339)),
-		fmt.Sprintf("losses: %d (ring buffer %d, stacks %d)", r.Losses.Total(), r.Losses.RingBufferFull, r.Losses.StackLost),
+		fmt.Sprintf("losses: %d (ring buffer %d)", r.Losses.Total(), r.Losses.RingBufferFull),
 		fmt.Sprintf("unknown frees: %d", r.Ledger.UnknownFrees),
 	}
 }

@@ -21,7 +21,6 @@ var counters = []struct {
 	{profilerows.ProcessExits, func(r *profiler.Report) *uint64 { return &r.Ledger.ProcessExits }},
 	{"ring_buffer_full", func(r *profiler.Report) *uint64 { return &r.Losses.RingBufferFull }},
 	{"inflight_full", func(r *profiler.Report) *uint64 { return &r.Losses.InflightFull }},
-	{"stack_lost", func(r *profiler.Report) *uint64 { return &r.Losses.StackLost }},
 	{"result_unreadable", func(r *profiler.Report) *uint64 { return &r.Losses.ResultUnreadable }},
 	{"processes_full", func(r *profiler.Report) *uint64 { return &r.Losses.ProcessesFull }},
 }

@@ -101,12 +101,11 @@ type gpumemGpumemLoss uint32
 
 const (
 	gpumemGpumemLossGPUMEM_LOSS_INFLIGHT_FULL  gpumemGpumemLoss = 0
-	gpumemGpumemLossGPUMEM_LOSS_STACK          gpumemGpumemLoss = 1
-	gpumemGpumemLossGPUMEM_LOSS_READ_RESULT    gpumemGpumemLoss = 2
-	gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL gpumemGpumemLoss = 3
-	gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL gpumemGpumemLoss = 4
-	gpumemGpumemLossGPUMEM_LOSS_UNFINISHED     gpumemGpumemLoss = 5
-	gpumemGpumemLossGPUMEM_LOSS_MAX            gpumemGpumemLoss = 6
+	gpumemGpumemLossGPUMEM_LOSS_READ_RESULT    gpumemGpumemLoss = 1
+	gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL gpumemGpumemLoss = 2
+	gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL gpumemGpumemLoss = 3
+	gpumemGpumemLossGPUMEM_LOSS_UNFINISHED     gpumemGpumemLoss = 4
+	gpumemGpumemLossGPUMEM_LOSS_MAX            gpumemGpumemLoss = 5
 )
 
 type gpumemGpumemOp uint32

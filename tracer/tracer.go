@@ -350,14 +350,13 @@ func (t *Tracer) InFlight() (int, error) {
 type Losses struct {
 	RingBufferFull   uint64 `json:"ring_buffer_full"`  // events dropped
 	InflightFull     uint64 `json:"inflight_full"`     // calls not tracked
-	StackLost        uint64 `json:"stack_lost"`        // events without their stack
 	ResultUnreadable uint64 `json:"result_unreadable"` // allocations whose pointer could not be read
 	ProcessesFull    uint64 `json:"processes_full"`    // process exits that will not be reported
 }
 
 // Total is the sum of all losses.
 func (l Losses) Total() uint64 {
-	return l.RingBufferFull + l.InflightFull + l.StackLost + l.ResultUnreadable + l.ProcessesFull
+	return l.RingBufferFull + l.InflightFull + l.ResultUnreadable + l.ProcessesFull
 }
 
 // Losses reads the loss counters.
@@ -369,7 +368,6 @@ func (t *Tracer) Losses() (Losses, error) {
 	}
 	for key, dst := range map[gpumemGpumemLoss]*uint64{
 		gpumemGpumemLossGPUMEM_LOSS_INFLIGHT_FULL:  &l.InflightFull,
-		gpumemGpumemLossGPUMEM_LOSS_STACK:          &l.StackLost,
 		gpumemGpumemLossGPUMEM_LOSS_READ_RESULT:    &l.ResultUnreadable,
 		gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL: &l.ProcessesFull,
 	} {

@@ -74,7 +74,6 @@ enum gpumem_event_type {
 
 enum gpumem_loss {
 	GPUMEM_LOSS_INFLIGHT_FULL = 0,      /* call not tracked: inflight map full */
-	GPUMEM_LOSS_STACK,              /* event sent without its user stack */
 	GPUMEM_LOSS_READ_RESULT,        /* allocation's out-parameter unreadable */
 	GPUMEM_LOSS_PROCESSES_FULL,     /* process exit will not be reported */
 	GPUMEM_LOSS_AGGREGATE_FULL,     /* allocation missing from IG's stack maps */
