@@ -41,6 +41,9 @@ type Config struct {
 	Object []byte
 	// Library, when set, is the only driver library attached; discovery is off.
 	Library string
+	// DriverDirs are where installed driver libraries are looked for, to
+	// trace processes from their first call; discover.DriverDirs by default.
+	DriverDirs []string
 	// PIDs, when set, limits tracing and discovery to these processes.
 	PIDs []int
 	// GPUs, when set, limits reports to memory on these device ordinals.
@@ -168,8 +171,40 @@ func New(cfg Config) (*Profiler, error) {
 			tr.Close()
 			return nil, err
 		}
+	} else {
+		p.attachInstalled()
 	}
 	return p, nil
+}
+
+// attachInstalled attaches to the driver libraries installed on the node,
+// before any process loads them: uprobes hold on the file, so a program
+// started later is traced from its first driver call (its contexts, and so
+// its GPU, included), where discovery would see it only at the next scan.
+// The host's file system is searched too when the node's process 1 is
+// readable (a DaemonSet with hostPID).
+func (p *Profiler) attachInstalled() {
+	dirs := p.cfg.DriverDirs
+	if dirs == nil {
+		dirs = discover.DriverDirs
+	}
+	roots := []string{"/"}
+	if host := filepath.Join(p.cfg.ProcRoot, "1", "root"); readableDir(host) {
+		roots = append(roots, host)
+	}
+	for _, lib := range discover.Installed(roots, dirs) {
+		if !p.shouldAttach(lib) {
+			continue
+		}
+		if err := p.attach(lib); err != nil {
+			p.cfg.Logf("%v (installed; processes that load it are attached when found)", err)
+		}
+	}
+}
+
+func readableDir(path string) bool {
+	_, err := os.ReadDir(path)
+	return err == nil
 }
 
 // Run traces until ctx is done, then reads the events still buffered and

@@ -2,7 +2,9 @@ package tests
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -217,6 +219,36 @@ func TestLateProcessAtUnusualPath(t *testing.T) {
 		t.Errorf("row %+v", row)
 	}
 	w.exit()
+}
+
+// TestInstalledDriverTracedFromFirstCall: with discovery, the driver
+// libraries installed on the node are attached before any process loads
+// them, so a program started later is traced from its first driver call,
+// its contexts (and so its GPUs) included, even one that lives a few
+// milliseconds, far less than a scan's interval.
+func TestInstalledDriverTracedFromFirstCall(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "driver")
+	copyFile(t, simLib, filepath.Join(dir, "libcuda.so.1"))
+	s := startProfiler(t, profiler.Config{DriverDirs: []string{dir}, ScanInterval: time.Hour})
+	s.waitLog("attached to "+filepath.Join(dir, "libcuda.so.1"), 2*time.Second)
+
+	w := exec.Command(simwork, "devices")
+	w.Env = append(os.Environ(), "SIMWORK_NOWAIT=1", "SIMCUDA_DEVICES=3", "LD_LIBRARY_PATH="+dir)
+	if out, err := w.CombinedOutput(); err != nil {
+		t.Fatalf("simwork: %v\n%s", err, out)
+	}
+	r := s.report()
+	held := map[string]uint64{} // by GPU, at the process's exit
+	for _, row := range r.Rows {
+		if row.PID == uint32(w.Process.Pid) {
+			held[row.GPU()] += row.AllocBytes - row.FreeBytes
+		}
+	}
+	want := map[string]uint64{"0": 18 * MiB, "1": 30 * MiB, "2": 29 * MiB, "host": 4096, "managed": 8192}
+	if !maps.Equal(held, want) {
+		t.Errorf("held at exit %v, want %v", held, want)
+	}
+	assertNoLosses(t, r)
 }
 
 // TestProcessesStayApart: two processes running the same code get a row each.
