@@ -12,10 +12,17 @@ SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 setup:
 	./scripts/setup.sh
 
-build: bin/gpumem
+build: bin/gpumem bin/gpumem-lean
 
-bin/gpumem: $(shell find . -name '*.go' -not -path './build/*') tracer/gpumem_x86_bpfel.o go.mod go.sum
+GO_SOURCES = $(shell find . -name '*.go' -not -path './build/*') tracer/gpumem_x86_bpfel.o go.mod go.sum
+
+bin/gpumem: $(GO_SOURCES)
 	$(GO) build -o $@ ./cmd/gpumem
+
+# The agent image's build (Dockerfile): every command but image and run,
+# without IG's image store, OCI and runtime packages; static.
+bin/gpumem-lean: $(GO_SOURCES)
+	CGO_ENABLED=0 $(GO) build -tags lean -o $@ ./cmd/gpumem
 
 generate:
 	cd tracer && IG=$(IG) $(GO) generate ./...

@@ -26,6 +26,7 @@ var (
 	simLib  string
 	simwork string
 	gpumem  string
+	lean    string // the agent image's build
 )
 
 func main() {
@@ -38,7 +39,8 @@ func main() {
 	simLib = filepath.Join(root, "build/sim/libcuda.so.1")
 	simwork = filepath.Join(root, "build/sim/simwork")
 	gpumem = filepath.Join(root, "bin/gpumem")
-	for _, f := range []string{simLib, simwork, gpumem} {
+	lean = filepath.Join(root, "bin/gpumem-lean")
+	for _, f := range []string{simLib, simwork, gpumem, lean} {
 		if _, err := os.Stat(f); err != nil {
 			fatalf("%s missing: run make build sim first", f)
 		}

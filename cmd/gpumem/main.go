@@ -37,7 +37,8 @@ func main() {
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w\n\n%s", err, cmd.UsageString())}
 	})
-	root.AddCommand(newRecordCommand(), newTopCommand(), newAgentCommand(), newRunCommand(), newImageCommand())
+	root.AddCommand(newRecordCommand(), newTopCommand(), newAgentCommand())
+	root.AddCommand(imageCommands()...)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "gpumem: %v\n", err)
 		os.Exit(exitCode(err))
