@@ -631,7 +631,7 @@ static __always_inline void capture_python(struct gpumem_event *e)
  * (code built without frame pointers), as the kernel's unwinder does. A
  * deeper stack keeps its innermost GPUMEM_MAX_STACK_DEPTH frames, as
  * bpf_get_stack does. */
-static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_event *e)
+static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_event *e, bool walk)
 {
 	__u32 py = e->pystack_len;
 	if (py > GPUMEM_MAX_PY_FRAMES)
@@ -641,6 +641,8 @@ static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_ev
 	__u32 n = 1;
 
 	frames[0] = PT_REGS_IP(ctx);
+	if (!walk)
+		return n;
 	for (int i = 1; i < GPUMEM_MAX_STACK_DEPTH; i++) {
 		__u64 frame[2]; /* the caller's frame pointer, the return address */
 		if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp) || frame[1] == 0)
@@ -683,11 +685,13 @@ static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 
 }
 
 /* capture_allocation adds an allocation's Python and native stacks, and
- * marks its process so that its exit is reported. */
-static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpumem_event *e)
+ * marks its process so that its exit is reported. Without native_walk, a
+ * call with Python frames keeps the probed instruction alone: the Python
+ * frames say where it comes from. */
+static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpumem_event *e, bool native_walk)
 {
 	capture_python(e);
-	e->ustack_len = capture_stack(ctx, e);
+	e->ustack_len = capture_stack(ctx, e, native_walk || e->pystack_len == 0 || e->py_flags);
 	__u8 one = 1;
 	if (!bpf_map_lookup_elem(&traced_pids, &e->proc.pid) &&
 	    bpf_map_update_elem(&traced_pids, &e->proc.pid, &one, BPF_ANY))
@@ -732,7 +736,7 @@ static __always_inline int report_allocation(struct pt_regs *ctx, const struct g
 	if (e->result == 0 && !finish_allocation(e, call))
 		return 0;
 	e->device = current_device(call, e->proc.tid);
-	capture_allocation(ctx, e);
+	capture_allocation(ctx, e, true);
 	if (stock_ig && aggregate)
 		aggregate_allocation(ctx, e);
 	output(e, event_size(e));
@@ -887,6 +891,12 @@ static __always_inline __u64 usdt_arg(struct pt_regs *ctx, const struct gpumem_u
 	return a->is_signed ? (__u64)((__s64)v >> shift) : v >> shift;
 }
 
+/* With tensor_native_stacks off, a tensor allocated from Python keeps the
+ * allocator's frame and its Python frames: the native frames between them
+ * (ATen, the Python bindings) cost a read each on every tensor. A tensor
+ * without Python frames (autograd's threads) keeps its whole native stack. */
+const volatile bool tensor_native_stacks = false;
+
 SEC("uprobe.multi/libc10_cuda")
 int gpumem_tensor(struct pt_regs *ctx)
 {
@@ -906,7 +916,7 @@ int gpumem_tensor(struct pt_regs *ctx)
 	if (s->op == GPUMEM_OP_TENSOR_ALLOC) {
 		e->device = (__s32)usdt_arg(ctx, &s->args[1]);
 		e->bytes = usdt_arg(ctx, &s->args[2]);
-		capture_allocation(ctx, e);
+		capture_allocation(ctx, e, tensor_native_stacks);
 	}
 	output(e, event_size(e));
 	return 0;

@@ -36,6 +36,9 @@ type Config struct {
 	// NoTensors leaves PyTorch's caching allocator alone: the driver view
 	// only, without the probes' cost on every tensor.
 	NoTensors bool
+	// TensorNativeStacks walks the whole native stack of every tensor, where
+	// by default a tensor with Python frames keeps the allocator's frame.
+	TensorNativeStacks bool
 	// Object, when set, is the BPF object to load (program.bpf.c built
 	// elsewhere, as in a gadget image) instead of the one built in.
 	Object []byte
@@ -141,7 +144,7 @@ func New(cfg Config) (*Profiler, error) {
 	if cfg.Object != nil {
 		load = func(opts tracer.Options) (*tracer.Tracer, error) { return tracer.NewFromObject(cfg.Object, opts) }
 	}
-	tr, err := load(tracer.Options{PIDs: pids})
+	tr, err := load(tracer.Options{PIDs: pids, TensorNativeStacks: cfg.TensorNativeStacks})
 	if err != nil {
 		return nil, err
 	}

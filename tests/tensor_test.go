@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -188,4 +189,36 @@ func TestTensorViewOff(t *testing.T) {
 		t.Errorf("driver view: %v", segments)
 	}
 	w.exit()
+}
+
+// TestTensorNativeStacks: a tensor allocated from Python keeps the
+// allocator's frame and its Python frames; --tensor-native-stacks walks the
+// native frames between them too. Bytes are the same either way.
+func TestTensorNativeStacks(t *testing.T) {
+	python := "/root/.pyenv/versions/3.12.1/bin/python3.12"
+	native := map[bool][]string{}
+	for _, walk := range []bool{false, true} {
+		s := startProfiler(t, profiler.Config{Library: simLib, TensorNativeStacks: walk})
+		w := startTensors(t, s, python, "tensors")
+		expect := w.run()
+		row := byPythonFunction(s.report(), w.pid, tracer.KindTensor)["load_weights"]
+		if row.AllocBytes != expect["tensor_load_weights"] {
+			t.Errorf("native walk %v: load_weights allocated %d, want %d", walk, row.AllocBytes, expect["tensor_load_weights"])
+		}
+		for _, f := range row.Frames {
+			if f.File != "" {
+				break
+			}
+			native[walk] = append(native[walk], f.Name())
+		}
+		w.exit()
+		s.stop()
+	}
+	const malloc = "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"
+	if got := strings.Join(native[false], " <- "); got != "pytorch:malloc <- "+malloc {
+		t.Errorf("native frames %s, want the allocator's alone", got)
+	}
+	if got := native[true]; len(got) < 4 || got[1] != malloc || !slices.Contains(got, "simtorch_malloc") {
+		t.Errorf("native frames with the walk: %v", got)
+	}
 }

@@ -406,6 +406,7 @@ const (
 	gpumemVarTargPid                                 = "targ_pid"
 	gpumemVarTargTid                                 = "targ_tid"
 	gpumemVarTargUid                                 = "targ_uid"
+	gpumemVarTensorNativeStacks                      = "tensor_native_stacks"
 )
 
 // loadGpumem returns the embedded CollectionSpec for gpumem.
@@ -569,6 +570,7 @@ type gpumemVariableSpecs struct {
 	TargPid                           *ebpf.VariableSpec `ebpf:"targ_pid"`
 	TargTid                           *ebpf.VariableSpec `ebpf:"targ_tid"`
 	TargUid                           *ebpf.VariableSpec `ebpf:"targ_uid"`
+	TensorNativeStacks                *ebpf.VariableSpec `ebpf:"tensor_native_stacks"`
 }
 
 // gpumemObjects contains all objects after they have been loaded into the kernel.
@@ -689,6 +691,7 @@ type gpumemVariables struct {
 	TargPid                           *ebpf.Variable `ebpf:"targ_pid"`
 	TargTid                           *ebpf.Variable `ebpf:"targ_tid"`
 	TargUid                           *ebpf.Variable `ebpf:"targ_uid"`
+	TensorNativeStacks                *ebpf.Variable `ebpf:"tensor_native_stacks"`
 }
 
 // gpumemPrograms contains all programs after they have been loaded into the kernel.

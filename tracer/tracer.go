@@ -27,6 +27,9 @@ var ErrPermission = errors.New("loading BPF programs needs root (CAP_BPF, CAP_PE
 type Options struct {
 	// PIDs, when not empty, limits tracing to these processes, in BPF.
 	PIDs []uint32
+	// TensorNativeStacks walks the whole native stack of tensors allocated
+	// from Python too, not only the allocator's frame.
+	TensorNativeStacks bool
 }
 
 // Tracer owns the loaded BPF program, its links and the ring buffer reader.
@@ -100,9 +103,14 @@ func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
 	if m := spec.Maps["finish_allocations"]; m != nil {
 		m.Contents = nil // gpumem_finish, trimmed above
 	}
-	if len(opts.PIDs) > 0 {
-		if err := spec.Variables["filter_pids"].Set(true); err != nil {
-			return nil, fmt.Errorf("set filter_pids: %w", err)
+	for name, on := range map[string]bool{"filter_pids": len(opts.PIDs) > 0, "tensor_native_stacks": opts.TensorNativeStacks} {
+		if !on {
+			continue // the default, also in objects built before the variable
+		}
+		if v := spec.Variables[name]; v == nil {
+			return nil, fmt.Errorf("set %s: no such variable in this object", name)
+		} else if err := v.Set(true); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
 	coll, err := ebpf.NewCollection(spec)
