@@ -64,7 +64,7 @@ func main() {
 		}
 	}
 	report.WriteString(gpuSection(root))
-	report.WriteString("\nReproduce: `make bench` (as root, after the README setup); the GPU section: `bench/gpu/run.sh GPUMEM OUTDIR` on the GPU machine, then copy OUTDIR/RESULTS.md to bench/gpu/.\n")
+	report.WriteString("\nReproduce: `make bench` (as root, after the README setup); the GPU section: `bench/gpu/run.sh GPUMEM USDTFLOOR OUTDIR` on the GPU machine (both built with `CGO_ENABLED=0 go build`: `./cmd/gpumem`, `./bench/usdtfloor`), then copy OUTDIR/RESULTS.md to bench/gpu/.\n")
 	check(os.WriteFile(*out, []byte(report.String()), 0o644))
 	fmt.Fprintf(os.Stderr, "bench: wrote %s\n", *out)
 }

@@ -35,19 +35,22 @@ with open(sys.argv[3], "w") as f:
     for line in open(sys.argv[2]):
         kv = dict(x.split("=") for x in line.split() if "=" in x)
         phases.setdefault(line.split()[0], []).append((kv["phase"], float(kv["us_per_empty"])))
-    added = {"gpumem": [], "history": []}
+    added = {"floor": [], "gpumem": [], "gpumem_native": [], "history": []}
     for rnd in phases.values():
         base = statistics.mean(v for p, v in rnd if p == "base")
         for p, v in rnd:
             if p in added:
                 added[p].append(v - base)
-    g, h = statistics.median(added["gpumem"]), statistics.median(added["history"])
+    med = {p: statistics.median(v) for p, v in added.items()}
+    g, h = med["gpumem"], med["history"]
     f.write("\n### The tensor path\n\n")
     f.write("With the caching allocator on, gpu-mem's probes on PyTorch's allocator (USDT `pytorch:malloc` and `pytorch:free`)\n")
     f.write("fire on every `torch.empty` and `del`. Measured by `bench/gpu/tensor_cost.py` inside one process, phases in turn:\n")
-    f.write("no profiler, gpu-mem attached, no profiler again, `_record_memory_history`; added cost = phase minus the mean\n")
-    f.write("of the two unprofiled phases; median of 3 processes.\n\n")
+    f.write("no profiler, empty programs on the same USDT sites (the floor: two traps, `bench/usdtfloor`), gpu-mem attached,\n")
+    f.write("gpu-mem with `--tensor-native-stacks`, no profiler again, `_record_memory_history`; added cost = phase minus the\n")
+    f.write("mean of the two unprofiled phases; median of 3 processes.\n\n")
     f.write("| profiler | us added per empty+del | rounds |\n| --- | ---: | --- |\n")
-    f.write(f"| gpu-mem (tensor view) | {g:.2f} | {', '.join(f'{x:.2f}' for x in added['gpumem'])} |\n")
-    f.write(f"| `_record_memory_history` | {h:.2f} | {', '.join(f'{x:.2f}' for x in added['history'])} |\n")
+    for p, name in (("floor", "floor: empty programs on the two probes"), ("gpumem", "gpu-mem (tensor view)"),
+                    ("gpumem_native", "gpu-mem, `--tensor-native-stacks`"), ("history", "`_record_memory_history`")):
+        f.write(f"| {name} | {med[p]:.2f} | {', '.join(f'{x:.2f}' for x in added[p])} |\n")
     f.write(f"\nTargets: under 2 us added ({'met' if g < 2 else 'missed'}); below PyTorch's own ({'met' if g < h else 'missed'}).\n")

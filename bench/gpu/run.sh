@@ -4,10 +4,11 @@
 # profiler, under gpumem, and with PyTorch's _record_memory_history, with the
 # caching allocator on and off. Writes RESULTS.md (the section `make bench`
 # copies into BENCHMARKS.md) to OUTDIR.
-# Usage: bench/gpu/run.sh GPUMEM OUTDIR
+# Usage: bench/gpu/run.sh GPUMEM USDTFLOOR OUTDIR (USDTFLOOR: bench/usdtfloor built)
 set -euo pipefail
 gpumem=$1
-out=$2
+floor=$2
+out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 lib=$(ls /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* 2>/dev/null | head -1 || true)
 results=$out/results.txt
@@ -29,7 +30,7 @@ done
 done
 # The tensor path, measured inside one process (bench/gpu/tensor.sh).
 tensor=$out/tensor.txt
-"$here/tensor.sh" "$gpumem" "$out" >"$tensor"
+"$here/tensor.sh" "$gpumem" "$floor" "$out" >"$tensor"
 cat "$results" "$tensor"
 python3 "$here/report.py" "$results" "$tensor" "$out/RESULTS.md"
 cat "$out/RESULTS.md"

@@ -2,10 +2,12 @@
 # The tensor path's cost, measured inside one process by tensor_cost.py: with
 # the caching allocator on, gpumem's USDT probes fire on every torch.empty
 # and del. Three processes; prints "round=N result phase=... us_per_empty=..."
-# lines. Usage: bench/gpu/tensor.sh GPUMEM OUTDIR
+# lines. USDTFLOOR is bench/usdtfloor built (CGO_ENABLED=0 go build).
+# Usage: bench/gpu/tensor.sh GPUMEM USDTFLOOR OUTDIR
 set -euo pipefail
 gpumem=$1
-out=$2
+floor=$2
+out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 unset PYTORCH_NO_CUDA_MEMORY_CACHING
 
@@ -18,17 +20,25 @@ for round in 1 2 3; do
 	py=$!
 	exec 3>"$fifo"
 	until grep -q ready "$out/tensor.stdout"; do sleep 0.1; done
-	for phase in base gpumem base history; do
+	for phase in base floor gpumem gpumem_native base history; do
 		until [ "$(lines phase)" -gt "$(lines result)" ]; do sleep 0.1; done
-		if [ "$phase" = gpumem ]; then
-			"$gpumem" record --pid "$py" --format json -o "$out/tensor.json" --top 0 2>"$out/tensor.stderr" &
+		rec=
+		case $phase in
+		floor)
+			"$floor" "$(grep -m1 -o '/[^ ]*libc10_cuda.so' /proc/$py/maps)" >"$out/floor.stdout" &
 			rec=$!
-			until grep -q "PyTorch allocator probes" "$out/tensor.stderr"; do sleep 0.1; done
-		fi
+			until grep -q attached "$out/floor.stdout"; do sleep 0.1; done ;;
+		gpumem*)
+			flags=()
+			[ "$phase" = gpumem_native ] && flags=(--tensor-native-stacks)
+			"$gpumem" record --pid "$py" "${flags[@]}" --format json -o "$out/tensor.json" --top 0 2>"$out/tensor.stderr" &
+			rec=$!
+			until grep -q "PyTorch allocator probes" "$out/tensor.stderr"; do sleep 0.1; done ;;
+		esac
 		echo >&3
 		n=$(lines result)
 		until [ "$(lines result)" -gt "$n" ]; do sleep 0.1; done
-		if [ "$phase" = gpumem ]; then kill -INT $rec && wait $rec; fi
+		if [ -n "$rec" ]; then kill -INT $rec && wait $rec; fi
 	done
 	exec 3>&-
 	wait $py || echo "tensor_cost.py exited with $?" >&2

@@ -4,10 +4,11 @@ A loop of torch.empty(1 MiB) + del runs at about 2.5 or about 4.5 us per
 iteration from one process to the next on the GPU machine, whatever the
 profiler: too much noise to see a few microseconds between processes. So this
 script measures, in one process, phases the harness (bench/gpu/run.sh) sets
-up between them: "base" (no profiler), "gpumem" (gpumem record attached to
-this process, its USDT probes firing on every empty and del), "base" again
-once gpumem has stopped, then "history" (PyTorch's own
-_record_memory_history). Protocol: prints "ready PID", then before each
+up between them: "base" (no profiler), "floor" (empty programs on the same
+USDT sites: the traps alone, bench/usdtfloor), "gpumem" (gpumem record
+attached to this process, its USDT probes firing on every empty and del),
+"gpumem_native" (the same with --tensor-native-stacks), "base" again once
+gpumem has stopped, then "history" (PyTorch's own _record_memory_history). Protocol: prints "ready PID", then before each
 phase "phase NAME" and waits for a line; prints "result phase=NAME
 us_per_empty=..." (best of 5 runs of 20000) after each; exits.
 """
@@ -33,7 +34,7 @@ def main():
     torch.cuda.init()
     empty_and_del(200)
     print(f"ready {os.getpid()}", flush=True)
-    for name in ("base", "gpumem", "base", "history"):
+    for name in ("base", "floor", "gpumem", "gpumem_native", "base", "history"):
         phase(name)
 
 
