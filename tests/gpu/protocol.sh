@@ -30,3 +30,55 @@ record_protocol() {
 	echo >&3 && exec 3>&- && wait $py
 	rm -f "$fifo"
 }
+
+# stamp: copies stdin to stdout, each line prefixed with the epoch time
+# (seconds, as Python's time.time() gives it).
+stamp() {
+	local line
+	while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done
+}
+
+# record_first LOG SCRIPT [ARG...] -- RECORDER...
+# The profiler first, as a node's agent is: starts one gpumem record per
+# RECORDER (a string "NAME [FLAG...]", e.g. "library --library PATH" or
+# "discovery"), each writing LOG.NAME.json and LOG.NAME.stderr (lines stamped
+# by stamp), waits until each records, then starts SCRIPT, which runs at once
+# and prints "done" and "expect ..." while holding its memory and waits for a
+# line; stops the recorders then, and lets SCRIPT exit. Leaves LOG.stdout and
+# LOG.pyerr; returns 1 when SCRIPT or a recorder ended early.
+record_first() {
+	local log=$1 script=$2
+	shift 2
+	local args=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+	[ $# -gt 0 ] && shift
+	local fifo py spec name flags rec recs=() status=0
+	for spec in "$@"; do
+		read -r name flags <<<"$spec"
+		# shellcheck disable=SC2086
+		"$gpumem" record $flags --format json -o "$log.$name.json" --top 0 2> >(stamp >"$log.$name.stderr") &
+		rec=$!
+		recs+=("$rec")
+		until grep -q recording "$log.$name.stderr" 2>/dev/null; do
+			kill -0 "$rec" 2>/dev/null || { echo "record_first: gpumem $name ended at start" >&2; return 1; }
+			sleep 0.1
+		done
+	done
+	fifo=$(mktemp -u) && mkfifo "$fifo"
+	python3 "$script" "${args[@]}" <"$fifo" >"$log.stdout" 2>"$log.pyerr" &
+	py=$!
+	exec 3>"$fifo"
+	until grep -q '^expect' "$log.stdout"; do
+		kill -0 "$py" 2>/dev/null || { echo "record_first: $script ended before expect" >&2; status=1; break; }
+		sleep 0.1
+	done
+	for rec in "${recs[@]}"; do
+		kill -INT "$rec" 2>/dev/null
+		wait "$rec" || status=1
+	done
+	echo >&3
+	exec 3>&-
+	wait "$py" || status=1
+	rm -f "$fifo"
+	return $status
+}
