@@ -5,17 +5,14 @@ package profiler
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/cilium/ebpf/ringbuf"
 
@@ -85,11 +82,11 @@ type Profiler struct {
 	ooms       []OOM         // delivered, the latest MaxOOMs
 	lastOOM    map[uint32]oomMark
 	ledger     *accounting.Ledger
-	stacks     map[accounting.StackID]stack
-	stackIDs   map[string]accounting.StackID // by pid, op and raw frames
-	keyBuf     []byte                        // intern's, reused
-	pidKeys    map[uint32][]string           // the stackIDs keys of each process
-	nextID     accounting.StackID
+	stacks     stackTable
+	keyBuf     []byte // intern's, reused
+	pidStacks  map[uint32][]accounting.StackID
+	unresolved []accounting.StackID // interned since the last resolve
+	resolving  sync.Mutex           // one resolve at a time
 	comms      map[uint32]string
 	events     uint64
 	attached   map[string]discover.Library
@@ -104,18 +101,6 @@ type Profiler struct {
 	// losses are the tracer's last counts, kept when it is closed.
 	losses tracer.Losses
 	closed bool
-}
-
-// stack is an interned call stack of one process. Its Python frames are
-// named when it is first seen, while the process lives to be read; its
-// native frames when a report first needs them, off the event path (the
-// symbol tables of a library such as libtorch_cuda take seconds to load).
-type stack struct {
-	pid    uint32
-	op     tracer.Op
-	native []uint64
-	python []pystack.Frame
-	frames []*symbolize.Frame // innermost first: the driver function, then its callers; nil until resolved
 }
 
 // New loads the tracer. It fails with tracer.ErrPermission when BPF is
@@ -156,9 +141,8 @@ func New(cfg Config) (*Profiler, error) {
 		notPython:  map[int]bool{},
 		watching:   map[int]bool{},
 		ledger:     accounting.New(),
-		stacks:     map[accounting.StackID]stack{},
-		stackIDs:   map[string]accounting.StackID{},
-		pidKeys:    map[uint32][]string{},
+		stacks:     newStackTable(),
+		pidStacks:  map[uint32][]accounting.StackID{},
 		comms:      map[uint32]string{},
 		attached:   map[string]discover.Library{},
 		failed:     map[string]error{},
@@ -217,6 +201,18 @@ func (p *Profiler) Run(ctx context.Context) error {
 	readErr := make(chan error, 1)
 	go func() { readErr <- p.readEvents() }()
 
+	// New stacks are named at every scan, not only when a report asks:
+	// their raw frames are kept no longer than that, whatever the interval
+	// between reports. In a goroutine of its own, since loading a large
+	// library's symbols must not hold up the scans that attach.
+	resolveNow := make(chan struct{}, 1)
+	defer close(resolveNow)
+	go func() {
+		for range resolveNow {
+			p.resolve()
+		}
+	}()
+
 	p.scan(true)
 	ticker := time.NewTicker(p.cfg.ScanInterval)
 	defer ticker.Stop()
@@ -228,6 +224,10 @@ func (p *Profiler) Run(ctx context.Context) error {
 			return fmt.Errorf("read events: %w", err)
 		case <-ticker.C:
 			p.scan(false)
+			select {
+			case resolveNow <- struct{}{}:
+			default: // still resolving
+			}
 		}
 	}
 }
@@ -413,29 +413,18 @@ func (p *Profiler) forget(pid uint32) {
 
 // intern returns the ID of the event's stack.
 func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
-	// The key is built in a reused buffer and looked up without a copy;
-	// only a new stack's key becomes a string.
-	k := binary.LittleEndian.AppendUint32(p.keyBuf[:0], ev.PID)
-	k = binary.LittleEndian.AppendUint16(k, uint16(ev.Op))
-	k = binary.LittleEndian.AppendUint16(k, uint16(len(ev.Stack)))
-	k = append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)...)
-	k = append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))...)
+	// The key is built in a reused buffer; only a new stack's key is kept,
+	// until the stack is named.
+	k := stackKey(p.keyBuf[:0], ev)
 	p.keyBuf = k
-	if id, ok := p.stackIDs[string(k)]; ok {
+	id, check, found := p.stacks.lookup(k)
+	if found {
 		return id
 	}
-	key := string(k)
 	p.sym.Track(ev.PID)
-	id := p.nextID
-	p.nextID++
-	p.stacks[id] = stack{
-		pid:    ev.PID,
-		op:     ev.Op,
-		native: slices.Clone(ev.Stack),
-		python: p.py.Frames(ev.PID, ev.PyFrames),
-	}
-	p.stackIDs[key] = id
-	p.pidKeys[ev.PID] = append(p.pidKeys[ev.PID], key)
+	p.stacks.add(id, check, &rawStack{key: string(k), op: ev.Op, python: p.py.Frames(ev.PID, ev.PyFrames)})
+	p.pidStacks[ev.PID] = append(p.pidStacks[ev.PID], id)
+	p.unresolved = append(p.unresolved, id)
 	return id
 }
 
@@ -445,11 +434,10 @@ func (p *Profiler) DropExited() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for pid := range p.ledger.DropExited() {
-		for _, key := range p.pidKeys[pid] {
-			delete(p.stacks, p.stackIDs[key])
-			delete(p.stackIDs, key)
+		for _, id := range p.pidStacks[pid] {
+			p.stacks.drop(id)
 		}
-		delete(p.pidKeys, pid)
+		delete(p.pidStacks, pid)
 		delete(p.comms, pid)
 		delete(p.ordinals, pid)
 		delete(p.containers, pid)
@@ -545,38 +533,50 @@ func (p *Profiler) releaseVanished() {
 	}
 }
 
-// resolve names the native frames of the stacks that have none yet. The
-// symbol tables are read without holding p.mu, so that events keep flowing.
+// resolve names the native frames of the stacks interned since it last
+// ran, and drops their raw frames. The symbol tables are read without
+// holding p.mu, so that events keep flowing.
 func (p *Profiler) resolve() {
+	p.resolving.Lock()
+	defer p.resolving.Unlock()
 	p.mu.Lock()
-	todo := map[accounting.StackID]stack{}
-	for id, s := range p.stacks {
-		if s.frames == nil {
-			todo[id] = s
-		}
-	}
+	todo := p.unresolved
+	p.unresolved = nil
 	p.mu.Unlock()
 	// In batches: a batch's frames are copies until interned.
 	const batch = 1024
-	merged := make(map[accounting.StackID][]symbolize.Frame, batch)
-	for id, s := range todo {
-		merged[id] = pystack.Merge(p.sym.Frames(s.pid, s.native), s.python)
-		if len(merged) == batch {
-			p.storeFrames(merged)
-			clear(merged)
+	raws := make([]*rawStack, 0, min(batch, len(todo)))
+	named := make([][]symbolize.Frame, 0, cap(raws))
+	for len(todo) > 0 {
+		ids := todo[:min(batch, len(todo))]
+		todo = todo[len(ids):]
+		raws, named = raws[:0], named[:0]
+		p.mu.Lock()
+		for _, id := range ids {
+			raws = append(raws, p.stacks.m[id].raw)
 		}
+		p.mu.Unlock()
+		for _, r := range raws {
+			var frames []symbolize.Frame
+			if r != nil {
+				frames = pystack.Merge(p.sym.Frames(r.pid(), r.native()), r.python)
+			}
+			named = append(named, frames)
+		}
+		p.storeFrames(ids, raws, named)
 	}
-	p.storeFrames(merged)
 }
 
-func (p *Profiler) storeFrames(merged map[accounting.StackID][]symbolize.Frame) {
+// storeFrames keeps the named frames of stacks, unless a stack was dropped
+// (and its ID perhaps taken again) while they were read.
+func (p *Profiler) storeFrames(ids []accounting.StackID, raws []*rawStack, named [][]symbolize.Frame) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for id, frames := range merged {
-		if s, ok := p.stacks[id]; ok {
-			s.frames = p.internFrames(s.op, frames)
-			s.native, s.python = nil, nil // named now
-			p.stacks[id] = s
+	for i, id := range ids {
+		if s, ok := p.stacks.m[id]; ok && raws[i] != nil && s.raw == raws[i] {
+			s.frames = p.internFrames(s.raw.op, named[i])
+			s.raw = nil // named now
+			p.stacks.m[id] = s
 		}
 	}
 }
@@ -586,15 +586,20 @@ func (p *Profiler) storeFrames(merged map[accounting.StackID][]symbolize.Frame) 
 // their frames, and 100,000 stacks would otherwise hold a copy each.
 func (p *Profiler) internFrames(op tracer.Op, frames []symbolize.Frame) []*symbolize.Frame {
 	out := make([]*symbolize.Frame, 0, len(frames)+1)
-	for _, f := range append([]symbolize.Frame{{Function: op.Symbol(), Module: "libcuda.so.1"}}, frames...) {
-		shared, ok := p.frameTable[f]
-		if !ok {
-			shared = &f
-			p.frameTable[f] = shared
-		}
-		out = append(out, shared)
+	out = append(out, p.internFrame(symbolize.Frame{Function: op.Symbol(), Module: "libcuda.so.1"}))
+	for _, f := range frames {
+		out = append(out, p.internFrame(f))
 	}
 	return out
+}
+
+func (p *Profiler) internFrame(f symbolize.Frame) *symbolize.Frame {
+	shared, ok := p.frameTable[f]
+	if !ok {
+		shared = &f
+		p.frameTable[f] = shared
+	}
+	return shared
 }
 
 // Watch registers a process just started (gpumem record -- COMMAND) as soon

@@ -94,11 +94,16 @@ func (p *Profiler) onGPU(k accounting.Key) bool {
 // frames are a stack's frames; a stack interned after resolve ran (by an
 // event read in between) shows its driver function and Python frames.
 func (p *Profiler) frames(id accounting.StackID) []*symbolize.Frame {
-	s := p.stacks[id]
+	s := p.stacks.m[id]
 	if s.frames != nil {
 		return s.frames
 	}
-	return p.internFrames(s.op, pystack.Merge(nil, s.python))
+	var op tracer.Op
+	var python []pystack.Frame
+	if s.raw != nil {
+		op, python = s.raw.op, s.raw.python
+	}
+	return p.internFrames(op, pystack.Merge(nil, python))
 }
 
 // device is the GPU a row's memory is on, if known.

@@ -1,0 +1,120 @@
+package profiler
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"unsafe"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// stackTable holds the interned stacks by ID: a 64-bit hash of the stack's
+// key (the process, the driver function and the raw frames: the native
+// addresses and the Python frames' code and instruction pointers).
+//
+// A stack keeps its raw frames only until its native frames are named;
+// then what stays is the named frames, shared with every report, and a
+// check: a second 64-bit hash of the key with another seed. Two stacks
+// with the same ID are told apart by the check for as long as they live,
+// and by the raw key too while it is kept; the second takes the next free
+// ID. Two distinct stacks are taken for one only if both hashes collide:
+// for n stacks, odds of about n*n/2^129 (1e-26 for a million).
+type stackTable struct {
+	m     map[accounting.StackID]stack
+	seeds [2]maphash.Seed // of the ID and of the check
+	hash  func(maphash.Seed, []byte) uint64
+}
+
+// stack is one interned call stack of one process. Its Python frames are
+// named when it is first seen, while the process lives to be read; its
+// native frames soon after, off the event path (the symbol tables of a
+// library such as libtorch_cuda take seconds to load).
+type stack struct {
+	check  uint64
+	raw    *rawStack          // nil once named
+	frames []*symbolize.Frame // innermost first: the driver function, then its callers; nil until named
+}
+
+// gone says the stack's process was dropped: the entry is a mark, kept
+// only to continue a run of colliding IDs.
+func (s stack) gone() bool { return s.raw == nil && s.frames == nil }
+
+// rawStack is a stack as its first event carried it, kept until named.
+type rawStack struct {
+	key    string // what the ID hashes
+	op     tracer.Op
+	python []pystack.Frame
+}
+
+func newStackTable() stackTable {
+	return stackTable{
+		m:     map[accounting.StackID]stack{},
+		seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		hash:  maphash.Bytes,
+	}
+}
+
+// lookup finds the stack with this key: its ID if found, else the ID and
+// check to add it with.
+func (t *stackTable) lookup(key []byte) (id accounting.StackID, check uint64, found bool) {
+	id = accounting.StackID(t.hash(t.seeds[0], key))
+	check = t.hash(t.seeds[1], key)
+	for ; ; id++ {
+		if id == 0 {
+			continue // 0 is no stack: the sum over stacks (Totals)
+		}
+		s, ok := t.m[id]
+		if !ok {
+			return id, check, false
+		}
+		if !s.gone() && s.check == check && (s.raw == nil || s.raw.key == string(key)) {
+			return id, check, true
+		}
+	}
+}
+
+// add interns a stack where lookup did not find it.
+func (t *stackTable) add(id accounting.StackID, check uint64, raw *rawStack) {
+	t.m[id] = stack{check: check, raw: raw}
+}
+
+// drop forgets a stack. Where the next ID is taken, it may be a stack that
+// collided with this one: a mark stays so that lookup still finds it.
+func (t *stackTable) drop(id accounting.StackID) {
+	if _, next := t.m[id+1]; next {
+		t.m[id] = stack{} // gone
+		return
+	}
+	delete(t.m, id)
+	for id--; ; id-- { // marks that no longer continue a run
+		if s, ok := t.m[id]; !ok || !s.gone() {
+			return
+		}
+		delete(t.m, id)
+	}
+}
+
+// stackKey appends the key of an event's stack to buf: its process,
+// driver function, native frame count, native addresses and Python frames.
+func stackKey(buf []byte, ev *tracer.Event) []byte {
+	k := binary.LittleEndian.AppendUint32(buf, ev.PID)
+	k = binary.LittleEndian.AppendUint16(k, uint16(ev.Op))
+	k = binary.LittleEndian.AppendUint16(k, uint16(len(ev.Stack)))
+	k = append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)...)
+	return append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))...)
+}
+
+// pid is the process of a raw stack.
+func (r *rawStack) pid() uint32 { return binary.LittleEndian.Uint32([]byte(r.key[:4])) }
+
+// native are the raw stack's native addresses, read from its key.
+func (r *rawStack) native() []uint64 {
+	out := make([]uint64, binary.LittleEndian.Uint16([]byte(r.key[6:8])))
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint64([]byte(r.key[8+8*i : 16+8*i]))
+	}
+	return out
+}
