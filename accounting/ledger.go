@@ -168,7 +168,6 @@ func release(a allocation) {
 	a.row.FreeCount++
 }
 
-
 // Fail records an allocation call that returned an error.
 func (l *Ledger) Fail(k Key, op tracer.Op, result int32, bytes uint64) {
 	fk := FailureKey{Key: k, Op: op, Result: result}
@@ -244,6 +243,27 @@ func (l *Ledger) LivePIDs() []uint32 {
 	}
 	return pids
 }
+
+// Len is the number of rows of the books.
+func (l *Ledger) Len() int { return len(l.rows) }
+
+// Rows calls fn with each row of the books, without copying them: for
+// reports of many rows, every interval. fn must not call the ledger.
+func (l *Ledger) Rows(fn func(Key, Counters)) {
+	for k, c := range l.rows {
+		fn(k, *c)
+	}
+}
+
+// EachFailure calls fn with each count of failed allocations.
+func (l *Ledger) EachFailure(fn func(FailureKey, Failures)) {
+	for k, f := range l.failures {
+		fn(k, *f)
+	}
+}
+
+// Stats are the ledger's counts of what it could not match.
+func (l *Ledger) Stats() Stats { return l.stats }
 
 // Snapshot is a copy of the books at one moment.
 type Snapshot struct {

@@ -1,6 +1,7 @@
 package profiler
 
 import (
+	"cmp"
 	"slices"
 	"sort"
 	"time"
@@ -47,40 +48,59 @@ type Failure struct {
 // Report copies the books. Read errors of the loss counters are reported as
 // an error beside a complete report of everything else.
 func (p *Profiler) Report() (Report, error) {
+	var r Report
+	err := p.ReportTo(&r)
+	return r, err
+}
+
+// ReportTo is Report into r, reusing the memory of r's rows and failures:
+// a caller that reports every interval, done with the previous report by
+// the time it asks for the next, keeps one Report rather than building
+// every row anew. Rows share their frames with the profiler, as Report's.
+func (p *Profiler) ReportTo(r *Report) error {
 	p.resolve()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	losses, err := p.currentLosses()
-	snap := p.ledger.Snapshot()
-	r := Report{Time: time.Now(), Losses: losses, Ledger: snap.Stats, Python: p.pyStats, Events: p.events, OOMs: slices.Clone(p.ooms)}
+	*r = Report{Time: time.Now(), Losses: losses, Ledger: p.ledger.Stats(), Python: p.pyStats, Events: p.events,
+		OOMs: slices.Clone(p.ooms), Rows: r.Rows[:0], Failures: r.Failures[:0], Libraries: r.Libraries[:0]}
 	for _, lib := range p.attached {
 		r.Libraries = append(r.Libraries, lib.Path)
 	}
 	sort.Strings(r.Libraries)
-	for k, c := range snap.Rows {
-		if !p.onGPU(k) {
-			continue
+	containers := map[uint32]k8smeta.Container{} // named once per process
+	container := func(pid uint32) k8smeta.Container {
+		c, ok := containers[pid]
+		if !ok {
+			c = p.containers[pid].Named(p.cfg.Pods)
+			containers[pid] = c
 		}
-		r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: p.containers[k.PID].Named(p.cfg.Pods), Frames: p.frames(k.Stack), Counters: c})
+		return c
 	}
-	sort.Slice(r.Rows, func(i, j int) bool {
-		a, b := r.Rows[i], r.Rows[j]
-		if a.LiveBytes() != b.LiveBytes() {
-			return a.LiveBytes() > b.LiveBytes()
+	r.Rows = slices.Grow(r.Rows, p.ledger.Len()) // at once: 100,000 rows are 25 MB
+	p.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
+		if p.onGPU(k) {
+			r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: container(k.PID), Frames: p.frames(k.Stack), Counters: c})
 		}
-		if a.AllocBytes != b.AllocBytes {
-			return a.AllocBytes > b.AllocBytes
-		}
-		return a.PID < b.PID
 	})
-	for k, f := range snap.Failures {
-		if !p.onGPU(k.Key) {
-			continue
+	clear(r.Rows[len(r.Rows):cap(r.Rows)]) // what the previous report held beyond: not kept alive
+	slices.SortFunc(r.Rows, func(a, b Row) int {
+		if c := cmp.Compare(b.LiveBytes(), a.LiveBytes()); c != 0 {
+			return c
 		}
-		r.Failures = append(r.Failures, Failure{FailureKey: k, Comm: p.comms[k.PID], Frames: p.frames(k.Stack), Failures: f})
-	}
+		if c := cmp.Compare(b.AllocBytes, a.AllocBytes); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.PID, b.PID)
+	})
+	p.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
+		if p.onGPU(k.Key) {
+			r.Failures = append(r.Failures, Failure{FailureKey: k, Comm: p.comms[k.PID], Frames: p.frames(k.Stack), Failures: f})
+		}
+	})
+	clear(r.Failures[len(r.Failures):cap(r.Failures)])
 	sort.Slice(r.Failures, func(i, j int) bool { return r.Failures[i].Count > r.Failures[j].Count })
-	return r, err
+	return err
 }
 
 // onGPU says whether a row is on the devices the report is limited to.

@@ -38,12 +38,11 @@ func (p *Profiler) Totals() (Totals, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	losses, err := p.currentLosses()
-	snap := p.ledger.Snapshot()
-	t := Totals{Losses: losses, UnknownFrees: snap.Stats.UnknownFrees}
+	t := Totals{Losses: losses, UnknownFrees: p.ledger.Stats().UnknownFrees}
 	series := map[accounting.Key]int{}
-	for k, c := range snap.Rows {
+	p.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 		if !p.onGPU(k) {
-			continue
+			return
 		}
 		k.Stack = 0
 		i, ok := series[k]
@@ -53,11 +52,11 @@ func (p *Profiler) Totals() (Totals, error) {
 			t.Series = append(t.Series, Series{Key: k, Comm: p.comms[k.PID], Container: p.containers[k.PID].Named(p.cfg.Pods)})
 		}
 		t.Series[i].Counters.Add(c)
-	}
+	})
 	failures := map[accounting.FailureKey]int{}
-	for k, f := range snap.Failures {
+	p.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
 		if !p.onGPU(k.Key) {
-			continue
+			return
 		}
 		k.Stack = 0
 		k.Op = 0
@@ -68,6 +67,6 @@ func (p *Profiler) Totals() (Totals, error) {
 			t.Failures = append(t.Failures, SeriesFailures{Key: k.Key, Comm: p.comms[k.PID], Container: p.containers[k.PID].Named(p.cfg.Pods), Result: k.Result})
 		}
 		t.Failures[i].Count += f.Count
-	}
+	})
 	return t, err
 }

@@ -147,20 +147,20 @@ func (o *agentOptions) run(ctx context.Context) error {
 
 	ticker := time.NewTicker(o.interval)
 	defer ticker.Stop()
+	var r profiler.Report // reused: its rows are rewritten every interval
 	for {
 		select {
 		case err := <-done:
 			return err
 		case <-ticker.C:
-			o.export(p, exp)
+			o.export(p, exp, &r)
 		}
 	}
 }
 
 // export pushes one interval and logs the status line.
-func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
-	r, err := p.Report()
-	if err != nil {
+func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter, r *profiler.Report) {
+	if err := p.ReportTo(r); err != nil {
 		logf("reading loss counters: %v", err)
 	}
 	pids := map[uint32]bool{}
@@ -169,7 +169,7 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	}
 	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees", len(pids), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
 	if exp != nil {
-		exp.Export(r)
+		exp.Export(*r)
 		s := exp.Stats()
 		line += fmt.Sprintf(", pushes %d done %d failed %d dropped %d queued", s.Pushed, s.Failed, s.Dropped, s.Queued)
 		if s.LastError != "" {
