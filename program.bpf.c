@@ -743,6 +743,27 @@ static __always_inline int report_allocation(struct pt_regs *ctx, const struct g
 	return 0;
 }
 
+/* report_retain sends the handle a successful cuMemRetainAllocationHandle
+ * returned: it will be released once more. A refused one changes nothing.
+ * Stock IG's per-function programs leave it out: their in-kernel totals
+ * release a handle at its first cuMemRelease. */
+static __always_inline int report_retain(struct pt_regs *ctx, const struct gpumem_call *call)
+{
+	__u32 zero = 0;
+	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e || PT_REGS_RC(ctx) != 0)
+		return 0;
+	begin_event(e, call->op, 0, false);
+	e->timestamp = bpf_ktime_get_ns();
+	e->bytes = 0;
+	if (bpf_probe_read_user(&e->address, sizeof(e->address), (void *)call->target)) {
+		count_loss(GPUMEM_LOSS_READ_RESULT);
+		return 0;
+	}
+	output(e, offsetof(struct gpumem_event, pystack));
+	return 0;
+}
+
 /* report_free sends a free at its entry, before the driver could hand the
  * pointer out again, so that user space orders a free and a reuse of the
  * same pointer racing on two threads. A free has no return probe: one trap
@@ -821,6 +842,8 @@ static __always_inline int enter_op(struct pt_regs *ctx, __u16 op, bool stock_ig
 	case GPUMEM_OP_MEM_ALLOC_PITCH:
 		/* (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) */
 		return enter(op, target, PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx));
+	case GPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE: /* (handle, addr) */
+		return enter(op, target, 0, 0);
 	case GPUMEM_OP_MEM_CREATE:
 		/* (handle, size, prop, flags) */
 		return enter(op, target, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
@@ -861,6 +884,8 @@ int gpumem_leave(struct pt_regs *ctx)
 		return 0;
 	if (gpumem_op_is_context(call->op))
 		return leave_context(ctx, call, id);
+	if (call->op == GPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE)
+		return report_retain(ctx, call);
 	return report_allocation(ctx, call, false);
 }
 

@@ -95,6 +95,7 @@ type allocation struct {
 	row   *Counters
 	bytes uint64
 	time  uint64 // when the driver returned it
+	refs  uint32 // a VMM handle's references beyond its creation's
 }
 
 // New returns empty books.
@@ -147,6 +148,11 @@ func (l *Ledger) Free(pid uint32, addr uint64, space tracer.Space, ts uint64) {
 		return
 	}
 	if cur, ok := p.live[a]; ok && cur.time < ts {
+		if cur.refs > 0 {
+			cur.refs-- // the handle lives until its last reference goes
+			p.live[a] = cur
+			return
+		}
 		delete(p.live, a)
 		release(cur)
 		return
@@ -161,6 +167,22 @@ func (l *Ledger) Free(pid uint32, addr uint64, space tracer.Space, ts uint64) {
 		return
 	}
 	l.stats.UnknownFrees++
+}
+
+// Retain records one more reference to a live VMM handle
+// (cuMemRetainAllocationHandle): it takes one more Free to release it. A
+// handle gpu-mem never saw created is left alone; its releases are unknown
+// frees.
+func (l *Ledger) Retain(pid uint32, handle uint64) {
+	p := l.procs[pid]
+	if p == nil {
+		return
+	}
+	a := address{handle, tracer.SpaceHandle}
+	if cur, ok := p.live[a]; ok {
+		cur.refs++
+		p.live[a] = cur
+	}
 }
 
 func release(a allocation) {

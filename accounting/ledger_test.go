@@ -130,3 +130,26 @@ func TestDropExited(t *testing.T) {
 		t.Errorf("dropped %v, books %+v", dropped, s)
 	}
 }
+
+// TestRetainedHandle: a VMM handle retained once takes two releases, as
+// NCCL frees its buffers; the first leaves it live.
+func TestRetainedHandle(t *testing.T) {
+	l := New()
+	k := Key{PID: 1, Stack: 3, Kind: tracer.KindVMM}
+	l.Alloc(k, 0x10, tracer.SpaceHandle, 4096, 1)
+	l.Retain(1, 0x10)
+	l.Free(1, 0x10, tracer.SpaceHandle, 2)
+	if live := l.Snapshot().Rows[k].LiveBytes(); live != 4096 {
+		t.Errorf("after one release of two: %d live, want 4096", live)
+	}
+	l.Free(1, 0x10, tracer.SpaceHandle, 3)
+	s := l.Snapshot()
+	if s.Rows[k].LiveBytes() != 0 || s.Rows[k].FreeCount != 1 || s.Stats.UnknownFrees != 0 {
+		t.Errorf("after both releases: %+v, stats %+v", s.Rows[k], s.Stats)
+	}
+	l.Retain(1, 0x20) // never seen created: left alone
+	l.Free(1, 0x20, tracer.SpaceHandle, 4)
+	if got := l.Snapshot().Stats.UnknownFrees; got != 1 {
+		t.Errorf("unknown frees %d, want 1", got)
+	}
+}

@@ -305,6 +305,8 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	switch {
 	case ev.Op.IsFree():
 		p.ledger.Free(ev.PID, ev.Address, ev.Op.Space(), ev.Timestamp)
+	case ev.Op.IsRetain():
+		p.ledger.Retain(ev.PID, ev.Address)
 	case ev.Result == tracer.CUDASuccess:
 		p.countPython(ev)
 		p.ledger.Alloc(p.key(ev), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)

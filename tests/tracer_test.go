@@ -251,6 +251,25 @@ func TestInstalledDriverTracedFromFirstCall(t *testing.T) {
 	assertNoLosses(t, r)
 }
 
+// TestRetainedHandleReleasedLast: VMM handles released as NCCL releases
+// them (cuMemRetainAllocationHandle, then cuMemRelease once per reference)
+// stay live until their last release, and no release is unknown.
+func TestRetainedHandleReleasedLast(t *testing.T) {
+	s := startProfiler(t, profiler.Config{Library: simLib})
+	w := startWorkload(t, nil, simwork, "retain")
+	expect := w.run()
+	r := s.report()
+	row := rowsBySite(t, r, w.pid)[site{"cuMemCreate", "create_mapped"}]
+	if row.AllocBytes != uint64(expect["created"]) || row.LiveBytes() != uint64(expect["live"]) || row.FreeCount != 1 {
+		t.Errorf("handles %+v, want %v created and %v live", row.Counters, expect["created"], expect["live"])
+	}
+	if r.Ledger.UnknownFrees != 0 {
+		t.Errorf("unknown frees %d", r.Ledger.UnknownFrees)
+	}
+	assertNoLosses(t, r)
+	w.exit()
+}
+
 // TestProcessesStayApart: two processes running the same code get a row each.
 func TestProcessesStayApart(t *testing.T) {
 	s := startProfiler(t, profiler.Config{Library: simLib})

@@ -134,6 +134,7 @@ const (
 	gpumemGpumemOpGPUMEM_OP_MEM_RELEASE                    gpumemGpumemOp = 15
 	gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC                   gpumemGpumemOp = 16
 	gpumemGpumemOpGPUMEM_OP_TENSOR_FREE                    gpumemGpumemOp = 17
+	gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE   gpumemGpumemOp = 24
 	gpumemGpumemOpGPUMEM_OP_CTX_SET_CURRENT                gpumemGpumemOp = 32
 	gpumemGpumemOpGPUMEM_OP_CTX_PUSH_CURRENT               gpumemGpumemOp = 33
 	gpumemGpumemOpGPUMEM_OP_CTX_POP_CURRENT                gpumemGpumemOp = 34

@@ -68,6 +68,9 @@ var ops = map[Op]opInfo{
 	Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC_PTSZ):            {"cuMemFreeAsync_ptsz", 0},
 	Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE):                    {"cuMemRelease", 0},
 
+	// A VMM handle's extra reference (NCCL frees its buffers so).
+	Op(gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE): {"cuMemRetainAllocationHandle", 0},
+
 	// PyTorch's caching allocator, from its USDT probes.
 	Op(gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC): {"pytorch:malloc", KindTensor},
 	Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE):  {"pytorch:free", 0},
@@ -98,6 +101,9 @@ func (o Op) IsFree() bool {
 		o == Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE)
 }
 
+// IsRetain says whether the op adds a reference to a VMM handle.
+func (o Op) IsRetain() bool { return o == Op(gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE) }
+
 // Kind is the memory an allocation op hands out.
 func (o Op) Kind() Kind { return ops[o].kind }
 
@@ -115,7 +121,8 @@ const (
 // Space says which name space the op's address is in.
 func (o Op) Space() Space {
 	switch o {
-	case Op(gpumemGpumemOpGPUMEM_OP_MEM_CREATE), Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE):
+	case Op(gpumemGpumemOpGPUMEM_OP_MEM_CREATE), Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE),
+		Op(gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE):
 		return SpaceHandle
 	case Op(gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC), Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE):
 		return SpaceTensor

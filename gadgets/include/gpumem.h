@@ -35,6 +35,9 @@ enum gpumem_op {
 	GPUMEM_OP_TENSOR_ALLOC,                  /* pytorch:malloc */
 	GPUMEM_OP_TENSOR_FREE,                   /* pytorch:free */
 
+	/* A VMM handle's extra reference: each takes one more cuMemRelease. */
+	GPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE = 24, /* cuMemRetainAllocationHandle */
+
 	/* Context calls: which device each thread's allocations land on. */
 	GPUMEM_OP_CTX_SET_CURRENT = 32,          /* cuCtxSetCurrent */
 	GPUMEM_OP_CTX_PUSH_CURRENT,              /* cuCtxPushCurrent_v2 */

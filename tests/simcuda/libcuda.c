@@ -37,6 +37,8 @@ struct block {
 	size_t size;   /* bytes reserved, rounded up to ALIGNMENT */
 	enum space space;
 	int device;
+	uint64_t mapped; /* a handle's address, once cuMemMap mapped it */
+	unsigned refs;   /* a handle's references beyond its creation's */
 	struct block *next;
 };
 
@@ -166,6 +168,8 @@ static CUresult reserve_device(unsigned long long *out, size_t bytes, enum space
 	b->size = size;
 	b->space = space;
 	b->device = device;
+	b->mapped = 0;
+	b->refs = 0;
 	b->addr = space == SPACE_HANDLE ? next_handle++ : take_device_range(size, device);
 	insert(b);
 	pthread_mutex_unlock(&lock);
@@ -471,7 +475,61 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 	return release_device(dptr, SPACE_DEVICE);
 }
 
+/* find_handle is the handle's block, or with handle 0 the handle mapped at
+ * address; the lock is held. */
+static struct block *find_handle(uint64_t handle, uint64_t address)
+{
+	if (handle) {
+		for (struct block *b = live[bucket(handle)]; b; b = b->next)
+			if (b->space == SPACE_HANDLE && b->addr == handle)
+				return b;
+		return NULL;
+	}
+	for (size_t i = 0; i < BUCKETS; i++)
+		for (struct block *b = live[i]; b; b = b->next)
+			if (b->space == SPACE_HANDLE && b->mapped == address)
+				return b;
+	return NULL;
+}
+
+/* A handle lives until cuMemRelease has been called once for its creation
+ * and once for each cuMemRetainAllocationHandle. */
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+	pthread_mutex_lock(&lock);
+	struct block *b = find_handle(handle, 0);
+	if (b && b->refs > 0) {
+		b->refs--;
+		pthread_mutex_unlock(&lock);
+		return CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&lock);
 	return release_device(handle, SPACE_HANDLE);
+}
+
+/* The simulation maps nothing: it remembers where the handle is mapped. */
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+		  unsigned long long flags)
+{
+	(void)size;
+	(void)offset;
+	(void)flags;
+	pthread_mutex_lock(&lock);
+	struct block *b = find_handle(handle, 0);
+	if (b)
+		b->mapped = ptr;
+	pthread_mutex_unlock(&lock);
+	return b ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+	pthread_mutex_lock(&lock);
+	struct block *b = find_handle(0, (uint64_t)(uintptr_t)addr);
+	if (b) {
+		b->refs++;
+		*handle = b->addr;
+	}
+	pthread_mutex_unlock(&lock);
+	return b ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

@@ -19,12 +19,15 @@
  *                  (a path of log2(N) calls through two functions)
  *   devices        allocations on devices 0, 1 and 2 (SIMCUDA_DEVICES=3) from
  *                  threads switching contexts with every context call
+ *   retain         VMM handles released once per reference, as NCCL frees
+ *                  them: cuMemRetainAllocationHandle then two cuMemRelease
  *   demo           a small model's weights, activations and a leak; with
  *                  SIMWORK_NOWAIT it then holds its memory for a minute
  */
 #include "../simcuda/cuda.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -357,6 +360,36 @@ static void distinct_stacks(long n)
 	printf("done\nexpect stacks=%ld depth=%d\n", n, depth);
 }
 
+/* ---- retain ---- */
+
+NOINLINE static CUmemGenericAllocationHandle create_mapped(size_t bytes, CUdeviceptr at)
+{
+	CUmemGenericAllocationHandle h;
+	CHECK(cuMemCreate(&h, bytes, &on_device0, 0));
+	CHECK(cuMemMap(at, bytes, 0, h, 0));
+	return h;
+}
+
+/* release_retained frees as NCCL's ncclCuMemFree does: a reference from
+ * the address, released, then the creation's, unless keep is set. */
+NOINLINE static void release_retained(CUdeviceptr at, int keep)
+{
+	CUmemGenericAllocationHandle h;
+	CHECK(cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)at));
+	CHECK(cuMemRelease(h));
+	if (!keep)
+		CHECK(cuMemRelease(h));
+}
+
+static void retain_scenario(void)
+{
+	create_mapped(3 << 20, 0x7f0000000000);
+	create_mapped(5 << 20, 0x7f1000000000);
+	release_retained(0x7f0000000000, 0);
+	release_retained(0x7f1000000000, 1);
+	printf("done\nexpect created=%d live=%d\n", 8 << 20, 5 << 20);
+}
+
 /* ---- demo ---- */
 
 NOINLINE static void load_weights(CUdeviceptr *layers, int n)
@@ -415,7 +448,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N|devices|demo\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N|devices|retain|demo\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -441,6 +474,8 @@ int main(int argc, char **argv)
 		distinct_stacks(atol(argv[2]));
 	else if (!strcmp(scenario, "devices"))
 		devices_scenario();
+	else if (!strcmp(scenario, "retain"))
+		retain_scenario();
 	else if (!strcmp(scenario, "demo"))
 		demo();
 	else {
