@@ -7,8 +7,9 @@ import (
 )
 
 // TestLeanBuildLeavesOutImages: the agent image's build (-tags lean) links
-// none of IG's image store, OCI and runtime packages, whose code and
-// package init would count in the agent's memory.
+// none of IG's image store, OCI and runtime packages, nor client-go and the
+// Kubernetes API's types, whose code and package init would count in the
+// agent's memory.
 func TestLeanBuildLeavesOutImages(t *testing.T) {
 	out, err := exec.Command("go", "list", "-tags", "lean", "-deps", ".").Output()
 	if err != nil {
@@ -21,6 +22,8 @@ func TestLeanBuildLeavesOutImages(t *testing.T) {
 			"github.com/inspektor-gadget/inspektor-gadget/cmd/common/image",
 			"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-context",
 			"github.com/inspektor-gadget/inspektor-gadget/pkg/runtime",
+			"k8s.io/client-go",
+			"k8s.io/api",
 		} {
 			if dep == unwanted || strings.HasPrefix(dep, unwanted+"/") {
 				t.Errorf("the lean build links %s", dep)

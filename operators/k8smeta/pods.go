@@ -2,19 +2,15 @@ package k8smeta
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // Pod is what the API server says of a pod.
@@ -25,101 +21,204 @@ type Pod struct {
 	Containers      map[string]string // container ID -> container name
 }
 
-// Pods keeps the pods of one node, from a watch on the API server. It is
-// safe for concurrent use; a watch that fails is retried, and what was known
-// stays until the pod is deleted.
+// Pods keeps the pods of one node, from a list and watch of the API
+// server's pods with a field selector on the node: the informer pattern,
+// reading only the fields kept. It is safe for concurrent use; a watch that
+// fails is retried, and what was known stays until the pod is deleted.
 type Pods struct {
 	mu    sync.RWMutex
 	byUID map[string]Pod
 }
 
-// Config finds the API server: kubeconfig when given, else the in-cluster
-// configuration; nil when neither exists.
-func Config(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	cfg, err := rest.InClusterConfig()
-	if err == rest.ErrNotInCluster {
-		return nil, nil
-	}
-	return cfg, err
-}
-
-// WatchPods watches the pods scheduled on node until ctx is done.
-func WatchPods(ctx context.Context, cfg *rest.Config, node string) (*Pods, error) {
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	selector := fields.OneTermEqualSelector("spec.nodeName", node).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = selector
-			return client.CoreV1().Pods("").List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = selector
-			return client.CoreV1().Pods("").Watch(ctx, o)
-		},
+// WatchPods watches the pods scheduled on node until ctx is done. It
+// returns once the pods are listed, or after 10 seconds if the API server
+// does not answer: the watch then goes on retrying.
+func WatchPods(ctx context.Context, s *APIServer, node string) (*Pods, error) {
+	if s == nil {
+		return nil, errors.New("no API server")
 	}
 	p := &Pods{byUID: map[string]Pod{}}
-	informer := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 10*time.Minute, cache.Indexers{})
-	informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.set(obj) },
-		UpdateFunc: func(_, obj any) { p.set(obj) },
-		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if pod, ok := obj.(*corev1.Pod); ok {
-				p.mu.Lock()
-				delete(p.byUID, string(pod.UID))
-				p.mu.Unlock()
-			}
-		},
-	})
-	go informer.RunWithContext(ctx)
-	// Names from the first interval on, unless the API server does not
-	// answer: then the watch goes on retrying.
-	synced, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	cache.WaitForCacheSync(synced.Done(), informer.HasSynced)
+	w := &watcher{server: s, client: s.client(), pods: p, selector: "spec.nodeName=" + node, synced: make(chan struct{})}
+	go w.run(ctx)
+	select {
+	case <-w.synced:
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+	}
 	return p, nil
 }
 
-func (p *Pods) set(obj any) {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok {
-		return
-	}
-	info := Pod{Namespace: pod.Namespace, Name: pod.Name, Workload: workload(pod), Labels: pod.Labels, Containers: map[string]string{}}
-	for _, statuses := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
-		for _, s := range statuses {
-			// containerd://ID, cri-o://ID, docker://ID
-			if _, id, ok := strings.Cut(s.ContainerID, "://"); ok {
-				info.Containers[id] = s.Name
-			}
+// apiPod is the part of a v1 Pod read.
+type apiPod struct {
+	Metadata struct {
+		Name, Namespace, UID string
+		ResourceVersion      string
+		Labels               map[string]string
+		OwnerReferences      []struct {
+			Kind, Name string
+			Controller *bool
 		}
 	}
-	p.mu.Lock()
-	p.byUID[string(pod.UID)] = info
-	p.mu.Unlock()
+	Status struct {
+		ContainerStatuses, InitContainerStatuses []struct {
+			Name, ContainerID string
+		}
+	}
+}
+
+type watcher struct {
+	server   *APIServer
+	client   *http.Client
+	pods     *Pods
+	selector string
+	synced   chan struct{} // closed at the first list
+	once     sync.Once
+}
+
+// Backoff bounds between failed lists or watches, and how long one watch
+// lasts before it is renewed.
+const (
+	firstRetry   = time.Second
+	maxRetry     = 30 * time.Second
+	watchTimeout = 5 * time.Minute
+)
+
+func (w *watcher) run(ctx context.Context) {
+	retry := firstRetry
+	for ctx.Err() == nil {
+		version, err := w.list(ctx)
+		for err == nil && ctx.Err() == nil {
+			retry = firstRetry
+			version, err = w.watch(ctx, version)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		var gone *statusError
+		if errors.As(err, &gone) && gone.code == http.StatusGone {
+			continue // the version is too old: list again at once
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		retry = min(2*retry, maxRetry)
+	}
+}
+
+// list replaces the pods with the server's, page by page, and returns the
+// version to watch from.
+func (w *watcher) list(ctx context.Context) (string, error) {
+	pods := map[string]Pod{}
+	var version, next string
+	for {
+		q := url.Values{"fieldSelector": {w.selector}, "limit": {"500"}}
+		if next != "" {
+			q.Set("continue", next)
+		}
+		resp, err := w.server.get(ctx, w.client, "/api/v1/pods?"+q.Encode())
+		if err != nil {
+			return "", err
+		}
+		var page struct {
+			Metadata struct {
+				ResourceVersion string
+				Continue        string
+			}
+			Items []apiPod
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if err != nil {
+			return "", err
+		}
+		for _, pod := range page.Items {
+			pods[pod.Metadata.UID] = pod.info()
+		}
+		version, next = page.Metadata.ResourceVersion, page.Metadata.Continue
+		if next == "" {
+			break
+		}
+	}
+	w.pods.mu.Lock()
+	w.pods.byUID = pods
+	w.pods.mu.Unlock()
+	w.once.Do(func() { close(w.synced) })
+	return version, nil
+}
+
+// watch applies the server's changes from version until the watch ends,
+// and returns the version to go on from.
+func (w *watcher) watch(ctx context.Context, version string) (string, error) {
+	q := url.Values{"fieldSelector": {w.selector}, "watch": {"1"}, "resourceVersion": {version},
+		"allowWatchBookmarks": {"true"}, "timeoutSeconds": {strconv.Itoa(int(watchTimeout.Seconds()))}}
+	resp, err := w.server.get(ctx, w.client, "/api/v1/pods?"+q.Encode())
+	if err != nil {
+		return version, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev struct {
+			Type   string
+			Object json.RawMessage
+		}
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) {
+				return version, nil // the server ended the watch: renew it
+			}
+			return version, err
+		}
+		if ev.Type == "ERROR" {
+			var status struct {
+				Code    int
+				Message string
+			}
+			json.Unmarshal(ev.Object, &status)
+			return version, &statusError{code: status.Code, body: status.Message}
+		}
+		var pod apiPod
+		if err := json.Unmarshal(ev.Object, &pod); err != nil {
+			return version, err
+		}
+		version = pod.Metadata.ResourceVersion
+		w.pods.mu.Lock()
+		switch ev.Type {
+		case "ADDED", "MODIFIED":
+			w.pods.byUID[pod.Metadata.UID] = pod.info()
+		case "DELETED":
+			delete(w.pods.byUID, pod.Metadata.UID)
+		}
+		w.pods.mu.Unlock()
+	}
+}
+
+func (pod *apiPod) info() Pod {
+	info := Pod{Namespace: pod.Metadata.Namespace, Name: pod.Metadata.Name, Workload: pod.workload(),
+		Labels: pod.Metadata.Labels, Containers: map[string]string{}}
+	for _, s := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
+		// containerd://ID, cri-o://ID, docker://ID
+		if _, id, ok := strings.Cut(s.ContainerID, "://"); ok {
+			info.Containers[id] = s.Name
+		}
+	}
+	return info
 }
 
 // workload names what runs the pod: a Deployment (through its ReplicaSet,
 // whose name ends in the template hash), another owner, or the pod itself.
-func workload(pod *corev1.Pod) string {
-	for _, o := range pod.OwnerReferences {
+func (pod *apiPod) workload() string {
+	for _, o := range pod.Metadata.OwnerReferences {
 		if o.Controller == nil || !*o.Controller {
 			continue
 		}
-		if hash := pod.Labels["pod-template-hash"]; o.Kind == "ReplicaSet" && hash != "" {
+		if hash := pod.Metadata.Labels["pod-template-hash"]; o.Kind == "ReplicaSet" && hash != "" {
 			return strings.TrimSuffix(o.Name, "-"+hash)
 		}
 		return o.Name
 	}
-	return pod.Name
+	return pod.Metadata.Name
 }
 
 // Lookup returns what is known of the pod a container runs in.
