@@ -362,19 +362,22 @@ static __always_inline __u8 read_u8(__u64 addr)
 }
 
 /* CUmemAllocationProp.location: {CUmemLocationType type; int id;} after two
- * enums; type 1 is CU_MEM_LOCATION_TYPE_DEVICE. */
+ * enums; type 1 is CU_MEM_LOCATION_TYPE_DEVICE, 2 to 4 the host's (HOST,
+ * HOST_NUMA, HOST_NUMA_CURRENT). */
 #define GPUMEM_PROP_LOCATION_TYPE 8
 #define GPUMEM_PROP_LOCATION_ID 12
 
 /* current_device is the device of the calling thread's current context;
- * for cuMemCreate, the device its properties name. */
+ * for cuMemCreate, the device its properties name, or the host. */
 static __always_inline __s32 current_device(const struct gpumem_call *call, __u32 tid)
 {
 	if (call->op == GPUMEM_OP_MEM_CREATE) {
 		__s32 loc[2] = {};
-		if (bpf_probe_read_user(loc, sizeof(loc), (void *)(call->aux + GPUMEM_PROP_LOCATION_TYPE)) || loc[0] != 1)
+		if (bpf_probe_read_user(loc, sizeof(loc), (void *)(call->aux + GPUMEM_PROP_LOCATION_TYPE)))
 			return GPUMEM_DEVICE_UNKNOWN;
-		return loc[1];
+		if (loc[0] == 1)
+			return loc[1];
+		return loc[0] >= 2 && loc[0] <= 4 ? GPUMEM_DEVICE_HOST : GPUMEM_DEVICE_UNKNOWN;
 	}
 	struct gpumem_ctx_stack *s = bpf_map_lookup_elem(&thread_contexts, &tid);
 	if (!s || s->depth == 0)

@@ -16,7 +16,7 @@ const MiB = 1 << 20
 // TestEveryByteOnItsDevice: threads allocate on devices 0, 1 and 2, switching
 // contexts with cuDevicePrimaryCtxRetain + cuCtxSetCurrent, cuCtxCreate_v2,
 // _v3 and _v4, cuCtxPushCurrent_v2 and cuCtxPopCurrent_v2; VMM memory names
-// its device; host and managed memory are labelled as such.
+// its device, or the host; host and managed memory are labelled as such.
 func TestEveryByteOnItsDevice(t *testing.T) {
 	s := startProfiler(t, profiler.Config{Library: simLib})
 	w := startWorkload(t, []string{"SIMCUDA_DEVICES=3"}, simwork, "devices")
@@ -37,6 +37,7 @@ func TestEveryByteOnItsDevice(t *testing.T) {
 		{"1", tracer.KindDevice}:        2*MiB + 11*MiB + 17*MiB,
 		{"2", tracer.KindDevice}:        3*MiB + 7*MiB,
 		{"2", tracer.KindVMM}:           19 * MiB,
+		{"host", tracer.KindVMM}:        6 * MiB,
 		{"host", tracer.KindHost}:       4096,
 		{"managed", tracer.KindManaged}: 8192,
 	}

@@ -134,12 +134,16 @@ func (o Op) Space() Space {
 // did not see created (before it attached), and of host and managed memory.
 const DeviceUnknown = -1
 
+// DeviceHost is the device of VMM memory made on the host (cuMemCreate
+// with a host location, as NCCL makes some of its buffers).
+const DeviceHost = -2
+
 // GPU names where memory of kind k made on device lives: the device
 // ordinal, "host" for page-locked host memory, "managed" for unified
 // memory, which migrates, and "unknown".
 func GPU(k Kind, device int32) string {
 	switch {
-	case k == KindHost:
+	case k == KindHost, device == DeviceHost:
 		return "host"
 	case k == KindManaged:
 		return "managed"

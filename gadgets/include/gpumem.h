@@ -62,6 +62,8 @@ static __always_inline bool gpumem_op_is_context(__u16 op)
 /* The device of a call made with no context gpu-mem knows: made before it
  * attached, or in a context it did not see created. */
 #define GPUMEM_DEVICE_UNKNOWN -1
+/* cuMemCreate of host memory (a CU_MEM_LOCATION_TYPE_HOST* location). */
+#define GPUMEM_DEVICE_HOST -2
 
 /* Contexts a thread pushed, innermost last; cuCtxSetCurrent replaces the top. */
 #define GPUMEM_MAX_CTX_STACK 8

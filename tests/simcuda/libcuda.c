@@ -448,9 +448,15 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		     const CUmemAllocationProp *prop, unsigned long long flags)
 {
-	if (flags != 0 || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+	if (flags != 0 || !prop)
 		return CUDA_ERROR_INVALID_VALUE;
-	return reserve_device(handle, size, SPACE_HANDLE, prop->location.id);
+	switch (prop->location.type) {
+	case CU_MEM_LOCATION_TYPE_DEVICE:
+		return reserve_device(handle, size, SPACE_HANDLE, prop->location.id);
+	case CU_MEM_LOCATION_TYPE_HOST: /* counted on device 0's capacity */
+		return reserve_device(handle, size, SPACE_HANDLE, 0);
+	}
+	return CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)

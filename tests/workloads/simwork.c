@@ -293,6 +293,8 @@ static void devices_scenario(void)
 	CUmemGenericAllocationHandle h;
 	const CUmemAllocationProp on_device2 = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 2}};
 	CHECK(cuMemCreate(&h, 19 * MiB, &on_device2, 0));
+	const CUmemAllocationProp on_host = {.location = {CU_MEM_LOCATION_TYPE_HOST, 0}};
+	CHECK(cuMemCreate(&h, 6 * MiB, &on_host, 0));
 	void *host;
 	CHECK(cuMemAllocHost_v2(&host, 4096));
 	CUdeviceptr managed;
