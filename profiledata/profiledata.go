@@ -173,7 +173,10 @@ func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
 		err = firstErr(err, fmt.Errorf("unknown kind"))
 	}
 	device, convErr := strconv.Atoi(text(profilerows.GPU))
-	if convErr != nil {
+	switch {
+	case text(profilerows.GPU) == "host":
+		device = tracer.DeviceHost // GPU names host memory so whatever its kind
+	case convErr != nil:
 		device = tracer.DeviceUnknown
 	}
 	stack := text(profilerows.Stack)
