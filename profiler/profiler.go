@@ -598,7 +598,8 @@ func (p *Profiler) internFrames(op tracer.Op, frames []symbolize.Frame) []*symbo
 func (p *Profiler) internFrame(f symbolize.Frame) *symbolize.Frame {
 	shared, ok := p.frameTable[f]
 	if !ok {
-		shared = &f
+		copied := f // on the heap only when new
+		shared = &copied
 		p.frameTable[f] = shared
 	}
 	return shared
