@@ -13,6 +13,7 @@ type Totals struct {
 	Failures     []SeriesFailures
 	Losses       tracer.Losses
 	UnknownFrees uint64
+	Events       uint64 // events read
 }
 
 // Series is one process's memory of one kind on one device.
@@ -38,7 +39,7 @@ func (p *Profiler) Totals() (Totals, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	losses, err := p.currentLosses()
-	t := Totals{Losses: losses, UnknownFrees: p.ledger.Stats().UnknownFrees}
+	t := Totals{Losses: losses, UnknownFrees: p.ledger.Stats().UnknownFrees, Events: p.events}
 	series := map[accounting.Key]int{}
 	p.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 		if !p.onGPU(k) {

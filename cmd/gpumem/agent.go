@@ -158,17 +158,22 @@ func (o *agentOptions) run(ctx context.Context) error {
 	}
 }
 
-// export pushes one interval and logs the status line.
+// export pushes one interval and logs the status line. Stacks are gathered
+// for the exporter only: the status line needs the totals per process.
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter, r *profiler.Report) {
-	if err := p.ReportTo(r); err != nil {
+	t, err := p.Totals()
+	if err != nil {
 		logf("reading loss counters: %v", err)
 	}
 	pids := map[uint32]bool{}
-	for _, row := range r.Rows {
-		pids[row.PID] = true
+	for _, s := range t.Series {
+		pids[s.PID] = true
 	}
-	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees", len(pids), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
+	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees", len(pids), t.Events, t.Losses.Total(), t.UnknownFrees)
 	if exp != nil {
+		if err := p.ReportTo(r); err != nil {
+			logf("reading loss counters: %v", err)
+		}
 		exp.Export(*r)
 		s := exp.Stats()
 		line += fmt.Sprintf(", pushes %d done %d failed %d dropped %d queued", s.Pushed, s.Failed, s.Dropped, s.Queued)
