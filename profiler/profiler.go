@@ -86,16 +86,18 @@ type Profiler struct {
 	keyBuf     []byte // intern's, reused
 	pidStacks  map[uint32][]accounting.StackID
 	unresolved []accounting.StackID // interned since the last resolve
+	resolveNow chan struct{}        // to the goroutine that resolves
 	resolving  sync.Mutex           // one resolve at a time
 	comms      map[uint32]string
 	events     uint64
 	attached   map[string]discover.Library
 	failed     map[string]error // libraries whose attach failed, logged once
 	pyStats    PythonStats
-	frameTable map[symbolize.Frame]*symbolize.Frame // each distinct frame of resolved stacks, once
-	devices    []gpuinfo.Device                     // the driver's GPUs
-	ordinals   map[uint32]map[int]gpuinfo.Device    // each process's CUDA ordinals
-	containers map[uint32]k8smeta.Container         // each process's pod and container
+	frameTable []*symbolize.Frame                // each distinct frame of named stacks, once
+	frameIndex map[symbolize.Frame]uint32        // where in frameTable
+	devices    []gpuinfo.Device                  // the driver's GPUs
+	ordinals   map[uint32]map[int]gpuinfo.Device // each process's CUDA ordinals
+	containers map[uint32]k8smeta.Container      // each process's pod and container
 	flushes    uint64
 	flushed    *sync.Cond
 	// losses are the tracer's last counts, kept when it is closed.
@@ -143,12 +145,13 @@ func New(cfg Config) (*Profiler, error) {
 		ledger:     accounting.New(),
 		stacks:     newStackTable(),
 		pidStacks:  map[uint32][]accounting.StackID{},
+		resolveNow: make(chan struct{}, 1),
 		comms:      map[uint32]string{},
 		attached:   map[string]discover.Library{},
 		failed:     map[string]error{},
 		lastOOM:    map[uint32]oomMark{},
 		devices:    gpuinfo.Devices(cfg.GPUDir),
-		frameTable: map[symbolize.Frame]*symbolize.Frame{},
+		frameIndex: map[symbolize.Frame]uint32{},
 		ordinals:   map[uint32]map[int]gpuinfo.Device{},
 		containers: map[uint32]k8smeta.Container{},
 	}
@@ -201,15 +204,19 @@ func (p *Profiler) Run(ctx context.Context) error {
 	readErr := make(chan error, 1)
 	go func() { readErr <- p.readEvents() }()
 
-	// New stacks are named at every scan, not only when a report asks:
-	// their raw frames are kept no longer than that, whatever the interval
-	// between reports. In a goroutine of its own, since loading a large
-	// library's symbols must not hold up the scans that attach.
-	resolveNow := make(chan struct{}, 1)
-	defer close(resolveNow)
+	// New stacks are named at every scan, and as soon as a batch of them
+	// is waiting, not only when a report asks: their raw frames are kept
+	// no longer than that, whatever the interval between reports. In a
+	// goroutine of its own, since loading a large library's symbols must
+	// not hold up the scans that attach, nor the events.
 	go func() {
-		for range resolveNow {
-			p.resolve()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.resolveNow:
+				p.resolve()
+			}
 		}
 	}()
 
@@ -224,10 +231,7 @@ func (p *Profiler) Run(ctx context.Context) error {
 			return fmt.Errorf("read events: %w", err)
 		case <-ticker.C:
 			p.scan(false)
-			select {
-			case resolveNow <- struct{}{}:
-			default: // still resolving
-			}
+			p.askResolve()
 		}
 	}
 }
@@ -427,7 +431,18 @@ func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
 	p.stacks.add(id, check, &rawStack{key: string(k), op: ev.Op, python: p.py.Frames(ev.PID, ev.PyFrames)})
 	p.pidStacks[ev.PID] = append(p.pidStacks[ev.PID], id)
 	p.unresolved = append(p.unresolved, id)
+	if len(p.unresolved)%resolveBatch == 0 {
+		p.askResolve()
+	}
 	return id
+}
+
+// askResolve has the stacks waiting named, unless they are being named.
+func (p *Profiler) askResolve() {
+	select {
+	case p.resolveNow <- struct{}{}:
+	default:
+	}
 }
 
 // DropExited forgets the processes that exited: their rows, failures and
@@ -535,6 +550,11 @@ func (p *Profiler) releaseVanished() {
 	}
 }
 
+// resolveBatch: every so many new stacks, besides every scan, the resolver
+// is asked to name them, so that a burst of new stacks does not hold all of
+// its raw frames until the next scan.
+const resolveBatch = 1024
+
 // resolve names the native frames of the stacks interned since it last
 // ran, and drops their raw frames. The symbol tables are read without
 // holding p.mu, so that events keep flowing.
@@ -546,7 +566,7 @@ func (p *Profiler) resolve() {
 	p.unresolved = nil
 	p.mu.Unlock()
 	// In batches: a batch's frames are copies until interned.
-	const batch = 1024
+	const batch = resolveBatch
 	raws := make([]*rawStack, 0, min(batch, len(todo)))
 	named := make([][]symbolize.Frame, 0, cap(raws))
 	for len(todo) > 0 {
@@ -584,10 +604,12 @@ func (p *Profiler) storeFrames(ids []accounting.StackID, raws []*rawStack, named
 }
 
 // internFrames returns the stack's frames, after the driver function's, as
-// pointers to one shared copy of each distinct frame: stacks share most of
-// their frames, and 100,000 stacks would otherwise hold a copy each.
-func (p *Profiler) internFrames(op tracer.Op, frames []symbolize.Frame) []*symbolize.Frame {
-	out := make([]*symbolize.Frame, 0, len(frames)+1)
+// indices in the frame table, which holds each distinct frame once: stacks
+// share most of their frames, and 100,000 stacks would otherwise hold a
+// copy each. Indices rather than pointers: half the size, and nothing for
+// the garbage collector to follow.
+func (p *Profiler) internFrames(op tracer.Op, frames []symbolize.Frame) []uint32 {
+	out := make([]uint32, 0, len(frames)+1)
 	out = append(out, p.internFrame(symbolize.Frame{Function: op.Symbol(), Module: "libcuda.so.1"}))
 	for _, f := range frames {
 		out = append(out, p.internFrame(f))
@@ -595,14 +617,15 @@ func (p *Profiler) internFrames(op tracer.Op, frames []symbolize.Frame) []*symbo
 	return out
 }
 
-func (p *Profiler) internFrame(f symbolize.Frame) *symbolize.Frame {
-	shared, ok := p.frameTable[f]
+func (p *Profiler) internFrame(f symbolize.Frame) uint32 {
+	i, ok := p.frameIndex[f]
 	if !ok {
 		copied := f // on the heap only when new
-		shared = &copied
-		p.frameTable[f] = shared
+		i = uint32(len(p.frameTable))
+		p.frameTable = append(p.frameTable, &copied)
+		p.frameIndex[f] = i
 	}
-	return shared
+	return i
 }
 
 // Watch registers a process just started (gpumem record -- COMMAND) as soon

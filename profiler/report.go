@@ -56,7 +56,7 @@ func (p *Profiler) Report() (Report, error) {
 // ReportTo is Report into r, reusing the memory of r's rows and failures:
 // a caller that reports every interval, done with the previous report by
 // the time it asks for the next, keeps one Report rather than building
-// every row anew. Rows share their frames with the profiler, as Report's.
+// every row anew. The frames themselves are shared with the profiler.
 func (p *Profiler) ReportTo(r *Report) error {
 	p.resolve()
 	p.mu.Lock()
@@ -77,13 +77,29 @@ func (p *Profiler) ReportTo(r *Report) error {
 		}
 		return c
 	}
-	r.Rows = slices.Grow(r.Rows, p.ledger.Len()) // at once: 100,000 rows are 25 MB
+	// The previous report's rows, with their frame slices, are written over;
+	// grown at once: 100,000 rows are 25 MB.
+	rows := r.Rows[:cap(r.Rows)]
+	rows = slices.Grow(rows, p.ledger.Len()-len(rows))
+	n := 0
 	p.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
-		if p.onGPU(k) {
-			r.Rows = append(r.Rows, Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: container(k.PID), Frames: p.frames(k.Stack), Counters: c})
+		if !p.onGPU(k) {
+			return
 		}
+		var frames []*symbolize.Frame
+		if n < len(rows) {
+			frames = rows[n].Frames[:0]
+		}
+		row := Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: container(k.PID), Frames: p.appendFrames(frames, k.Stack), Counters: c}
+		if n < len(rows) {
+			rows[n] = row
+		} else {
+			rows = append(rows, row)
+		}
+		n++
 	})
-	clear(r.Rows[len(r.Rows):cap(r.Rows)]) // what the previous report held beyond: not kept alive
+	r.Rows = rows[:n]
+	clear(rows[n:cap(rows)]) // what the previous report held beyond: not kept alive
 	slices.SortFunc(r.Rows, func(a, b Row) int {
 		if c := cmp.Compare(b.LiveBytes(), a.LiveBytes()); c != 0 {
 			return c
@@ -114,16 +130,26 @@ func (p *Profiler) onGPU(k accounting.Key) bool {
 // frames are a stack's frames; a stack interned after resolve ran (by an
 // event read in between) shows its driver function and Python frames.
 func (p *Profiler) frames(id accounting.StackID) []*symbolize.Frame {
+	return p.appendFrames(nil, id)
+}
+
+// appendFrames appends a stack's frames to dst.
+func (p *Profiler) appendFrames(dst []*symbolize.Frame, id accounting.StackID) []*symbolize.Frame {
 	s := p.stacks.m[id]
-	if s.frames != nil {
-		return s.frames
+	indices := s.frames
+	if indices == nil {
+		var op tracer.Op
+		var python []pystack.Frame
+		if s.raw != nil {
+			op, python = s.raw.op, s.raw.python
+		}
+		indices = p.internFrames(op, pystack.Merge(nil, python))
 	}
-	var op tracer.Op
-	var python []pystack.Frame
-	if s.raw != nil {
-		op, python = s.raw.op, s.raw.python
+	dst = slices.Grow(dst, len(indices))
+	for _, i := range indices {
+		dst = append(dst, p.frameTable[i])
 	}
-	return p.internFrames(op, pystack.Merge(nil, python))
+	return dst
 }
 
 // device is the GPU a row's memory is on, if known.

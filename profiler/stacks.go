@@ -7,7 +7,6 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/pystack"
-	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -16,7 +15,7 @@ import (
 // addresses and the Python frames' code and instruction pointers).
 //
 // A stack keeps its raw frames only until its native frames are named;
-// then what stays is the named frames, shared with every report, and a
+// then what stays is the named frames (indices in the frame table) and a
 // check: a second 64-bit hash of the key with another seed. Two stacks
 // with the same ID are told apart by the check for as long as they live,
 // and by the raw key too while it is kept; the second takes the next free
@@ -34,8 +33,8 @@ type stackTable struct {
 // library such as libtorch_cuda take seconds to load).
 type stack struct {
 	check  uint64
-	raw    *rawStack          // nil once named
-	frames []*symbolize.Frame // innermost first: the driver function, then its callers; nil until named
+	raw    *rawStack // nil once named
+	frames []uint32  // in the frame table, innermost first: the driver function, then its callers; nil until named
 }
 
 // gone says the stack's process was dropped: the entry is a mark, kept
