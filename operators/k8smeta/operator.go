@@ -1,3 +1,5 @@
+//go:build !lean
+
 package k8smeta
 
 import (
@@ -14,6 +16,7 @@ import (
 
 // The Inspektor Gadget side: a data operator that adds the names of pods to
 // gpu-mem profile rows (profilerows), from their pod UID and container ID.
+// Not in the lean build (the agent image), which runs no IG runtime.
 
 const (
 	// Name is the operator's name; its parameters are operator.k8smeta.*.

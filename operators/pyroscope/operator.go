@@ -1,3 +1,5 @@
+//go:build !lean
+
 package pyroscope
 
 import (
@@ -21,6 +23,7 @@ import (
 // The Inspektor Gadget side: an IG data operator that pushes the data
 // sources holding gpu-mem profile rows to Pyroscope, so that the same
 // export runs inside any IG build (ig, kubectl gadget, gpumem run).
+// Not in the lean build (the agent image), which runs no IG runtime.
 
 const (
 	// Name is the operator's name; its parameters are operator.pyroscope.*.
