@@ -80,7 +80,9 @@ func (p *Profiler) ReportTo(r *Report) error {
 	// The previous report's rows, with their frame slices, are written over;
 	// grown at once: 100,000 rows are 25 MB.
 	rows := r.Rows[:cap(r.Rows)]
-	rows = slices.Grow(rows, p.ledger.Len()-len(rows))
+	if n := p.ledger.Len(); n > len(rows) {
+		rows = slices.Grow(rows, n-len(rows))
+	}
 	n := 0
 	p.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 		if !p.onGPU(k) {
