@@ -4,6 +4,8 @@
 package accounting
 
 import (
+	"maps"
+
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -63,6 +65,9 @@ type Stats struct {
 	// allocated before the tracer attached, whose event was lost, or a
 	// pointer the driver refuses to free (a free's result is not read).
 	UnknownFrees uint64 `json:"unknown_frees"`
+	// UnknownFreesBy counts them by the function called ("cuMemFree_v2",
+	// "cuMemFree_v2 of 0" for a null pointer).
+	UnknownFreesBy map[string]uint64 `json:"unknown_frees_by,omitempty"`
 	// ProcessExits are traced processes seen exiting.
 	ProcessExits uint64 `json:"process_exits"`
 }
@@ -139,12 +144,13 @@ func (l *Ledger) Alloc(k Key, addr uint64, space tracer.Space, bytes, ts uint64)
 	p.live[a] = allocation{row: row, bytes: bytes, time: ts}
 }
 
-// Free records a successful free that entered the driver at time ts.
-func (l *Ledger) Free(pid uint32, addr uint64, space tracer.Space, ts uint64) {
+// Free records a free of op (its result unread) that entered the driver at
+// time ts.
+func (l *Ledger) Free(pid uint32, op tracer.Op, addr uint64, ts uint64) {
 	p := l.procs[pid]
-	a := address{addr, space}
+	a := address{addr, op.Space()}
 	if p == nil {
-		l.stats.UnknownFrees++
+		l.unknownFree(op, addr)
 		return
 	}
 	if cur, ok := p.live[a]; ok && cur.time < ts {
@@ -166,7 +172,19 @@ func (l *Ledger) Free(pid uint32, addr uint64, space tracer.Space, ts uint64) {
 		}
 		return
 	}
+	l.unknownFree(op, addr)
+}
+
+func (l *Ledger) unknownFree(op tracer.Op, addr uint64) {
 	l.stats.UnknownFrees++
+	by := op.Symbol()
+	if addr == 0 {
+		by += " of 0"
+	}
+	if l.stats.UnknownFreesBy == nil {
+		l.stats.UnknownFreesBy = map[string]uint64{}
+	}
+	l.stats.UnknownFreesBy[by]++
 }
 
 // Retain records one more reference to a live VMM handle
@@ -285,7 +303,11 @@ func (l *Ledger) EachFailure(fn func(FailureKey, Failures)) {
 }
 
 // Stats are the ledger's counts of what it could not match.
-func (l *Ledger) Stats() Stats { return l.stats }
+func (l *Ledger) Stats() Stats {
+	s := l.stats
+	s.UnknownFreesBy = maps.Clone(s.UnknownFreesBy)
+	return s
+}
 
 // Snapshot is a copy of the books at one moment.
 type Snapshot struct {
@@ -299,7 +321,7 @@ func (l *Ledger) Snapshot() Snapshot {
 	s := Snapshot{
 		Rows:     make(map[Key]Counters, len(l.rows)),
 		Failures: make(map[FailureKey]Failures, len(l.failures)),
-		Stats:    l.stats,
+		Stats:    l.Stats(),
 	}
 	for k, c := range l.rows {
 		s.Rows[k] = *c

@@ -1,6 +1,7 @@
 package accounting
 
 import (
+	"maps"
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -17,8 +18,8 @@ func TestFreeReleasesWhatItsAllocationCharged(t *testing.T) {
 	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
 	l.Alloc(weights, 0x2000, tracer.SpacePointer, 200, 2)
 	l.Alloc(cache, 0x3000, tracer.SpacePointer, 300, 3)
-	l.Free(10, 0x2000, tracer.SpacePointer, 4)
-	l.Free(10, 0x3000, tracer.SpacePointer, 5)
+	l.Free(10, cuMemFree, 0x2000, 4)
+	l.Free(10, cuMemFree, 0x3000, 5)
 
 	s := l.Snapshot()
 	if got, want := s.Rows[weights], (Counters{AllocBytes: 300, AllocCount: 2, FreeBytes: 200, FreeCount: 1}); got != want {
@@ -34,7 +35,7 @@ func TestHandlesAndPointersAreApart(t *testing.T) {
 	vmm := Key{PID: 10, Stack: 3, Kind: tracer.KindVMM}
 	l.Alloc(vmm, 0x1000, tracer.SpaceHandle, 64, 1)
 	l.Alloc(weights, 0x1000, tracer.SpacePointer, 32, 2)
-	l.Free(10, 0x1000, tracer.SpaceHandle, 3)
+	l.Free(10, cuMemRelease, 0x1000, 3)
 	s := l.Snapshot()
 	if s.Rows[vmm].LiveBytes() != 0 || s.Rows[weights].LiveBytes() != 32 || s.Stats.UnknownFrees != 0 {
 		t.Errorf("%+v", s)
@@ -43,11 +44,14 @@ func TestHandlesAndPointersAreApart(t *testing.T) {
 
 func TestUnknownFrees(t *testing.T) {
 	l := New()
-	l.Free(10, 0x1000, tracer.SpacePointer, 1) // process never seen
+	l.Free(10, cuMemFree, 0x1000, 1) // process never seen
 	l.Alloc(weights, 0x2000, tracer.SpacePointer, 8, 2)
-	l.Free(10, 0x3000, tracer.SpacePointer, 3) // pointer never seen
-	if got := l.Snapshot().Stats.UnknownFrees; got != 2 {
-		t.Errorf("unknown frees %d", got)
+	l.Free(10, cuMemFree, 0x3000, 3) // pointer never seen
+	l.Free(10, cuMemRelease, 0, 4)   // null
+	s := l.Snapshot().Stats
+	want := map[string]uint64{"cuMemFree_v2": 2, "cuMemRelease of 0": 1}
+	if s.UnknownFrees != 3 || !maps.Equal(s.UnknownFreesBy, want) {
+		t.Errorf("unknown frees %d by %v, want 3 by %v", s.UnknownFrees, s.UnknownFreesBy, want)
 	}
 }
 
@@ -58,12 +62,12 @@ func TestFreeRacingWithReuse(t *testing.T) {
 	l := New()
 	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
 	l.Alloc(cache, 0x1000, tracer.SpacePointer, 300, 5) // returned at 5
-	l.Free(10, 0x1000, tracer.SpacePointer, 4)          // entered at 4
+	l.Free(10, cuMemFree, 0x1000, 4)                    // entered at 4
 	s := l.Snapshot()
 	if s.Rows[weights].LiveBytes() != 0 || s.Rows[cache].LiveBytes() != 300 || s.Stats.UnknownFrees != 0 {
 		t.Errorf("%+v", s)
 	}
-	l.Free(10, 0x1000, tracer.SpacePointer, 6)
+	l.Free(10, cuMemFree, 0x1000, 6)
 	if s := l.Snapshot(); s.Rows[cache].LiveBytes() != 0 {
 		t.Errorf("%+v", s)
 	}
@@ -74,7 +78,7 @@ func TestFreeRacingWithReuse(t *testing.T) {
 func TestFreeOfUnseenAllocationBeforeReuse(t *testing.T) {
 	l := New()
 	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 5)
-	l.Free(10, 0x1000, tracer.SpacePointer, 4)
+	l.Free(10, cuMemFree, 0x1000, 4)
 	s := l.Snapshot()
 	if s.Rows[weights].LiveBytes() != 100 || s.Stats.UnknownFrees != 1 {
 		t.Errorf("%+v", s)
@@ -86,7 +90,7 @@ func TestExitReleasesImplicitly(t *testing.T) {
 	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
 	l.Alloc(weights, 0x2000, tracer.SpacePointer, 50, 2)
 	l.Alloc(other, 0x1000, tracer.SpacePointer, 7, 3)
-	l.Free(10, 0x2000, tracer.SpacePointer, 4)
+	l.Free(10, cuMemFree, 0x2000, 4)
 	l.Exit(10)
 	s := l.Snapshot()
 	want := Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 50, FreeCount: 1, ImplicitFreeBytes: 100, ImplicitFreeCount: 1}
@@ -138,18 +142,29 @@ func TestRetainedHandle(t *testing.T) {
 	k := Key{PID: 1, Stack: 3, Kind: tracer.KindVMM}
 	l.Alloc(k, 0x10, tracer.SpaceHandle, 4096, 1)
 	l.Retain(1, 0x10)
-	l.Free(1, 0x10, tracer.SpaceHandle, 2)
+	l.Free(1, cuMemRelease, 0x10, 2)
 	if live := l.Snapshot().Rows[k].LiveBytes(); live != 4096 {
 		t.Errorf("after one release of two: %d live, want 4096", live)
 	}
-	l.Free(1, 0x10, tracer.SpaceHandle, 3)
+	l.Free(1, cuMemRelease, 0x10, 3)
 	s := l.Snapshot()
 	if s.Rows[k].LiveBytes() != 0 || s.Rows[k].FreeCount != 1 || s.Stats.UnknownFrees != 0 {
 		t.Errorf("after both releases: %+v, stats %+v", s.Rows[k], s.Stats)
 	}
 	l.Retain(1, 0x20) // never seen created: left alone
-	l.Free(1, 0x20, tracer.SpaceHandle, 4)
+	l.Free(1, cuMemRelease, 0x20, 4)
 	if got := l.Snapshot().Stats.UnknownFrees; got != 1 {
 		t.Errorf("unknown frees %d, want 1", got)
 	}
+}
+
+var cuMemFree, cuMemRelease = opNamed("cuMemFree_v2"), opNamed("cuMemRelease")
+
+func opNamed(symbol string) tracer.Op {
+	for op := range tracer.Op(64) {
+		if op.Symbol() == symbol {
+			return op
+		}
+	}
+	panic("no driver function " + symbol)
 }

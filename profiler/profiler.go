@@ -308,7 +308,7 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	p.comms[ev.PID] = ev.Comm
 	switch {
 	case ev.Op.IsFree():
-		p.ledger.Free(ev.PID, ev.Address, ev.Op.Space(), ev.Timestamp)
+		p.ledger.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)
 	case ev.Op.IsRetain():
 		p.ledger.Retain(ev.PID, ev.Address)
 	case ev.Result == tracer.CUDASuccess:

@@ -109,8 +109,9 @@ func TestEveryCallExact(t *testing.T) {
 	}
 	// Frees are reported at their entry, their result unread: the free
 	// the driver refuses is a free of a pointer never allocated.
-	if r.Ledger.UnknownFrees != 2 {
-		t.Errorf("unknown frees %d, want 2: allocated before attach, refused", r.Ledger.UnknownFrees)
+	if r.Ledger.UnknownFrees != 2 || r.Ledger.UnknownFreesBy["cuMemFree_v2"] != 2 {
+		t.Errorf("unknown frees %d by %v, want 2 of cuMemFree_v2: allocated before attach, refused",
+			r.Ledger.UnknownFrees, r.Ledger.UnknownFreesBy)
 	}
 	assertNoLosses(t, r)
 	w.exit()
