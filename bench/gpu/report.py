@@ -35,20 +35,22 @@ with open(sys.argv[3], "w") as f:
     for line in open(sys.argv[2]):
         kv = dict(x.split("=") for x in line.split() if "=" in x)
         phases.setdefault(line.split()[0], []).append((kv["phase"], float(kv["us_per_empty"])))
+    # Each profiled phase against the base phases beside it (history, last,
+    # has one).
     added = {"floor": [], "gpumem": [], "gpumem_native": [], "history": []}
     for rnd in phases.values():
-        base = statistics.mean(v for p, v in rnd if p == "base")
-        for p, v in rnd:
+        for i, (p, v) in enumerate(rnd):
             if p in added:
-                added[p].append(v - base)
+                beside = [rnd[j][1] for j in (i - 1, i + 1) if 0 <= j < len(rnd) and rnd[j][0] == "base"]
+                added[p].append(v - statistics.mean(beside))
     med = {p: statistics.median(v) for p, v in added.items()}
     g, h = med["gpumem"], med["history"]
     f.write("\n### The tensor path\n\n")
     f.write("With the caching allocator on, gpu-mem's probes on PyTorch's allocator (USDT `pytorch:malloc` and `pytorch:free`)\n")
     f.write("fire on every `torch.empty` and `del`. Measured by `bench/gpu/tensor_cost.py` inside one process, phases in turn:\n")
-    f.write("no profiler, empty programs on the same USDT sites (the floor: two traps, `bench/usdtfloor`), gpu-mem attached,\n")
-    f.write("gpu-mem with `--tensor-native-stacks`, no profiler again, `_record_memory_history`; added cost = phase minus the\n")
-    f.write("mean of the two unprofiled phases; median of 3 processes.\n\n")
+    f.write("each profiled phase between two unprofiled ones: empty programs on the same USDT sites (the floor: two traps,\n")
+    f.write("`bench/usdtfloor`), gpu-mem attached, gpu-mem with `--tensor-native-stacks`, `_record_memory_history`; added\n")
+    f.write("cost = phase minus the mean of the unprofiled phases beside it; median of 3 processes.\n\n")
     f.write("| profiler | us added per empty+del | rounds |\n| --- | ---: | --- |\n")
     for p, name in (("floor", "floor: empty programs on the two probes"), ("gpumem", "gpu-mem (tensor view)"),
                     ("gpumem_native", "gpu-mem, `--tensor-native-stacks`"), ("history", "`_record_memory_history`")):

@@ -20,24 +20,32 @@ for round in 1 2 3; do
 	py=$!
 	exec 3>"$fifo"
 	until grep -q ready "$out/tensor.stdout"; do sleep 0.1; done
-	for phase in base floor gpumem gpumem_native base history; do
-		until [ "$(lines phase)" -gt "$(lines result)" ]; do sleep 0.1; done
+	# The script names each phase before it runs it (tensor_cost.py's PHASES).
+	n=0
+	while :; do
+		until [ "$(lines phase)" -gt $n ]; do
+			kill -0 $py 2>/dev/null || break 2
+			sleep 0.1
+		done
+		n=$((n + 1))
+		phase=$(grep '^phase' "$out/tensor.stdout" | sed -n "${n}p" | cut -d' ' -f2)
 		rec=
 		case $phase in
 		floor)
+			: >"$out/floor.stdout"
 			"$floor" "$(grep -m1 -o '/[^ ]*libc10_cuda.so' /proc/$py/maps)" >"$out/floor.stdout" &
 			rec=$!
-			until grep -q attached "$out/floor.stdout"; do sleep 0.1; done ;;
+			until grep -qs attached "$out/floor.stdout"; do sleep 0.1; done ;;
 		gpumem*)
 			flags=()
 			[ "$phase" = gpumem_native ] && flags=(--tensor-native-stacks)
+			: >"$out/tensor.stderr"
 			"$gpumem" record --pid "$py" "${flags[@]}" --format json -o "$out/tensor.json" --top 0 2>"$out/tensor.stderr" &
 			rec=$!
 			until grep -q "PyTorch allocator probes" "$out/tensor.stderr"; do sleep 0.1; done ;;
 		esac
 		echo >&3
-		n=$(lines result)
-		until [ "$(lines result)" -gt "$n" ]; do sleep 0.1; done
+		until [ "$(lines result)" -ge $n ]; do sleep 0.1; done
 		if [ -n "$rec" ]; then kill -INT $rec && wait $rec; fi
 	done
 	exec 3>&-

@@ -42,9 +42,9 @@ func main() {
 	check(err)
 	l, err := ex.UprobeMulti(nil, prog, &link.UprobeMultiOptions{Addresses: addrs, RefCtrOffsets: refs})
 	check(err)
-	fmt.Printf("attached %d\n", len(addrs))
 	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, os.Interrupt)
+	signal.Notify(stop, os.Interrupt) // before saying so: the harness interrupts once told
+	fmt.Printf("attached %d\n", len(addrs))
 	<-stop
 	l.Close()
 }

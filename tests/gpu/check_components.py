@@ -10,6 +10,7 @@ Usage:
                                                    what discovery missed against --library
   check_components.py modes JSON STDOUT            torch_modes.py: one PyTorch allocator mode
   check_components.py nccl JSON STDOUT             torch_nccl.py: driver bytes by owning library
+  check_components.py ranks JSON STDOUT            torch_nccl_ranks.py: each rank's bytes on its GPU
   check_components.py graphs JSON STDOUT           torch_graphs.py: the graph's private pool
 Each prints a last line "RESULT NAME: ok|MISMATCH|seen ..." and exits 1 on
 a mismatch where an exact answer is expected.
@@ -341,6 +342,32 @@ def cmd_nccl(args):
     return 0
 
 
+def cmd_ranks(args):
+    """Each rank's driver bytes: all on its own GPU, PyTorch's segments equal
+    to its memory_reserved(), the rest named by NCCL's and cuBLAS's stacks."""
+    report, w = load(args[0]), workload(args[1])
+    summary(report, "torch_nccl_ranks.py")
+    ok = True
+    for r in w["stats"]["ranks"]:
+        stacks = [s for s in report["stacks"] if s["pid"] == r["pid"] and s["kind"] in DRIVER_KINDS]
+        by_gpu, by_owner = defaultdict(int), defaultdict(int)
+        for s in stacks:
+            by_gpu[s["gpu"]] += s["live_bytes"]
+            names = " ".join(base(f.get("module")) for f in s["frames"])
+            tag = "libnccl" if "libnccl" in names else "libcublas" if "libcublas" in names else owner(s)
+            by_owner[tag] += s["live_bytes"]
+        torch_live = sum(v for k, v in by_owner.items() if k.startswith("libc10_cuda"))
+        others = {k: v for k, v in by_owner.items() if not k.startswith("libc10_cuda") and v}
+        device = {g: v for g, v in by_gpu.items() if g != "host"}
+        own = list(device) == [str(r["gpu"])]
+        exact = torch_live == r["memory_reserved"]
+        ok = ok and own and exact and others.get("libnccl", 0) > 0
+        print(f"rank {r['rank']} pid {r['pid']}: live by gpu {dict(by_gpu)}; PyTorch segments {torch_live} "
+              f"= memory_reserved {r['memory_reserved']}: {exact}; others {others}; device_used {r['device_used']}")
+    print(f"RESULT ranks: {'ok' if ok else 'MISMATCH'} ({len(w['stats']['ranks'])} ranks, NCCL {w['stats'].get('nccl')})")
+    return 0 if ok else 1
+
+
 def cmd_graphs(args):
     report, w = load(args[0]), workload(args[1])
     stats, expect = w["stats"], w["expect"]
@@ -361,7 +388,7 @@ def cmd_graphs(args):
 
 
 COMMANDS = {"jax": cmd_jax, "arena": cmd_arena, "compare": cmd_compare, "modes": cmd_modes, "nccl": cmd_nccl,
-            "graphs": cmd_graphs}
+            "ranks": cmd_ranks, "graphs": cmd_graphs}
 
 if __name__ == "__main__":
     sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))

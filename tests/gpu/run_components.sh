@@ -12,7 +12,7 @@
 # Usage: tests/gpu/run_components.sh GPUMEM OUTDIR [SCENARIO...]
 # Scenarios (default all, in this order): env jax-platform jax-arena
 # torch-discovery torch-caching torch-expandable torch-async torch-nocache
-# nccl graphs.
+# nccl graphs, and nccl-ranks (two processes, a GPU each) where two GPUs are.
 # BUDGET (seconds, default 480): scenarios are skipped once it is spent;
 # STEP_TIMEOUT (seconds, default 150): the limit of each scenario.
 set -uo pipefail
@@ -92,6 +92,12 @@ scenario() {
 		cat "$log.library.stderr"
 		check nccl "$log.library.json" "$log.stdout"
 		;;
+	nccl-ranks)
+		record_first "$log" "$here/torch_nccl_ranks.py" -- "library --library $lib" || echo "record_first failed"
+		tail -30 "$log.pyerr"
+		cat "$log.library.stderr"
+		check ranks "$log.library.json" "$log.stdout"
+		;;
 	graphs)
 		record_first "$log" "$here/torch_graphs.py" -- "library --library $lib" || echo "record_first failed"
 		tail -20 "$log.pyerr"
@@ -116,7 +122,10 @@ out=$2
 shift 2
 mkdir -p "$out"
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(env jax-platform jax-arena torch-discovery torch-caching torch-expandable torch-async torch-nocache nccl graphs)
+if [ ${#scenarios[@]} = 0 ]; then
+	scenarios=(env jax-platform jax-arena torch-discovery torch-caching torch-expandable torch-async torch-nocache nccl graphs)
+	[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && scenarios+=(nccl-ranks)
+fi
 budget=${BUDGET:-480}
 start=$SECONDS
 for name in "${scenarios[@]}"; do
