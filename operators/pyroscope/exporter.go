@@ -5,7 +5,6 @@
 package pyroscope
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -26,8 +25,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -87,8 +84,14 @@ type Exporter struct {
 	queue []*pushv1.PushRequest
 	ready chan struct{} // signalled when the queue grows
 	stats Stats
-	last  time.Time                              // end of the previous interval
-	prev  map[accounting.Key]accounting.Counters // counters at the previous export
+	last  time.Time // end of the previous interval
+
+	// Export's, kept between intervals (Export is called from one
+	// goroutine at a time).
+	interval uint64
+	series   map[seriesKey]*seriesProfile
+	groups   map[seriesKey][]*profiler.Row // an interval's rows by series
+	enc      encoder
 }
 
 // New checks the configuration and prepares the connection; nothing is
@@ -116,7 +119,8 @@ func New(cfg Config) (*Exporter, error) {
 		client: pushv1.NewPusherServiceClient(conn),
 		ready:  make(chan struct{}, 1),
 		last:   time.Now(),
-		prev:   map[accounting.Key]accounting.Counters{},
+		series: map[seriesKey]*seriesProfile{},
+		groups: map[seriesKey][]*profiler.Row{},
 	}, nil
 }
 
@@ -203,25 +207,17 @@ type seriesKey struct {
 func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
 	start := e.last
 	e.last = r.Time
-	bySeries := map[seriesKey][]profiler.Row{}
-	current := make(map[accounting.Key]accounting.Counters, len(r.Rows))
-	for _, row := range r.Rows {
+	e.interval++
+	for i := range r.Rows {
+		row := &r.Rows[i]
 		k := seriesKey{row.PID, row.Kind, row.GPU()}
-		bySeries[k] = append(bySeries[k], row)
-		current[row.Key] = row.Counters
+		e.groups[k] = append(e.groups[k], row)
 	}
-	prev := e.prev
-	e.prev = current
-	interval := func(row profiler.Row) pprof.Values {
-		before := prev[row.Key]
-		return pprof.Values{
-			int64(row.AllocCount - before.AllocCount), int64(row.AllocBytes - before.AllocBytes),
-			int64(row.LiveCount()), int64(row.LiveBytes()),
+	keys := make([]seriesKey, 0, len(e.groups))
+	for k, rows := range e.groups {
+		if len(rows) > 0 {
+			keys = append(keys, k)
 		}
-	}
-	keys := make([]seriesKey, 0, len(bySeries))
-	for k := range bySeries {
-		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool {
 		a, b := keys[i], keys[j]
@@ -235,19 +231,34 @@ func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
 	})
 	req := &pushv1.PushRequest{}
 	for _, k := range keys {
-		rows := bySeries[k]
-		prof := pprof.BuildRows(rows, start, r.Time.Sub(start), interval)
-		if len(prof.Sample) == 0 {
+		rows := e.groups[k]
+		s := e.series[k]
+		if s == nil {
+			s = newSeriesProfile()
+			e.series[k] = s
+		}
+		s.seen = e.interval
+		raw := e.enc.encode(s, rows, e.interval, r.Time, r.Time.Sub(start))
+		if raw == nil {
 			continue
 		}
-		var buf bytes.Buffer
-		if err := prof.Write(&buf); err != nil {
-			continue // writing to memory does not fail
-		}
 		req.Series = append(req.Series, &pushv1.RawProfileSeries{
-			Labels:  e.labels(rows[0]),
-			Samples: []*pushv1.RawSample{{RawProfile: buf.Bytes()}},
+			Labels:  e.labels(*rows[0]),
+			Samples: []*pushv1.RawSample{{RawProfile: raw}},
 		})
+	}
+	for k, s := range e.series {
+		if s.seen != e.interval {
+			delete(e.series, k) // its process was dropped
+		}
+	}
+	for k, rows := range e.groups {
+		if len(rows) == 0 {
+			delete(e.groups, k)
+			continue
+		}
+		clear(rows) // the report's rows are the caller's again
+		e.groups[k] = rows[:0]
 	}
 	return req
 }

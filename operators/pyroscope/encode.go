@@ -1,0 +1,350 @@
+package pyroscope
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/binary"
+	"hash/maphash"
+	"path/filepath"
+	"slices"
+	"time"
+	"unsafe"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+)
+
+// A series' profile is pushed every interval, and most of it does not
+// change between two: the functions, locations and each stack's list of
+// locations. So each series keeps its profile's tables and each row's
+// sample encoded, in pprof's protobuf (profile.proto), and an interval
+// encodes only the values; what the pprof package would build anew, a
+// Profile of every sample with its labels, is not built at all. pprof's
+// own reader reads the result (exporter_test).
+
+// profile.proto field numbers.
+const (
+	profSampleType    = 1
+	profSample        = 2
+	profMapping       = 3
+	profLocation      = 4
+	profFunction      = 5
+	profStringTable   = 6
+	profTimeNanos     = 9
+	profDurationNanos = 10
+	profPeriodType    = 11
+	profPeriod        = 12
+	profDefaultType   = 14
+
+	sampleLocationID = 1
+	sampleValue      = 2
+	sampleLabel      = 3
+
+	labelKey = 1
+	labelStr = 2
+	labelNum = 3
+
+	valueTypeType = 1
+	valueTypeUnit = 2
+
+	mappingID           = 1
+	mappingFilename     = 5
+	mappingHasFunctions = 7
+
+	locationID        = 1
+	locationMappingID = 2
+	locationAddress   = 3
+	locationLine      = 4
+
+	lineFunctionID = 1
+	lineLine       = 2
+
+	functionID         = 1
+	functionName       = 2
+	functionSystemName = 3
+	functionFilename   = 4
+)
+
+var sampleTypes = [4][2]string{{"alloc_objects", "count"}, {"alloc_space", "bytes"}, {"inuse_objects", "count"}, {"inuse_space", "bytes"}}
+
+// seriesProfile is what a series keeps between intervals.
+type seriesProfile struct {
+	strings    map[string]uint64
+	stringList []string
+	tables     []byte // mappings, locations and functions, encoded
+	mappings   map[string]uint64
+	functions  map[[2]string]uint64
+	locations  map[locationKey]uint64
+	rows       map[accounting.Key]*rowSample
+	seen       uint64 // the last interval with rows
+}
+
+// rowSample is one row's sample: its location IDs, encoded, and the
+// counters pushed last.
+type rowSample struct {
+	locations []byte // packed location IDs
+	frames    uint64 // hash of the frames they were made from
+	prev      accounting.Counters
+	seen      uint64
+}
+
+type locationKey struct {
+	module, function, file string
+	address                uint64
+	line                   int64
+}
+
+func newSeriesProfile() *seriesProfile {
+	s := &seriesProfile{
+		strings:   map[string]uint64{},
+		mappings:  map[string]uint64{},
+		functions: map[[2]string]uint64{},
+		locations: map[locationKey]uint64{},
+		rows:      map[accounting.Key]*rowSample{},
+	}
+	s.str("")
+	for _, t := range sampleTypes {
+		s.str(t[0])
+		s.str(t[1])
+	}
+	s.str("space")
+	return s
+}
+
+func (s *seriesProfile) str(v string) uint64 {
+	i, ok := s.strings[v]
+	if !ok {
+		i = uint64(len(s.stringList))
+		s.strings[v] = i
+		s.stringList = append(s.stringList, v)
+	}
+	return i
+}
+
+func (s *seriesProfile) mapping(module string) uint64 {
+	id, ok := s.mappings[module]
+	if !ok {
+		id = uint64(len(s.mappings) + 1)
+		s.mappings[module] = id
+		var m []byte
+		m = protowire.AppendTag(m, mappingID, protowire.VarintType)
+		m = protowire.AppendVarint(m, id)
+		m = protowire.AppendTag(m, mappingFilename, protowire.VarintType)
+		m = protowire.AppendVarint(m, s.str(module))
+		m = protowire.AppendTag(m, mappingHasFunctions, protowire.VarintType)
+		m = protowire.AppendVarint(m, 1)
+		s.tables = protowire.AppendTag(s.tables, profMapping, protowire.BytesType)
+		s.tables = protowire.AppendBytes(s.tables, m)
+	}
+	return id
+}
+
+func (s *seriesProfile) function(name, file string) uint64 {
+	key := [2]string{name, file}
+	id, ok := s.functions[key]
+	if !ok {
+		id = uint64(len(s.functions) + 1)
+		s.functions[key] = id
+		var f []byte
+		f = protowire.AppendTag(f, functionID, protowire.VarintType)
+		f = protowire.AppendVarint(f, id)
+		f = protowire.AppendTag(f, functionName, protowire.VarintType)
+		f = protowire.AppendVarint(f, s.str(name))
+		f = protowire.AppendTag(f, functionSystemName, protowire.VarintType)
+		f = protowire.AppendVarint(f, s.str(name))
+		f = protowire.AppendTag(f, functionFilename, protowire.VarintType)
+		f = protowire.AppendVarint(f, s.str(file))
+		s.tables = protowire.AppendTag(s.tables, profFunction, protowire.BytesType)
+		s.tables = protowire.AppendBytes(s.tables, f)
+	}
+	return id
+}
+
+// location is a frame's location: its address in its module, and one line,
+// its function's (for Python frames, the source line).
+func (s *seriesProfile) location(f *symbolize.Frame) uint64 {
+	key := locationKey{f.Module, f.Name(), f.File, f.Address, f.Line}
+	id, ok := s.locations[key]
+	if !ok {
+		id = uint64(len(s.locations) + 1)
+		s.locations[key] = id
+		file := f.File // Python frames name their source file
+		if file == "" {
+			file = filepath.Base(f.Module)
+		}
+		var line []byte
+		line = protowire.AppendTag(line, lineFunctionID, protowire.VarintType)
+		line = protowire.AppendVarint(line, s.function(key.function, file))
+		if f.Line != 0 {
+			line = protowire.AppendTag(line, lineLine, protowire.VarintType)
+			line = protowire.AppendVarint(line, uint64(f.Line))
+		}
+		var l []byte
+		l = protowire.AppendTag(l, locationID, protowire.VarintType)
+		l = protowire.AppendVarint(l, id)
+		l = protowire.AppendTag(l, locationMappingID, protowire.VarintType)
+		l = protowire.AppendVarint(l, s.mapping(f.Module))
+		if f.Address != 0 {
+			l = protowire.AppendTag(l, locationAddress, protowire.VarintType)
+			l = protowire.AppendVarint(l, f.Address)
+		}
+		l = protowire.AppendTag(l, locationLine, protowire.BytesType)
+		l = protowire.AppendBytes(l, line)
+		s.tables = protowire.AppendTag(s.tables, profLocation, protowire.BytesType)
+		s.tables = protowire.AppendBytes(s.tables, l)
+	}
+	return id
+}
+
+var framesSeed = maphash.MakeSeed()
+
+// framesHash tells whether a row's frames are those its sample was made
+// from: the same frames are the same pointers, from the profiler's frame
+// table (rows from elsewhere are made again each interval).
+func framesHash(frames []*symbolize.Frame) uint64 {
+	return maphash.Bytes(framesSeed, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(frames))), len(frames)*int(unsafe.Sizeof(frames[0]))))
+}
+
+// sample returns the row's sample, made or made again if its frames
+// changed (named since the last interval).
+func (s *seriesProfile) sample(row *profiler.Row) *rowSample {
+	h := framesHash(row.Frames)
+	rs := s.rows[row.Key]
+	if rs == nil {
+		rs = &rowSample{}
+		s.rows[row.Key] = rs
+	} else if rs.frames == h && rs.locations != nil {
+		return rs
+	}
+	rs.frames = h
+	rs.locations = rs.locations[:0]
+	for _, f := range row.Frames {
+		rs.locations = protowire.AppendVarint(rs.locations, s.location(f))
+	}
+	return rs
+}
+
+// labels are the labels of every sample of a series, encoded.
+func (s *seriesProfile) labels(row *profiler.Row) []byte {
+	var b []byte
+	add := func(key, value string) {
+		if value == "" {
+			return
+		}
+		var l []byte
+		l = protowire.AppendTag(l, labelKey, protowire.VarintType)
+		l = protowire.AppendVarint(l, s.str(key))
+		l = protowire.AppendTag(l, labelStr, protowire.VarintType)
+		l = protowire.AppendVarint(l, s.str(value))
+		b = protowire.AppendTag(b, sampleLabel, protowire.BytesType)
+		b = protowire.AppendBytes(b, l)
+	}
+	add("comm", row.Comm)
+	add("kind", row.Kind.String())
+	add("gpu", row.GPU())
+	c := row.Container
+	add("pod_uid", c.PodUID)
+	add("container_id", c.ContainerID)
+	add("namespace", c.Namespace)
+	add("pod", c.Pod)
+	add("container", c.Name)
+	if row.Device.UUID != "" {
+		add("gpu_uuid", row.Device.UUID)
+		add("gpu_name", row.Device.Name)
+	}
+	var l []byte
+	l = protowire.AppendTag(l, labelKey, protowire.VarintType)
+	l = protowire.AppendVarint(l, s.str("pid"))
+	l = protowire.AppendTag(l, labelNum, protowire.VarintType)
+	l = protowire.AppendVarint(l, uint64(row.PID))
+	b = protowire.AppendTag(b, sampleLabel, protowire.BytesType)
+	return protowire.AppendBytes(b, l)
+}
+
+// encoder writes the profiles of an interval, reusing its buffers.
+type encoder struct {
+	raw []byte
+	gz  bytes.Buffer
+	zw  *gzip.Writer
+}
+
+// encode writes a series' profile of rows, taken at t over duration, and
+// returns it gzipped; nil when every row's values are zero. The rows'
+// samples remember their counters for the next interval.
+func (e *encoder) encode(s *seriesProfile, rows []*profiler.Row, interval uint64, t time.Time, duration time.Duration) []byte {
+	labels := s.labels(rows[0])
+	raw := e.raw[:0]
+	samples := 0
+	for _, row := range rows {
+		rs := s.sample(row)
+		rs.seen = interval
+		v := [4]uint64{row.AllocCount - rs.prev.AllocCount, row.AllocBytes - rs.prev.AllocBytes, row.LiveCount(), row.LiveBytes()}
+		rs.prev = row.Counters
+		if v == [4]uint64{} {
+			continue
+		}
+		samples++
+		var buf [4 * binary.MaxVarintLen64]byte
+		packed := buf[:0]
+		for _, x := range v {
+			packed = protowire.AppendVarint(packed, x)
+		}
+		size := protowire.SizeTag(sampleLocationID) + protowire.SizeBytes(len(rs.locations)) +
+			protowire.SizeTag(sampleValue) + protowire.SizeBytes(len(packed)) + len(labels)
+		raw = protowire.AppendTag(raw, profSample, protowire.BytesType)
+		raw = protowire.AppendVarint(raw, uint64(size))
+		raw = protowire.AppendTag(raw, sampleLocationID, protowire.BytesType)
+		raw = protowire.AppendBytes(raw, rs.locations)
+		raw = protowire.AppendTag(raw, sampleValue, protowire.BytesType)
+		raw = protowire.AppendBytes(raw, packed)
+		raw = append(raw, labels...)
+	}
+	for key, rs := range s.rows {
+		if rs.seen != interval {
+			delete(s.rows, key) // no longer reported: its process was dropped
+		}
+	}
+	if samples == 0 {
+		return nil
+	}
+	for _, st := range sampleTypes {
+		raw = appendValueType(raw, profSampleType, s.str(st[0]), s.str(st[1]))
+	}
+	raw = append(raw, s.tables...)
+	raw = protowire.AppendTag(raw, profTimeNanos, protowire.VarintType)
+	raw = protowire.AppendVarint(raw, uint64(t.UnixNano()))
+	raw = protowire.AppendTag(raw, profDurationNanos, protowire.VarintType)
+	raw = protowire.AppendVarint(raw, uint64(duration.Nanoseconds()))
+	raw = appendValueType(raw, profPeriodType, s.str("space"), s.str("bytes"))
+	raw = protowire.AppendTag(raw, profPeriod, protowire.VarintType)
+	raw = protowire.AppendVarint(raw, 1)
+	raw = protowire.AppendTag(raw, profDefaultType, protowire.VarintType)
+	raw = protowire.AppendVarint(raw, s.str("inuse_space"))
+	for _, v := range s.stringList {
+		raw = protowire.AppendTag(raw, profStringTable, protowire.BytesType)
+		raw = protowire.AppendString(raw, v)
+	}
+	e.raw = raw // grown, for the next profile
+	e.gz.Reset()
+	if e.zw == nil {
+		e.zw = gzip.NewWriter(&e.gz)
+	} else {
+		e.zw.Reset(&e.gz)
+	}
+	e.zw.Write(raw) // to memory: does not fail
+	e.zw.Close()
+	return slices.Clone(e.gz.Bytes())
+}
+
+func appendValueType(b []byte, field protowire.Number, typ, unit uint64) []byte {
+	var v []byte
+	v = protowire.AppendTag(v, valueTypeType, protowire.VarintType)
+	v = protowire.AppendVarint(v, typ)
+	v = protowire.AppendTag(v, valueTypeUnit, protowire.VarintType)
+	v = protowire.AppendVarint(v, unit)
+	b = protowire.AppendTag(b, field, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
