@@ -776,8 +776,8 @@ static __always_inline int report_free(__u16 op, __u64 ptr, bool stock_ig)
 {
 	__u32 zero = 0;
 	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	if (!e)
-		return 0;
+	if (!e || !ptr)
+		return 0; /* a free of a null pointer frees nothing (XLA, NCCL and PyTorch make them) */
 	begin_event(e, op, 0, stock_ig);
 	e->timestamp = bpf_ktime_get_ns();
 	e->address = ptr;

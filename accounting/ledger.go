@@ -65,8 +65,7 @@ type Stats struct {
 	// allocated before the tracer attached, whose event was lost, or a
 	// pointer the driver refuses to free (a free's result is not read).
 	UnknownFrees uint64 `json:"unknown_frees"`
-	// UnknownFreesBy counts them by the function called ("cuMemFree_v2",
-	// "cuMemFree_v2 of 0" for a null pointer).
+	// UnknownFreesBy counts them by the function called.
 	UnknownFreesBy map[string]uint64 `json:"unknown_frees_by,omitempty"`
 	// ProcessExits are traced processes seen exiting.
 	ProcessExits uint64 `json:"process_exits"`
@@ -150,7 +149,7 @@ func (l *Ledger) Free(pid uint32, op tracer.Op, addr uint64, ts uint64) {
 	p := l.procs[pid]
 	a := address{addr, op.Space()}
 	if p == nil {
-		l.unknownFree(op, addr)
+		l.unknownFree(op)
 		return
 	}
 	if cur, ok := p.live[a]; ok && cur.time < ts {
@@ -172,19 +171,15 @@ func (l *Ledger) Free(pid uint32, op tracer.Op, addr uint64, ts uint64) {
 		}
 		return
 	}
-	l.unknownFree(op, addr)
+	l.unknownFree(op)
 }
 
-func (l *Ledger) unknownFree(op tracer.Op, addr uint64) {
+func (l *Ledger) unknownFree(op tracer.Op) {
 	l.stats.UnknownFrees++
-	by := op.Symbol()
-	if addr == 0 {
-		by += " of 0"
-	}
 	if l.stats.UnknownFreesBy == nil {
 		l.stats.UnknownFreesBy = map[string]uint64{}
 	}
-	l.stats.UnknownFreesBy[by]++
+	l.stats.UnknownFreesBy[op.Symbol()]++
 }
 
 // Retain records one more reference to a live VMM handle

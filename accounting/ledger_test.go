@@ -47,9 +47,9 @@ func TestUnknownFrees(t *testing.T) {
 	l.Free(10, cuMemFree, 0x1000, 1) // process never seen
 	l.Alloc(weights, 0x2000, tracer.SpacePointer, 8, 2)
 	l.Free(10, cuMemFree, 0x3000, 3) // pointer never seen
-	l.Free(10, cuMemRelease, 0, 4)   // null
+	l.Free(10, cuMemRelease, 0x4000, 4)
 	s := l.Snapshot().Stats
-	want := map[string]uint64{"cuMemFree_v2": 2, "cuMemRelease of 0": 1}
+	want := map[string]uint64{"cuMemFree_v2": 2, "cuMemRelease": 1}
 	if s.UnknownFrees != 3 || !maps.Equal(s.UnknownFreesBy, want) {
 		t.Errorf("unknown frees %d by %v, want 3 by %v", s.UnknownFrees, s.UnknownFreesBy, want)
 	}
