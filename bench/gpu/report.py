@@ -50,7 +50,8 @@ with open(sys.argv[3], "w") as f:
     f.write("fire on every `torch.empty` and `del`. Measured by `bench/gpu/tensor_cost.py` inside one process, phases in turn:\n")
     f.write("each profiled phase between two unprofiled ones: empty programs on the same USDT sites (the floor: two traps,\n")
     f.write("`bench/usdtfloor`), gpu-mem attached, gpu-mem with `--tensor-native-stacks`, `_record_memory_history`; added\n")
-    f.write("cost = phase minus the mean of the unprofiled phases beside it; median of 3 processes.\n\n")
+    f.write("cost = phase minus the mean of the unprofiled phases beside it; median of 5 processes, the loop pinned to one CPU\n")
+    f.write("and the profilers to others.\n\n")
     f.write("| profiler | us added per empty+del | rounds |\n| --- | ---: | --- |\n")
     for p, name in (("floor", "floor: empty programs on the two probes"), ("gpumem", "gpu-mem (tensor view)"),
                     ("gpumem_native", "gpu-mem, `--tensor-native-stacks`"), ("history", "`_record_memory_history`")):

@@ -11,12 +11,17 @@ out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 unset PYTORCH_NO_CUDA_MEMORY_CACHING
 
+loop_cpu=$(($(nproc) - 1))
+profiler_cpus=0-$((loop_cpu - 1))
+
 # lines PREFIX: how many lines of the script's output start with PREFIX.
 lines() { grep -c "^$1" "$out/tensor.stdout" || true; }
 
-for round in 1 2 3; do
+for round in 1 2 3 4 5; do
 	fifo=$(mktemp -u) && mkfifo "$fifo"
-	python3 "$here/tensor_cost.py" <"$fifo" >"$out/tensor.stdout" &
+	# The loop on one CPU, the profilers on others: a loop that moves between
+	# CPUs runs at about 2.3 or about 4.5 us an iteration, phase to phase.
+	taskset -c "$loop_cpu" python3 "$here/tensor_cost.py" <"$fifo" >"$out/tensor.stdout" &
 	py=$!
 	exec 3>"$fifo"
 	until grep -q ready "$out/tensor.stdout"; do sleep 0.1; done
@@ -33,14 +38,14 @@ for round in 1 2 3; do
 		case $phase in
 		floor)
 			: >"$out/floor.stdout"
-			"$floor" "$(grep -m1 -o '/[^ ]*libc10_cuda.so' /proc/$py/maps)" >"$out/floor.stdout" &
+			taskset -c "$profiler_cpus" "$floor" "$(grep -m1 -o '/[^ ]*libc10_cuda.so' /proc/$py/maps)" >"$out/floor.stdout" &
 			rec=$!
 			until grep -qs attached "$out/floor.stdout"; do sleep 0.1; done ;;
 		gpumem*)
 			flags=()
 			[ "$phase" = gpumem_native ] && flags=(--tensor-native-stacks)
 			: >"$out/tensor.stderr"
-			"$gpumem" record --pid "$py" "${flags[@]}" --format json -o "$out/tensor.json" --top 0 2>"$out/tensor.stderr" &
+			taskset -c "$profiler_cpus" "$gpumem" record --pid "$py" "${flags[@]}" --format json -o "$out/tensor.json" --top 0 2>"$out/tensor.stderr" &
 			rec=$!
 			until grep -q "PyTorch allocator probes" "$out/tensor.stderr"; do sleep 0.1; done ;;
 		esac
