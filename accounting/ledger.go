@@ -282,6 +282,15 @@ func (l *Ledger) LivePIDs() []uint32 {
 // Len is the number of rows of the books.
 func (l *Ledger) Len() int { return len(l.rows) }
 
+// Row returns one row of the books, if it is there.
+func (l *Ledger) Row(k Key) (Counters, bool) {
+	c, ok := l.rows[k]
+	if !ok {
+		return Counters{}, false
+	}
+	return *c, true
+}
+
 // Rows calls fn with each row of the books, without copying them: for
 // reports of many rows, every interval. fn must not call the ledger.
 func (l *Ledger) Rows(fn func(Key, Counters)) {

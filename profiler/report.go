@@ -121,6 +121,53 @@ func (p *Profiler) ReportTo(r *Report) error {
 	return err
 }
 
+// EachRow calls fn with each row of the books, one at a time and in no
+// order, and returns the time they were listed: for a consumer that keeps
+// what it needs of each (an exporter), without a report of every row. The
+// rows are read under the profiler's lock a chunk at a time, and fn runs
+// without it, so that events keep flowing while fn works; a row dropped
+// meanwhile is skipped. The row and its frame slice are reused: fn must
+// not keep them.
+func (p *Profiler) EachRow(fn func(*Row)) time.Time {
+	p.resolve()
+	p.mu.Lock()
+	keys := make([]accounting.Key, 0, p.ledger.Len())
+	p.ledger.Rows(func(k accounting.Key, _ accounting.Counters) {
+		if p.onGPU(k) {
+			keys = append(keys, k)
+		}
+	})
+	listed := time.Now()
+	p.mu.Unlock()
+	const chunk = 1024
+	rows := make([]Row, chunk)
+	containers := map[uint32]k8smeta.Container{} // named once per process
+	for len(keys) > 0 {
+		n := 0
+		p.mu.Lock()
+		for _, k := range keys[:min(chunk, len(keys))] {
+			c, ok := p.ledger.Row(k)
+			if !ok {
+				continue
+			}
+			container, ok := containers[k.PID]
+			if !ok {
+				container = p.containers[k.PID].Named(p.cfg.Pods)
+				containers[k.PID] = container
+			}
+			rows[n] = Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: container,
+				Frames: p.appendFrames(rows[n].Frames[:0], k.Stack), Counters: c}
+			n++
+		}
+		p.mu.Unlock()
+		keys = keys[min(chunk, len(keys)):]
+		for i := range rows[:n] {
+			fn(&rows[i])
+		}
+	}
+	return listed
+}
+
 // onGPU says whether a row is on the devices the report is limited to.
 func (p *Profiler) onGPU(k accounting.Key) bool {
 	if len(p.cfg.GPUs) == 0 {

@@ -2,6 +2,8 @@ package tests
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -22,9 +24,10 @@ func rowsByKey(r profiler.Report) map[accounting.Key]string {
 	return rows
 }
 
-// TestReportToReusesRows: a report filled again in place, as the agent
-// does every interval, says what a new report says, as the rows grow and
-// as they shrink when a process's rows are dropped.
+// TestReportToReusesRows: a report filled again in place, and the rows
+// read one by one (EachRow, as the agent's exporter does every interval),
+// say what a new report says, as the rows grow and as they shrink when a
+// process's rows are dropped.
 func TestReportToReusesRows(t *testing.T) {
 	many := startWorkload(t, nil, simwork, "stacks", "300")
 	few := startWorkload(t, nil, simwork, "kinds")
@@ -51,6 +54,16 @@ func TestReportToReusesRows(t *testing.T) {
 			if got[k] != v {
 				t.Errorf("%s: row %+v reused: %s, new: %s", what, k, got[k], v)
 			}
+		}
+		// Rows one by one, as the agent's exporter reads them.
+		var each profiler.Report
+		s.p.EachRow(func(row *profiler.Row) {
+			copied := *row
+			copied.Frames = slices.Clone(row.Frames)
+			each.Rows = append(each.Rows, copied)
+		})
+		if got := rowsByKey(each); !maps.Equal(got, want) {
+			t.Errorf("%s: %d rows one by one, %d in a report, or they differ", what, len(got), len(want))
 		}
 	}
 

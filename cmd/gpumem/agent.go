@@ -147,20 +147,20 @@ func (o *agentOptions) run(ctx context.Context) error {
 
 	ticker := time.NewTicker(o.interval)
 	defer ticker.Stop()
-	var r profiler.Report // reused: its rows are rewritten every interval
 	for {
 		select {
 		case err := <-done:
 			return err
 		case <-ticker.C:
-			o.export(p, exp, &r)
+			o.export(p, exp)
 		}
 	}
 }
 
-// export pushes one interval and logs the status line. Stacks are gathered
-// for the exporter only: the status line needs the totals per process.
-func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter, r *profiler.Report) {
+// export pushes one interval and logs the status line. The status line
+// needs the totals per process; the exporter reads the rows one by one,
+// keeping only what changes in its profiles: no report of every row.
+func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	t, err := p.Totals()
 	if err != nil {
 		logf("reading loss counters: %v", err)
@@ -171,10 +171,7 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter, r *
 	}
 	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees", len(pids), t.Events, t.Losses.Total(), t.UnknownFrees)
 	if exp != nil {
-		if err := p.ReportTo(r); err != nil {
-			logf("reading loss counters: %v", err)
-		}
-		exp.Export(*r)
+		exp.ExportRows(p.EachRow)
 		s := exp.Stats()
 		line += fmt.Sprintf(", pushes %d done %d failed %d dropped %d queued", s.Pushed, s.Failed, s.Dropped, s.Queued)
 		if s.LastError != "" {

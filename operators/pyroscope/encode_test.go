@@ -89,11 +89,11 @@ func TestEncodeAsPprofBuilds(t *testing.T) {
 	t0 := time.Unix(1700000000, 0)
 	for i, rows := range intervals {
 		at := t0.Add(time.Duration(i+1) * time.Second)
-		ptrs := []*profiler.Row{}
+		s.begin(&rows[0], uint64(i+1))
 		for j := range rows {
-			ptrs = append(ptrs, &rows[j])
+			s.add(&rows[j], uint64(i+1))
 		}
-		raw := enc.encode(s, ptrs, uint64(i+1), at, time.Second)
+		raw := enc.finish(s, at, time.Second)
 		got, err := profile.ParseData(raw)
 		if err != nil {
 			t.Fatalf("interval %d: %v", i, err)

@@ -90,7 +90,6 @@ type Exporter struct {
 	// goroutine at a time).
 	interval uint64
 	series   map[seriesKey]*seriesProfile
-	groups   map[seriesKey][]*profiler.Row // an interval's rows by series
 	enc      encoder
 }
 
@@ -120,7 +119,6 @@ func New(cfg Config) (*Exporter, error) {
 		ready:  make(chan struct{}, 1),
 		last:   time.Now(),
 		series: map[seriesKey]*seriesProfile{},
-		groups: map[seriesKey][]*profiler.Row{},
 	}, nil
 }
 
@@ -184,7 +182,20 @@ func authInterceptor(cfg Config) grpc.UnaryClientInterceptor {
 // what was allocated since the previous export and what is live now. When
 // the queue is full, the oldest interval is dropped and counted.
 func (e *Exporter) Export(r profiler.Report) {
-	req := e.request(r)
+	e.ExportRows(func(add func(*profiler.Row)) time.Time {
+		for i := range r.Rows {
+			add(&r.Rows[i])
+		}
+		return r.Time
+	})
+}
+
+// ExportRows is Export of the rows that each hands to add, one at a time,
+// of the interval ending at the time it returns. add keeps nothing of a
+// row, so that rows can be read one by one (Profiler.EachRow) rather than
+// gathered in a report.
+func (e *Exporter) ExportRows(each func(add func(*profiler.Row)) time.Time) {
+	req := e.request(each)
 	e.mu.Lock()
 	if len(e.queue) == e.cfg.QueueSize {
 		e.queue = e.queue[1:]
@@ -204,19 +215,29 @@ type seriesKey struct {
 	gpu  string
 }
 
-func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
-	start := e.last
-	e.last = r.Time
+func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time) *pushv1.PushRequest {
 	e.interval++
-	for i := range r.Rows {
-		row := &r.Rows[i]
+	t := each(func(row *profiler.Row) {
 		k := seriesKey{row.PID, row.Kind, row.GPU()}
-		e.groups[k] = append(e.groups[k], row)
-	}
-	keys := make([]seriesKey, 0, len(e.groups))
-	for k, rows := range e.groups {
-		if len(rows) > 0 {
+		s := e.series[k]
+		if s == nil {
+			s = newSeriesProfile()
+			e.series[k] = s
+		}
+		if s.seen != e.interval {
+			s.begin(row, e.interval)
+			s.pushLabels = e.labels(*row)
+		}
+		s.add(row, e.interval)
+	})
+	start := e.last
+	e.last = t
+	keys := make([]seriesKey, 0, len(e.series))
+	for k, s := range e.series {
+		if s.seen == e.interval {
 			keys = append(keys, k)
+		} else {
+			delete(e.series, k) // its process was dropped
 		}
 	}
 	sort.Slice(keys, func(i, j int) bool {
@@ -231,34 +252,15 @@ func (e *Exporter) request(r profiler.Report) *pushv1.PushRequest {
 	})
 	req := &pushv1.PushRequest{}
 	for _, k := range keys {
-		rows := e.groups[k]
 		s := e.series[k]
-		if s == nil {
-			s = newSeriesProfile()
-			e.series[k] = s
-		}
-		s.seen = e.interval
-		raw := e.enc.encode(s, rows, e.interval, r.Time, r.Time.Sub(start))
+		raw := e.enc.finish(s, t, t.Sub(start))
 		if raw == nil {
 			continue
 		}
 		req.Series = append(req.Series, &pushv1.RawProfileSeries{
-			Labels:  e.labels(*rows[0]),
+			Labels:  s.pushLabels,
 			Samples: []*pushv1.RawSample{{RawProfile: raw}},
 		})
-	}
-	for k, s := range e.series {
-		if s.seen != e.interval {
-			delete(e.series, k) // its process was dropped
-		}
-	}
-	for k, rows := range e.groups {
-		if len(rows) == 0 {
-			delete(e.groups, k)
-			continue
-		}
-		clear(rows) // the report's rows are the caller's again
-		e.groups[k] = rows[:0]
 	}
 	return req
 }
