@@ -50,15 +50,18 @@ func agentFootprint() string {
 	// stack is built and pushed.
 	server := pyroscopeServer()
 	defer server.Stop()
+	var pushedRSS, pushedCPU float64
 	for _, n := range stacks {
 		cpu, rss := underAgent(func() {
 			runWorkload([]string{"SIMWORK_LINGER_MS=2500"}, simwork, "stacks", strconv.Itoa(n))
 		}, "--pyroscope-url", "http://"+server.addr)
+		pushedRSS, pushedCPU = max(pushedRSS, rss), max(pushedCPU, cpu)
 		fmt.Fprintf(&b, "| %d distinct stacks held live, pushed to Pyroscope | %.1f%% | %.1f MiB |\n", n, cpu, rss)
 	}
-	fmt.Fprintf(&b, "\nTargets: peak RSS at most 60 MiB at 1000 events/s: %s (%.1f MiB); at most 150 MiB with 100k live stacks: %s (%.1f MiB at the largest);\n",
+	fmt.Fprintf(&b, "\nTargets: peak RSS at most 60 MiB at 1000 events/s: %s (%.1f MiB); at most 150 MiB with 100k live stacks: %s (%.1f MiB at the largest),\n",
 		verdict(slowRSS <= 60), slowRSS, verdict(worst <= 150), worst)
-	fmt.Fprintf(&b, "CPU with 100k live stacks well under one core (at most 50%%): %s (%.1f%% at the largest).\n", verdict(worstCPU <= 50), worstCPU)
+	fmt.Fprintf(&b, "%s when pushed to Pyroscope (%.1f MiB); CPU with 100k live stacks well under one core (at most 50%%): %s (%.1f%% at the largest), %s when pushed (%.1f%%).\n",
+		verdict(pushedRSS <= 150), pushedRSS, verdict(worstCPU <= 50), worstCPU, verdict(pushedCPU <= 50), pushedCPU)
 	return b.String()
 }
 
