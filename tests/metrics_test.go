@@ -52,7 +52,7 @@ func TestMetrics(t *testing.T) {
 	if ooms != 1 {
 		t.Errorf("out-of-memory failures %v, want 1: %v", ooms, families["gpumem_failures_total"])
 	}
-	if n := len(families["gpumem_losses_total"].GetMetric()); n != 5 {
+	if n := len(families["gpumem_losses_total"].GetMetric()); n != 4 {
 		t.Errorf("%d loss counters", n)
 	}
 	for _, m := range families["gpumem_losses_total"].GetMetric() {
