@@ -26,6 +26,15 @@ for f in /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.
 done
 check() { python3 "$here/check_components.py" "$@"; }
 
+# with_library SCRIPT CHECK: SCRIPT recorded by one gpumem on the driver
+# library, then checked by check_components.py CHECK.
+with_library() {
+	record_first "$log" "$here/$1" -- "library --library $lib" || echo "record_first failed"
+	tail -30 "$log.pyerr"
+	cat "$log.library.stderr"
+	check "$2" "$log.library.json" "$log.stdout"
+}
+
 scenario() {
 	local name=$1 log=$2/$1
 	. "$here/protocol.sh"
@@ -81,28 +90,16 @@ scenario() {
 		torch-async) export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync ;;
 		torch-nocache) export PYTORCH_NO_CUDA_MEMORY_CACHING=1 ;;
 		esac
-		record_first "$log" "$here/torch_modes.py" -- "library --library $lib" || echo "record_first failed"
-		tail -20 "$log.pyerr"
-		cat "$log.library.stderr"
-		check modes "$log.library.json" "$log.stdout"
+		with_library torch_modes.py modes
 		;;
 	nccl)
-		record_first "$log" "$here/torch_nccl.py" -- "library --library $lib" || echo "record_first failed"
-		tail -30 "$log.pyerr"
-		cat "$log.library.stderr"
-		check nccl "$log.library.json" "$log.stdout"
+		with_library torch_nccl.py nccl
 		;;
 	nccl-ranks)
-		record_first "$log" "$here/torch_nccl_ranks.py" -- "library --library $lib" || echo "record_first failed"
-		tail -30 "$log.pyerr"
-		cat "$log.library.stderr"
-		check ranks "$log.library.json" "$log.stdout"
+		with_library torch_nccl_ranks.py ranks
 		;;
 	graphs)
-		record_first "$log" "$here/torch_graphs.py" -- "library --library $lib" || echo "record_first failed"
-		tail -20 "$log.pyerr"
-		cat "$log.library.stderr"
-		check graphs "$log.library.json" "$log.stdout"
+		with_library torch_graphs.py graphs
 		;;
 	*)
 		echo "unknown scenario $name"
