@@ -4,8 +4,9 @@
  *
  * Entry probes remember each call's arguments per thread; return probes read
  * the driver's result and out-parameters and send one event per call through
- * the ring buffer. User space keeps the ledger (pointer -> bytes, stack), so
- * a free releases exactly what its allocation charged. Every event that
+ * the ring buffer. Frees are sent at their entry and have no return probe.
+ * User space keeps the ledger (pointer -> bytes, stack), so a free releases
+ * exactly what its allocation charged. Every event that
  * cannot be delivered whole is counted: in `losses`, and events dropped by a
  * full ring buffer in `events_lost_samples` (IG's convention).
  *
