@@ -68,15 +68,7 @@ func (p *Profiler) ReportTo(r *Report) error {
 		r.Libraries = append(r.Libraries, lib.Path)
 	}
 	sort.Strings(r.Libraries)
-	containers := map[uint32]k8smeta.Container{} // named once per process
-	container := func(pid uint32) k8smeta.Container {
-		c, ok := containers[pid]
-		if !ok {
-			c = p.containers[pid].Named(p.cfg.Pods)
-			containers[pid] = c
-		}
-		return c
-	}
+	named := map[uint32]k8smeta.Container{}
 	// The previous report's rows, with their frame slices, are written over;
 	// grown at once: 100,000 rows are 25 MB.
 	rows := r.Rows[:cap(r.Rows)]
@@ -92,7 +84,7 @@ func (p *Profiler) ReportTo(r *Report) error {
 		if n < len(rows) {
 			frames = rows[n].Frames[:0]
 		}
-		row := Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: container(k.PID), Frames: p.appendFrames(frames, k.Stack), Counters: c}
+		row := p.row(k, c, frames, named)
 		if n < len(rows) {
 			rows[n] = row
 		} else {
@@ -141,7 +133,7 @@ func (p *Profiler) EachRow(fn func(*Row)) time.Time {
 	p.mu.Unlock()
 	const chunk = 1024
 	rows := make([]Row, chunk)
-	containers := map[uint32]k8smeta.Container{} // named once per process
+	named := map[uint32]k8smeta.Container{}
 	for len(keys) > 0 {
 		n := 0
 		p.mu.Lock()
@@ -150,13 +142,7 @@ func (p *Profiler) EachRow(fn func(*Row)) time.Time {
 			if !ok {
 				continue
 			}
-			container, ok := containers[k.PID]
-			if !ok {
-				container = p.containers[k.PID].Named(p.cfg.Pods)
-				containers[k.PID] = container
-			}
-			rows[n] = Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: container,
-				Frames: p.appendFrames(rows[n].Frames[:0], k.Stack), Counters: c}
+			rows[n] = p.row(k, c, rows[n].Frames[:0], named)
 			n++
 		}
 		p.mu.Unlock()
@@ -166,6 +152,18 @@ func (p *Profiler) EachRow(fn func(*Row)) time.Time {
 		}
 	}
 	return listed
+}
+
+// row is the report row of key k, its frames appended to frames. named
+// holds each process's pod and container, named once per listing.
+func (p *Profiler) row(k accounting.Key, c accounting.Counters, frames []*symbolize.Frame, named map[uint32]k8smeta.Container) Row {
+	container, ok := named[k.PID]
+	if !ok {
+		container = p.containers[k.PID].Named(p.cfg.Pods)
+		named[k.PID] = container
+	}
+	return Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: container,
+		Frames: p.appendFrames(frames, k.Stack), Counters: c}
 }
 
 // onGPU says whether a row is on the devices the report is limited to.
