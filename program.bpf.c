@@ -296,11 +296,6 @@ static __always_inline void forget_process(__u32 pid)
 static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 aux)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 pid = id >> 32;
-
-	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
-		return 0;
-
 	struct gpumem_calls *calls = bpf_map_lookup_elem(&inflight, &id);
 	if (!calls) {
 		static const struct gpumem_calls none;
@@ -747,47 +742,44 @@ static __always_inline int report_allocation(struct pt_regs *ctx, const struct g
 	return 0;
 }
 
+/* report_address sends an event that names one address: a free, at its
+ * entry, before the driver could hand the pointer out again, so that user
+ * space orders a free and a reuse of the same pointer racing on two
+ * threads; or the handle a retain returned. A free has no return probe: one
+ * trap fewer per pair. Its result is not read: a refused free is a free of
+ * a pointer gpu-mem never saw allocated, an unknown free to user space. */
+static __always_inline int report_address(__u16 op, __u64 address, bool stock_ig)
+{
+	__u32 zero = 0;
+	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e)
+		return 0;
+	begin_event(e, op, 0, stock_ig);
+	e->timestamp = bpf_ktime_get_ns();
+	e->address = address;
+	e->bytes = 0;
+	if (stock_ig && aggregate && gpumem_op_is_free(op))
+		release(e);
+	output(e, offsetof(struct gpumem_event, pystack));
+	return 0;
+}
+
 /* report_retain sends the handle a successful cuMemRetainAllocationHandle
  * returned: it will be released once more. A refused one changes nothing.
  * Stock IG's per-function programs leave it out: their in-kernel totals
  * release a handle at its first cuMemRelease. */
 static __always_inline int report_retain(struct pt_regs *ctx, const struct gpumem_call *call)
 {
-	__u32 zero = 0;
-	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	if (!e || PT_REGS_RC(ctx) != 0)
+	__u64 handle;
+	if (PT_REGS_RC(ctx) != 0)
 		return 0;
-	begin_event(e, call->op, 0, false);
-	e->timestamp = bpf_ktime_get_ns();
-	e->bytes = 0;
-	if (bpf_probe_read_user(&e->address, sizeof(e->address), (void *)call->target)) {
+	if (bpf_probe_read_user(&handle, sizeof(handle), (void *)call->target)) {
 		count_loss(GPUMEM_LOSS_READ_RESULT);
 		return 0;
 	}
-	output(e, offsetof(struct gpumem_event, pystack));
-	return 0;
+	return report_address(call->op, handle, false);
 }
 
-/* report_free sends a free at its entry, before the driver could hand the
- * pointer out again, so that user space orders a free and a reuse of the
- * same pointer racing on two threads. A free has no return probe: one trap
- * fewer per pair. Its result is not read: a refused free is a free of a
- * pointer gpu-mem never saw allocated, an unknown free to user space. */
-static __always_inline int report_free(__u16 op, __u64 ptr, bool stock_ig)
-{
-	__u32 zero = 0;
-	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	if (!e || !ptr)
-		return 0; /* a free of a null pointer frees nothing (XLA, NCCL and PyTorch make them) */
-	begin_event(e, op, 0, stock_ig);
-	e->timestamp = bpf_ktime_get_ns();
-	e->address = ptr;
-	e->bytes = 0;
-	if (stock_ig && aggregate)
-		release(e);
-	output(e, offsetof(struct gpumem_event, pystack));
-	return 0;
-}
 
 /* Thread exit: drop a call the thread never returned from; on the last
  * thread of a traced process, report the exit so that user space releases
@@ -835,13 +827,14 @@ int gpumem_exit(void *ctx)
 static __always_inline int enter_op(struct pt_regs *ctx, __u16 op, bool stock_ig)
 {
 	__u64 target = PT_REGS_PARM1(ctx);
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 
-	if (gpumem_op_is_free(op)) {
-		__u32 pid = bpf_get_current_pid_tgid() >> 32;
-		if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
-			return 0;
-		return report_free(op, target, stock_ig);
-	}
+	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+		return 0;
+	/* A free is sent at its entry; one of a null pointer frees nothing
+	 * (XLA, NCCL and PyTorch make them). */
+	if (gpumem_op_is_free(op))
+		return target ? report_address(op, target, stock_ig) : 0;
 	switch (op) {
 	case GPUMEM_OP_MEM_ALLOC_PITCH:
 		/* (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) */
