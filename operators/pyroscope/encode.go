@@ -137,14 +137,10 @@ func (s *seriesProfile) mapping(module string) uint64 {
 		id = uint64(len(s.mappings) + 1)
 		s.mappings[module] = id
 		var m []byte
-		m = protowire.AppendTag(m, mappingID, protowire.VarintType)
-		m = protowire.AppendVarint(m, id)
-		m = protowire.AppendTag(m, mappingFilename, protowire.VarintType)
-		m = protowire.AppendVarint(m, s.str(module))
-		m = protowire.AppendTag(m, mappingHasFunctions, protowire.VarintType)
-		m = protowire.AppendVarint(m, 1)
-		s.tables = protowire.AppendTag(s.tables, profMapping, protowire.BytesType)
-		s.tables = protowire.AppendBytes(s.tables, m)
+		m = varintField(m, mappingID, id)
+		m = varintField(m, mappingFilename, s.str(module))
+		m = varintField(m, mappingHasFunctions, 1)
+		s.tables = bytesField(s.tables, profMapping, m)
 	}
 	return id
 }
@@ -156,16 +152,11 @@ func (s *seriesProfile) function(name, file string) uint64 {
 		id = uint64(len(s.functions) + 1)
 		s.functions[key] = id
 		var f []byte
-		f = protowire.AppendTag(f, functionID, protowire.VarintType)
-		f = protowire.AppendVarint(f, id)
-		f = protowire.AppendTag(f, functionName, protowire.VarintType)
-		f = protowire.AppendVarint(f, s.str(name))
-		f = protowire.AppendTag(f, functionSystemName, protowire.VarintType)
-		f = protowire.AppendVarint(f, s.str(name))
-		f = protowire.AppendTag(f, functionFilename, protowire.VarintType)
-		f = protowire.AppendVarint(f, s.str(file))
-		s.tables = protowire.AppendTag(s.tables, profFunction, protowire.BytesType)
-		s.tables = protowire.AppendBytes(s.tables, f)
+		f = varintField(f, functionID, id)
+		f = varintField(f, functionName, s.str(name))
+		f = varintField(f, functionSystemName, s.str(name))
+		f = varintField(f, functionFilename, s.str(file))
+		s.tables = bytesField(s.tables, profFunction, f)
 	}
 	return id
 }
@@ -183,25 +174,18 @@ func (s *seriesProfile) location(f *symbolize.Frame) uint64 {
 			file = filepath.Base(f.Module)
 		}
 		var line []byte
-		line = protowire.AppendTag(line, lineFunctionID, protowire.VarintType)
-		line = protowire.AppendVarint(line, s.function(key.function, file))
+		line = varintField(line, lineFunctionID, s.function(key.function, file))
 		if f.Line != 0 {
-			line = protowire.AppendTag(line, lineLine, protowire.VarintType)
-			line = protowire.AppendVarint(line, uint64(f.Line))
+			line = varintField(line, lineLine, uint64(f.Line))
 		}
 		var l []byte
-		l = protowire.AppendTag(l, locationID, protowire.VarintType)
-		l = protowire.AppendVarint(l, id)
-		l = protowire.AppendTag(l, locationMappingID, protowire.VarintType)
-		l = protowire.AppendVarint(l, s.mapping(f.Module))
+		l = varintField(l, locationID, id)
+		l = varintField(l, locationMappingID, s.mapping(f.Module))
 		if f.Address != 0 {
-			l = protowire.AppendTag(l, locationAddress, protowire.VarintType)
-			l = protowire.AppendVarint(l, f.Address)
+			l = varintField(l, locationAddress, f.Address)
 		}
-		l = protowire.AppendTag(l, locationLine, protowire.BytesType)
-		l = protowire.AppendBytes(l, line)
-		s.tables = protowire.AppendTag(s.tables, profLocation, protowire.BytesType)
-		s.tables = protowire.AppendBytes(s.tables, l)
+		l = bytesField(l, locationLine, line)
+		s.tables = bytesField(s.tables, profLocation, l)
 	}
 	return id
 }
@@ -241,12 +225,9 @@ func (s *seriesProfile) appendLabels(b []byte, row *profiler.Row) []byte {
 			return
 		}
 		var l []byte
-		l = protowire.AppendTag(l, labelKey, protowire.VarintType)
-		l = protowire.AppendVarint(l, s.str(key))
-		l = protowire.AppendTag(l, labelStr, protowire.VarintType)
-		l = protowire.AppendVarint(l, s.str(value))
-		b = protowire.AppendTag(b, sampleLabel, protowire.BytesType)
-		b = protowire.AppendBytes(b, l)
+		l = varintField(l, labelKey, s.str(key))
+		l = varintField(l, labelStr, s.str(value))
+		b = bytesField(b, sampleLabel, l)
 	}
 	add("comm", row.Comm)
 	add("kind", row.Kind.String())
@@ -262,12 +243,9 @@ func (s *seriesProfile) appendLabels(b []byte, row *profiler.Row) []byte {
 		add("gpu_name", row.Device.Name)
 	}
 	var l []byte
-	l = protowire.AppendTag(l, labelKey, protowire.VarintType)
-	l = protowire.AppendVarint(l, s.str("pid"))
-	l = protowire.AppendTag(l, labelNum, protowire.VarintType)
-	l = protowire.AppendVarint(l, uint64(row.PID))
-	b = protowire.AppendTag(b, sampleLabel, protowire.BytesType)
-	return protowire.AppendBytes(b, l)
+	l = varintField(l, labelKey, s.str("pid"))
+	l = varintField(l, labelNum, uint64(row.PID))
+	return bytesField(b, sampleLabel, l)
 }
 
 // begin starts an interval's profile; row is its first row.
@@ -298,10 +276,8 @@ func (s *seriesProfile) add(row *profiler.Row, interval uint64) {
 		protowire.SizeTag(sampleValue) + protowire.SizeBytes(len(packed)) + len(s.labels)
 	b := protowire.AppendTag(s.samples, profSample, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(size))
-	b = protowire.AppendTag(b, sampleLocationID, protowire.BytesType)
-	b = protowire.AppendBytes(b, rs.locations)
-	b = protowire.AppendTag(b, sampleValue, protowire.BytesType)
-	b = protowire.AppendBytes(b, packed)
+	b = bytesField(b, sampleLocationID, rs.locations)
+	b = bytesField(b, sampleValue, packed)
 	s.samples = append(b, s.labels...)
 }
 
@@ -330,18 +306,13 @@ func (e *encoder) finish(s *seriesProfile, t time.Time, duration time.Duration) 
 		raw = appendValueType(raw, profSampleType, s.str(st[0]), s.str(st[1]))
 	}
 	raw = append(raw, s.tables...)
-	raw = protowire.AppendTag(raw, profTimeNanos, protowire.VarintType)
-	raw = protowire.AppendVarint(raw, uint64(t.UnixNano()))
-	raw = protowire.AppendTag(raw, profDurationNanos, protowire.VarintType)
-	raw = protowire.AppendVarint(raw, uint64(duration.Nanoseconds()))
+	raw = varintField(raw, profTimeNanos, uint64(t.UnixNano()))
+	raw = varintField(raw, profDurationNanos, uint64(duration.Nanoseconds()))
 	raw = appendValueType(raw, profPeriodType, s.str("space"), s.str("bytes"))
-	raw = protowire.AppendTag(raw, profPeriod, protowire.VarintType)
-	raw = protowire.AppendVarint(raw, 1)
-	raw = protowire.AppendTag(raw, profDefaultType, protowire.VarintType)
-	raw = protowire.AppendVarint(raw, s.str("inuse_space"))
+	raw = varintField(raw, profPeriod, 1)
+	raw = varintField(raw, profDefaultType, s.str("inuse_space"))
 	for _, v := range s.stringList {
-		raw = protowire.AppendTag(raw, profStringTable, protowire.BytesType)
-		raw = protowire.AppendString(raw, v)
+		raw = protowire.AppendString(protowire.AppendTag(raw, profStringTable, protowire.BytesType), v)
 	}
 	e.raw = raw // for the next profile
 	e.gz.Reset()
@@ -361,10 +332,17 @@ func (e *encoder) finish(s *seriesProfile, t time.Time, duration time.Duration) 
 
 func appendValueType(b []byte, field protowire.Number, typ, unit uint64) []byte {
 	var v []byte
-	v = protowire.AppendTag(v, valueTypeType, protowire.VarintType)
-	v = protowire.AppendVarint(v, typ)
-	v = protowire.AppendTag(v, valueTypeUnit, protowire.VarintType)
-	v = protowire.AppendVarint(v, unit)
-	b = protowire.AppendTag(b, field, protowire.BytesType)
-	return protowire.AppendBytes(b, v)
+	v = varintField(v, valueTypeType, typ)
+	v = varintField(v, valueTypeUnit, unit)
+	return bytesField(b, field, v)
+}
+
+// varintField appends field n of value v.
+func varintField(b []byte, n protowire.Number, v uint64) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(b, n, protowire.VarintType), v)
+}
+
+// bytesField appends field n holding v (a string or an embedded message).
+func bytesField(b []byte, n protowire.Number, v []byte) []byte {
+	return protowire.AppendBytes(protowire.AppendTag(b, n, protowire.BytesType), v)
 }
