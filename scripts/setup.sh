@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing gpu-mem needs on Debian 12 (as root):
 # clang 19 and LLVM for the BPF object, a C toolchain for the simulated
-# driver, allocator and workloads (sys/sdt.h for the USDT notes), Chromium for the flame graph's browser test, the Go
+# driver, allocator and workloads (sys/sdt.h for the USDT notes), Chromium for the flame graph's browser test,
+# libtorch1.13 for a real large C++ library to symbolize (tests, bench), the Go
 # modules, and IG's headers where its local image builder looks. Safe to run
 # again.
 set -euo pipefail
 
-packages=(clang-19 llvm-19 libbpf-dev bpftool gcc g++ make util-linux chromium systemtap-sdt-dev)
+packages=(clang-19 llvm-19 libbpf-dev bpftool gcc g++ make util-linux chromium systemtap-sdt-dev libtorch1.13)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

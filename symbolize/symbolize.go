@@ -1,12 +1,17 @@
 // Package symbolize turns user return addresses into function names, from
 // the ELF symbol tables (.symtab and .dynsym) of the files a process maps.
+//
+// Libraries such as libtorch carry hundreds of thousands of C++ symbols, and
+// a stack hits a handful: a file is mapped, not read; its function symbols
+// become a flat index of address, size and name offset when a stack first
+// hits the file; a name is read and demangled when a stack hits its symbol.
 package symbolize
 
 import (
 	"bufio"
 	"bytes"
 	"cmp"
-	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,7 +20,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/ianlancetaylor/demangle"
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/discover"
@@ -43,24 +47,82 @@ func (f Frame) Name() string {
 	return fmt.Sprintf("%s+0x%x", filepath.Base(f.Module), f.Address)
 }
 
-// Symbolizer caches each process's mappings and each file's symbols (by
-// device and inode, so a library shared by many processes is read once).
+// Symbolizer caches each process's mappings and a symbol table per mapped
+// file, shared by every process mapping it (keyed by build ID, else by
+// device and inode). A table costs its file's mapping until a stack hits
+// it; then an index of its function symbols and the names hit, bounded in
+// all by MaxTableBytes. A table goes when no process holding it is left.
 type Symbolizer struct {
 	procRoot string
+	maxBytes int64
 
-	mu    sync.Mutex
-	procs map[uint32][]mapping
-	files map[string]*elfSymbols
+	mu     sync.Mutex
+	procs  map[uint32]*process
+	tables map[string]*table // by table key
+	files  map[string]*table // by fileID of a mapped file
+	clock  uint64            // counts table uses, for the LRU
+}
+
+// process is what is cached of one process.
+type process struct {
+	maps   []mapping       // executable mappings, sorted by address
+	tables map[*table]bool // the tables it holds a reference on
 }
 
 type mapping struct {
 	discover.Mapping
-	file *elfSymbols // nil until needed
+	failed bool // its file could not be read: frames stay module+offset
+}
+
+// DefaultMaxTableBytes bounds the heap the tables hold (indexes and names)
+// unless MaxTableBytes says otherwise. The mapped files are not counted:
+// they are page cache, shared with the processes that map them.
+const DefaultMaxTableBytes = 64 << 20
+
+// Option configures a Symbolizer.
+type Option func(*Symbolizer)
+
+// MaxTableBytes bounds the heap held by the tables' indexes and names. Past
+// it, the least recently used tables not in use drop theirs, to be built
+// again when a stack hits them.
+func MaxTableBytes(n int64) Option {
+	return func(s *Symbolizer) { s.maxBytes = n }
 }
 
 // New returns a Symbolizer reading processes under procRoot (/proc).
-func New(procRoot string) *Symbolizer {
-	return &Symbolizer{procRoot: procRoot, procs: map[uint32][]mapping{}, files: map[string]*elfSymbols{}}
+func New(procRoot string, opts ...Option) *Symbolizer {
+	s := &Symbolizer{
+		procRoot: procRoot,
+		maxBytes: DefaultMaxTableBytes,
+		procs:    map[uint32]*process{},
+		tables:   map[string]*table{},
+		files:    map[string]*table{},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Stats is what the symbol tables hold.
+type Stats struct {
+	Tables      int   // tables, one per distinct file hit
+	IndexBytes  int64 // heap of their address indexes
+	NameBytes   int64 // heap of the demangled names kept
+	MappedBytes int64 // their files' mappings: page cache, not heap
+}
+
+// Stats returns what the tables hold now.
+func (s *Symbolizer) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{Tables: len(s.tables)}
+	for _, t := range s.tables {
+		st.IndexBytes += t.indexBytes.Load()
+		st.NameBytes += t.nameBytes.Load()
+		st.MappedBytes += int64(len(t.data))
+	}
+	return st
 }
 
 // Frames symbolizes return addresses of process pid, innermost first. Each
@@ -69,24 +131,21 @@ func New(procRoot string) *Symbolizer {
 // address can be there, so the frame-pointer chain had gone through code
 // built without frame pointers, and nothing beyond it is a caller. A
 // process whose maps cannot be read keeps every address, unresolved.
+//
+// Files are opened and indexes built without holding the lock Track and
+// Forget take.
 func (s *Symbolizer) Frames(pid uint32, addrs []uint64) []Frame {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	frames := make([]Frame, 0, len(addrs))
-	reloaded := false
-	for _, addr := range addrs {
-		m := s.lookupMapping(pid, addr-1)
-		if m == nil && !reloaded {
-			// Libraries loaded since the maps were read (dlopen).
-			s.loadMaps(pid)
-			reloaded = true
-			m = s.lookupMapping(pid, addr-1)
+	maps := s.mappingsOf(pid, addrs)
+	frames := make([]Frame, len(maps))
+	var pinned []*table
+	for i, m := range maps {
+		var t *table
+		frames[i], t = s.frame(pid, m, addrs[i]-1)
+		if t != nil {
+			pinned = append(pinned, t)
 		}
-		if m == nil && len(s.procs[pid]) > 0 {
-			break
-		}
-		frames = append(frames, s.frame(pid, m, addr-1))
 	}
+	s.unpin(pinned)
 	return frames
 }
 
@@ -100,37 +159,71 @@ func (s *Symbolizer) Track(pid uint32) {
 	}
 }
 
-// Forget drops what is cached for a process that exited.
+// Forget drops what is cached for a process that exited, and the tables no
+// process holds any more.
 func (s *Symbolizer) Forget(pid uint32) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.procs[pid]
 	delete(s.procs, pid)
-	s.mu.Unlock()
+	if p == nil {
+		return
+	}
+	for t := range p.tables {
+		t.refs--
+		s.dropIfUnused(t)
+	}
 }
 
-func (s *Symbolizer) frame(pid uint32, m *mapping, addr uint64) Frame {
+// mappingsOf finds the mapping of each address, up to the first outside
+// executable memory (nil entries: the maps could not be read).
+func (s *Symbolizer) mappingsOf(pid uint32, addrs []uint64) []*mapping {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	maps := make([]*mapping, 0, len(addrs))
+	reloaded := false
+	for _, addr := range addrs {
+		m := s.lookupMapping(pid, addr-1)
+		if m == nil && !reloaded {
+			// Libraries loaded since the maps were read (dlopen).
+			s.loadMaps(pid)
+			reloaded = true
+			m = s.lookupMapping(pid, addr-1)
+		}
+		if m == nil && s.procs[pid] != nil && len(s.procs[pid].maps) > 0 {
+			break
+		}
+		maps = append(maps, m)
+	}
+	return maps
+}
+
+// frame names one address; it returns the table it pinned, if any.
+func (s *Symbolizer) frame(pid uint32, m *mapping, addr uint64) (Frame, *table) {
 	if m == nil {
-		return Frame{Address: addr}
+		return Frame{Address: addr}, nil
 	}
 	if !strings.HasPrefix(m.Path, "/") {
 		// Anonymous executable memory: code generated at run time.
-		return Frame{Module: cmp.Or(m.Path, "[anon]"), Address: addr - m.Start}
-	}
-	if m.file == nil {
-		m.file = s.open(pid, m)
+		return Frame{Module: cmp.Or(m.Path, "[anon]"), Address: addr - m.Start}, nil
 	}
 	f := Frame{Module: m.Path, Address: addr - m.Start + m.Offset}
-	if m.file != nil {
-		if vaddr, ok := m.file.fileOffsetToVaddr(addr - m.Start + m.Offset); ok {
-			f.Address = vaddr
-			f.Function = m.file.lookup(vaddr)
-		}
+	t := s.tableOf(pid, m)
+	if t == nil {
+		return f, nil
 	}
-	return f
+	if vaddr, ok := t.fileOffsetToVaddr(f.Address); ok {
+		f.Address = vaddr
+		f.Function = t.name(vaddr)
+	}
+	return f, t
 }
 
 func (s *Symbolizer) lookupMapping(pid uint32, addr uint64) *mapping {
-	maps, ok := s.procs[pid]
-	if !ok {
+	var maps []mapping
+	if p, ok := s.procs[pid]; ok {
+		maps = p.maps
+	} else {
 		maps = s.loadMaps(pid)
 	}
 	i := sort.Search(len(maps), func(i int) bool { return maps[i].End > addr })
@@ -140,11 +233,17 @@ func (s *Symbolizer) lookupMapping(pid uint32, addr uint64) *mapping {
 	return nil
 }
 
+// loadMaps reads a process's executable mappings. The tables it holds stay
+// held: stacks taken before a library was unloaded may still name it.
 func (s *Symbolizer) loadMaps(pid uint32) []mapping {
+	p := s.procs[pid]
 	data, err := os.ReadFile(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
 	if err != nil {
 		// Gone: keep what was cached, the process's frames resolve from it.
-		return s.procs[pid]
+		if p == nil {
+			return nil
+		}
+		return p.maps
 	}
 	var maps []mapping
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -153,95 +252,139 @@ func (s *Symbolizer) loadMaps(pid uint32) []mapping {
 			maps = append(maps, mapping{Mapping: m})
 		}
 	}
-	s.procs[pid] = maps
+	if p == nil {
+		p = &process{tables: map[*table]bool{}}
+		s.procs[pid] = p
+	}
+	p.maps = maps
 	return maps
 }
 
-// open reads a mapped file's symbols once per device and inode. The file is
-// opened through /proc/PID/map_files, which reaches files in containers and
-// files replaced on disk since they were mapped; once the process is gone,
-// at its path, if the file there is still the one that was mapped.
-func (s *Symbolizer) open(pid uint32, m *mapping) *elfSymbols {
-	id := m.Dev + "/" + strconv.FormatUint(m.Inode, 10)
-	if f, ok := s.files[id]; ok {
-		return f
+// tableOf returns the table of a mapping's file, pinned for the caller, or
+// nil when the file cannot be read. A file not seen before is opened
+// without the lock held; two callers racing to open one file both open it,
+// and the second keeps the first's table.
+func (s *Symbolizer) tableOf(pid uint32, m *mapping) *table {
+	id := fileID(m.Dev, m.Inode)
+	s.mu.Lock()
+	t := s.files[id]
+	if t != nil || m.failed {
+		defer s.mu.Unlock()
+		return s.use(pid, t)
 	}
+	s.mu.Unlock()
+
+	opened, err := s.open(pid, m)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		m.failed = true
+		return nil
+	}
+	return s.use(pid, s.add(id, opened))
+}
+
+// open maps a mapping's file, through /proc/PID/map_files, which reaches
+// files in containers and files replaced on disk since they were mapped;
+// once the process is gone, at its path, if the file there is still the
+// one that was mapped.
+func (s *Symbolizer) open(pid uint32, m *mapping) (*table, error) {
+	proc := filepath.Join(s.procRoot, strconv.Itoa(int(pid)))
 	paths := []string{
-		filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "map_files", fmt.Sprintf("%x-%x", m.Start, m.End)),
-		filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "root", m.Path),
+		filepath.Join(proc, "map_files", fmt.Sprintf("%x-%x", m.Start, m.End)),
+		filepath.Join(proc, "root", m.Path),
 	}
 	if sameFile(m.Path, m.Dev, m.Inode) {
 		paths = append(paths, m.Path)
 	}
-	var syms *elfSymbols
+	var errs []error
 	for _, p := range paths {
-		if f, err := readELFSymbols(p); err == nil {
-			syms = f
-			break
+		t, err := openTable(p, m.Dev, m.Inode)
+		if err == nil {
+			return t, nil
 		}
+		errs = append(errs, err)
 	}
-	// A file that cannot be read is remembered too: its frames stay
-	// module+offset instead of being retried on every stack.
-	s.files[id] = syms
-	return syms
+	return nil, fmt.Errorf("open %s: %w", m.Path, errors.Join(errs...))
 }
 
-type symbol struct {
-	value, size uint64
-	name        string
+// add registers a table just opened for file id, unless another file with
+// the same build ID, or this same file opened meanwhile, has one already.
+func (s *Symbolizer) add(id string, t *table) *table {
+	if held := cmp.Or(s.files[id], s.tables[t.key]); held != nil {
+		t.close()
+		t = held
+	} else {
+		s.tables[t.key] = t
+	}
+	if s.files[id] == nil {
+		s.files[id] = t
+		t.files = append(t.files, id)
+	}
+	return t
 }
 
-type elfSymbols struct {
-	loads   []elf.ProgHeader
-	symbols []symbol // sorted by value
+// use pins t for the caller and has the process hold it (nil t: nothing).
+func (s *Symbolizer) use(pid uint32, t *table) *table {
+	if t == nil {
+		return nil
+	}
+	t.pins++
+	s.clock++
+	t.used = s.clock
+	// A process forgotten meanwhile holds nothing: the pin alone keeps the
+	// table until the caller is done.
+	if p := s.procs[pid]; p != nil && !p.tables[t] {
+		p.tables[t] = true
+		t.refs++
+	}
+	return t
 }
 
-func readELFSymbols(path string) (*elfSymbols, error) {
-	f, err := elf.Open(path)
-	if err != nil {
-		return nil, err
+// unpin ends a Frames call's use of its tables, then keeps the heap within
+// the bound.
+func (s *Symbolizer) unpin(tables []*table) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range tables {
+		t.pins--
+		s.dropIfUnused(t)
 	}
-	defer f.Close()
-	e := &elfSymbols{}
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_LOAD {
-			e.loads = append(e.loads, p.ProgHeader)
-		}
+	s.trimToBound()
+}
+
+func (s *Symbolizer) dropIfUnused(t *table) {
+	if t.refs > 0 || t.pins > 0 {
+		return
 	}
-	seen := map[uint64]bool{}
-	for _, read := range []func() ([]elf.Symbol, error){f.Symbols, f.DynamicSymbols} {
-		syms, _ := read() // a missing table is not an error: stripped files have none
-		for _, sym := range syms {
-			if elf.ST_TYPE(sym.Info) != elf.STT_FUNC || sym.Value == 0 || seen[sym.Value] {
-				continue
+	delete(s.tables, t.key)
+	for _, id := range t.files {
+		delete(s.files, id)
+	}
+	t.close()
+}
+
+// trimToBound drops the indexes and names of the least recently used tables
+// not in use, until the heap they hold is within the bound. Each step trims
+// one table, so it ends within len(s.tables) steps.
+func (s *Symbolizer) trimToBound() {
+	var held int64
+	for _, t := range s.tables {
+		held += t.heapBytes()
+	}
+	for held > s.maxBytes {
+		var oldest *table
+		for _, t := range s.tables {
+			if t.pins == 0 && t.heapBytes() > 0 && (oldest == nil || t.used < oldest.used) {
+				oldest = t
 			}
-			seen[sym.Value] = true
-			e.symbols = append(e.symbols, symbol{value: sym.Value, size: sym.Size, name: demangle.Filter(sym.Name, demangle.NoParams)})
 		}
-	}
-	sort.Slice(e.symbols, func(i, j int) bool { return e.symbols[i].value < e.symbols[j].value })
-	return e, nil
-}
-
-func (e *elfSymbols) fileOffsetToVaddr(off uint64) (uint64, bool) {
-	for _, p := range e.loads {
-		if p.Off <= off && off < p.Off+p.Filesz {
-			return off - p.Off + p.Vaddr, true
+		if oldest == nil {
+			return
 		}
+		held -= oldest.heapBytes()
+		oldest.trim()
 	}
-	return 0, false
-}
-
-func (e *elfSymbols) lookup(vaddr uint64) string {
-	i := sort.Search(len(e.symbols), func(i int) bool { return e.symbols[i].value > vaddr }) - 1
-	if i < 0 {
-		return ""
-	}
-	sym := e.symbols[i]
-	if sym.size != 0 && vaddr >= sym.value+sym.size {
-		return ""
-	}
-	return sym.name
 }
 
 // sameFile says whether path is the file with the device (major:minor, as

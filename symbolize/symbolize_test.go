@@ -105,9 +105,14 @@ func TestUnresolvedFrameKeepsModuleAndOffset(t *testing.T) {
 }
 
 func TestLookupStaysInsideSymbols(t *testing.T) {
-	e := &elfSymbols{symbols: []symbol{{value: 0x100, size: 0x10, name: "f"}, {value: 0x200, name: "sizeless"}}}
+	x := index{{addr: 0x100, size: 0x10}, {addr: 0x200}}
+	names := []string{"f", "sizeless"}
 	for addr, want := range map[uint64]string{0xff: "", 0x100: "f", 0x10f: "f", 0x110: "", 0x250: "sizeless"} {
-		if got := e.lookup(addr); got != want {
+		got := ""
+		if i, ok := x.find(addr); ok {
+			got = names[i]
+		}
+		if got != want {
 			t.Errorf("%#x: %q, want %q", addr, got, want)
 		}
 	}
