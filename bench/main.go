@@ -21,7 +21,7 @@ var (
 	smoke   = flag.Bool("smoke", false, "a short run that checks the harness, not the figures")
 	out     = flag.String("o", "BENCHMARKS.md", "where to write the results")
 	repo    = flag.String("repo", ".", "the repository root (build/sim and bin/ built)")
-	only    = flag.String("only", "", "run one section: costs, rates, agent, latency or load")
+	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load or symbols")
 	runs    = 5
 	simLib  string
 	simwork string
@@ -40,9 +40,11 @@ func main() {
 	simwork = filepath.Join(root, "build/sim/simwork")
 	gpumem = filepath.Join(root, "bin/gpumem")
 	lean = filepath.Join(root, "bin/gpumem-lean")
-	for _, f := range []string{simLib, simwork, gpumem, lean} {
-		if _, err := os.Stat(f); err != nil {
-			fatalf("%s missing: run make build sim first", f)
+	if *only != "symbols" { // the one section that needs no build
+		for _, f := range []string{simLib, simwork, gpumem, lean} {
+			if _, err := os.Stat(f); err != nil {
+				fatalf("%s missing: run make build sim first", f)
+			}
 		}
 	}
 
@@ -57,6 +59,7 @@ func main() {
 		{"agent", "Agent CPU and memory", agentFootprint},
 		{"latency", "Attach latency", attachLatency},
 		{"load", "Load time of the BPF object", func() string { return loadTimes(root) }},
+		{"symbols", "Naming the first stack through large C++ libraries", symbolsFirstStack},
 	} {
 		if *only == "" || *only == s.name {
 			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
