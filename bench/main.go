@@ -59,7 +59,7 @@ func main() {
 		{"agent", "Agent CPU and memory", agentFootprint},
 		{"latency", "Attach latency", attachLatency},
 		{"load", "Load time of the BPF object", func() string { return loadTimes(root) }},
-		{"symbols", "Naming the first stack through large C++ libraries", symbolsFirstStack},
+		{"symbols", "Naming the first stack through large C++ libraries", func() string { return symbolsFirstStack(root) }},
 	} {
 		if *only == "" || *only == s.name {
 			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)

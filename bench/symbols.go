@@ -2,6 +2,7 @@ package main
 
 import (
 	"debug/elf"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,11 +20,16 @@ import (
 
 // symbolLibs are real large C++ libraries: stacks of PyTorch workloads run
 // through libraries like these (libtorch_cuda, cuDNN, cuBLAS), where the
-// simulated driver has a handful of symbols.
-var symbolLibs = []struct{ name, path string }{
+// simulated driver has a handful of symbols. -symbol-libs measures others,
+// such as a GPU node's own.
+var symbolLibs = []symbolLib{
 	{"libtorch_cpu.so.1.13", "/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13"},
 	{"libLLVM-19", "/usr/lib/llvm-19/lib/libLLVM-19.so"},
 }
+
+type symbolLib struct{ name, path string }
+
+var symbolLibPaths = flag.String("symbol-libs", "", "comma-separated libraries for the symbols section, instead of libtorch_cpu 1.13 and libLLVM-19")
 
 const (
 	symbolsPID   = 1
@@ -45,13 +51,19 @@ type symbolStack struct {
 // Symbolizer maps each library, builds its index and names the frames hit;
 // the old way read and demangled every symbol first. Both name the same
 // frames the same way (checked), with the files in the page cache.
-func symbolsFirstStack() string {
+func symbolsFirstStack(root string) string {
+	if *symbolLibPaths != "" {
+		symbolLibs = nil
+		for _, p := range strings.Split(*symbolLibPaths, ",") {
+			symbolLibs = append(symbolLibs, symbolLib{filepath.Base(p), p})
+		}
+	}
 	dir, err := os.MkdirTemp("", "gpumem-bench-symbols")
 	check(err)
 	defer os.RemoveAll(dir)
 	var b strings.Builder
-	b.WriteString("A fresh symbolizer names a stack of 32 frames (mid-function return addresses spread over\n")
-	b.WriteString("the library's functions) through a real large C++ library, as the agent does for the first\n")
+	b.WriteString("A fresh symbolizer names a stack with 32 frames in each library (mid-function return addresses\n")
+	b.WriteString("spread over its functions) through real large C++ libraries, as the agent does for the first\n")
 	b.WriteString("stack through it: map the file, index its function symbols, read and demangle the names hit.\n")
 	b.WriteString("The eager way, the symbolizer before, read every symbol into Go strings and demangled all\n")
 	b.WriteString("of them first. Heap held: live heap with the tables kept, after a GC; allocated: all the\n")
@@ -63,11 +75,17 @@ func symbolsFirstStack() string {
 		all = append(all, i)
 		writeSymbolRows(&b, dir, []int{i})
 	}
-	both := writeSymbolRows(&b, dir, all)
-	fmt.Fprintf(&b, "\nTables held after the stack through both (`Symbolizer.Stats`): %d tables, %.2f MiB of index,\n",
-		both.Tables, mib(both.IndexBytes))
+	held := writeSymbolRows(&b, dir, all)
+	fmt.Fprintf(&b, "\nTables held after the stack through all of them (`Symbolizer.Stats`): %d tables, %.2f MiB of index,\n",
+		held.Tables, mib(held.IndexBytes))
 	fmt.Fprintf(&b, "%.1f KiB of names, %.0f MiB of files mapped (page cache shared with the processes, not heap).\n",
-		float64(both.NameBytes)/1024, mib(both.MappedBytes))
+		float64(held.NameBytes)/1024, mib(held.MappedBytes))
+	if *symbolLibPaths == "" {
+		// The same measure on the GPU machine, through torch's own libraries.
+		if data, err := os.ReadFile(filepath.Join(root, "bench/symbols-h200.md")); err == nil {
+			b.WriteString("\n" + string(data))
+		}
+	}
 	return b.String()
 }
 
@@ -95,7 +113,7 @@ func writeSymbolRows(b *strings.Builder, dir string, picked []int) symbolize.Sta
 	fmt.Fprintf(b, "| %s | %d | lazy (symbolize) | %.3f s | %.1f MiB | %.1f MiB | |\n", what, stack.functions, lazyT, mib(lazy.held), mib(lazy.allocated))
 	fmt.Fprintf(b, "| %s | %d | eager (every symbol) | %.3f s | %.1f MiB | %.1f MiB | %.0fx |\n", what, stack.functions, eagerT, mib(eager.held), mib(eager.allocated), eagerT/lazyT)
 	if len(picked) > 1 {
-		fmt.Fprintf(b, "\nTarget: the first stack through both named in at most 1 s (%s: %.3f s).\n", verdict(lazyT <= 1), lazyT)
+		fmt.Fprintf(b, "\nTarget: the first stack through all of them named in at most 1 s (%s: %.3f s).\n", verdict(lazyT <= 1), lazyT)
 	}
 	return st
 }
@@ -114,6 +132,9 @@ func newSymbolStack(dir string, picked []int) *symbolStack {
 		s.paths, s.bases = append(s.paths, path), append(s.bases, base)
 		writeMaps(&maps, path, base)
 		syms := readEagerly(path)
+		if len(syms) == 0 {
+			fatalf("symbols: %s has no function symbols", path)
+		}
 		s.functions += len(syms)
 		for k := range stackFrames {
 			sym := syms[k*len(syms)/stackFrames]
