@@ -84,7 +84,8 @@ type Option func(*Symbolizer)
 
 // MaxTableBytes bounds the heap held by the tables' indexes and names. Past
 // it, the least recently used tables not in use drop theirs, to be built
-// again when a stack hits them.
+// again when a stack hits them. A file whose index alone would pass it is
+// not indexed: its frames stay module+address.
 func MaxTableBytes(n int64) Option {
 	return func(s *Symbolizer) { s.maxBytes = n }
 }
@@ -299,7 +300,7 @@ func (s *Symbolizer) open(pid uint32, m *mapping) (*table, error) {
 	}
 	var errs []error
 	for _, p := range paths {
-		t, err := openTable(p, m.Dev, m.Inode)
+		t, err := openTable(p, m.Dev, m.Inode, s.maxBytes)
 		if err == nil {
 			return t, nil
 		}

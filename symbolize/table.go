@@ -23,9 +23,10 @@ import (
 // names live on the heap, are built when a stack first hits the file, and
 // may be dropped past the Symbolizer's memory bound, to be built again.
 type table struct {
-	key  string // "build-id:HEX", or "file:DEV/INODE" for a file without one
-	data []byte // the file, mapped read-only
-	elf  *elfFile
+	key        string // "build-id:HEX", or "file:DEV/INODE" for a file without one
+	data       []byte // the file, mapped read-only
+	elf        *elfFile
+	maxEntries int // a file with more functions is not indexed: its index alone would pass the bound
 
 	// Guarded by Symbolizer.mu.
 	files []string // the mapped files (fileID) that resolve to this table
@@ -61,8 +62,8 @@ const (
 type index []entry
 
 // openTable maps a file and reads its headers; the index is built later,
-// on the first name asked.
-func openTable(path, dev string, inode uint64) (*table, error) {
+// on the first name asked, if it fits in maxBytes.
+func openTable(path, dev string, inode uint64, maxBytes int64) (*table, error) {
 	data, err := mapFile(path)
 	if err != nil {
 		return nil, err
@@ -72,7 +73,7 @@ func openTable(path, dev string, inode uint64) (*table, error) {
 		unix.Munmap(data)
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	t := &table{key: "file:" + fileID(dev, inode), data: data, elf: e}
+	t := &table{key: "file:" + fileID(dev, inode), data: data, elf: e, maxEntries: int(min(maxBytes/entryBytes, math.MaxInt32))}
 	if e.buildID != nil {
 		t.key = "build-id:" + hex.EncodeToString(e.buildID)
 	}
@@ -164,7 +165,7 @@ func (t *table) name(vaddr uint64) (name string) {
 
 func (t *table) nameLocked(vaddr uint64) string {
 	if !t.indexed {
-		t.index = buildIndex(t.elf)
+		t.index = buildIndex(t.elf, t.maxEntries)
 		t.indexed = true
 		t.names = map[int32]string{}
 		t.indexBytes.Store(int64(cap(t.index)) * entryBytes)
@@ -187,8 +188,9 @@ func (t *table) nameLocked(vaddr uint64) string {
 // address. The first symbol at an address is kept, as the eager reader
 // did: aliases such as a constructor's C1 and C2 resolve to the first
 // listed. The index is sized by a first count of the functions, which the
-// file's size bounds (an entry is 16 bytes for a symbol's 16 or 24).
-func buildIndex(e *elfFile) index {
+// file's size bounds (an entry is 16 bytes for a symbol's 16 or 24); past
+// maxEntries (a file built to exhaust memory), the file gets no index.
+func buildIndex(e *elfFile, maxEntries int) index {
 	n := 0
 	for _, st := range e.symtabs {
 		for i := 1; i < st.count(); i++ {
@@ -196,6 +198,9 @@ func buildIndex(e *elfFile) index {
 				n++
 			}
 		}
+	}
+	if n > maxEntries {
+		return nil
 	}
 	x := make(index, 0, n)
 	for which, st := range e.symtabs {

@@ -334,6 +334,24 @@ func TestBoundTrimsTheLeastRecentlyUsedTable(t *testing.T) {
 	}
 }
 
+// A file whose index alone would pass the bound is not indexed, so that a
+// file made of symbols cannot take the heap.
+func TestFileOverTheBoundIsNotIndexed(t *testing.T) {
+	lib := buildLibrary(t, t.TempDir(), "libbig.so", 1)
+	syms := readEager(t, lib)
+	root := t.TempDir()
+	fakeProcess(t, root, 1, map[string]uint64{lib: base}, map[string][]elf.ProgHeader{lib: execSegments(t, lib)})
+	s := New(root, MaxTableBytes(entryBytes*int64(len(syms)-1)))
+	for _, f := range s.Frames(1, functionAddrs(syms, base)) {
+		if f.Function != "" || f.Address == 0 {
+			t.Errorf("frame %+v: want an address and no name", f)
+		}
+	}
+	if got := s.Stats(); got.Tables != 1 || got.IndexBytes != 0 || got.NameBytes != 0 {
+		t.Errorf("stats %+v, want a table with no index", got)
+	}
+}
+
 // Frames from one goroutine while another tracks and forgets processes of
 // the same file: every name right, and nothing held at the end (go test
 // -race checks the locking).
