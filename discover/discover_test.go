@@ -3,6 +3,7 @@ package discover
 import (
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -65,34 +66,31 @@ func TestPythonVersion(t *testing.T) {
 }
 
 // TestScanWhileProcessesExit scans /proc while short-lived processes come
-// and go: no error, no crash.
+// and go: no error, no crash. It scans until 100 processes have come and
+// gone during its scans, however slow the machine.
 func TestScanWhileProcessesExit(t *testing.T) {
 	stop := make(chan struct{})
-	spawned := make(chan int)
+	var spawned atomic.Int64
 	go func() {
-		n := 0
 		for {
 			select {
 			case <-stop:
-				spawned <- n
 				return
 			default:
 				exec.Command("true").Run()
-				n++
+				spawned.Add(1)
 			}
 		}
 	}()
-	deadline := time.Now().Add(2 * time.Second)
+	defer close(stop)
 	scans := 0
-	for time.Now().Before(deadline) {
+	for deadline := time.Now().Add(2 * time.Minute); spawned.Load() < 100 || scans < 2; scans++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d processes and %d scans", spawned.Load(), scans)
+		}
 		if _, err := Scan("/proc", nil); err != nil {
 			t.Fatalf("scan %d: %v", scans, err)
 		}
-		scans++
-	}
-	close(stop)
-	if n := <-spawned; n < 10 || scans < 2 {
-		t.Fatalf("only %d processes and %d scans", n, scans)
 	}
 	// A pid that does not exist is skipped, not an error.
 	if r, err := Scan("/proc", []int{os.Getpid(), 1 << 30}); err != nil || len(r.Libraries) != 0 || len(r.Python) != 0 {

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,13 +22,14 @@ import (
 type cli struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	stdout bytes.Buffer
-	lines  chan string
+	stdout syncBuffer
+	stderr *logBook
+	lines  chan string // stderr's lines, for tests that read them in turn
 }
 
 func startCLI(t *testing.T, args ...string) *cli {
 	t.Helper()
-	c := &cli{t: t, cmd: exec.Command(gpumem, args...), lines: make(chan string, 100)}
+	c := &cli{t: t, cmd: exec.Command(gpumem, args...), stderr: newLogBook(), lines: make(chan string, 1<<16)}
 	c.cmd.Stdout = &c.stdout
 	stderr, err := c.cmd.StderrPipe()
 	if err != nil {
@@ -40,17 +42,65 @@ func startCLI(t *testing.T, args ...string) *cli {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			t.Log("gpumem: " + sc.Text())
+			c.stderr.add(sc.Text())
 			c.lines <- sc.Text()
 		}
+		c.stderr.end()
 		close(c.lines)
 	}()
 	t.Cleanup(func() { c.cmd.Process.Kill(); c.cmd.Wait() })
 	return c
 }
 
+// waitStderr waits for a line of stderr containing want, said before the
+// call or after.
 func (c *cli) waitStderr(want string) {
 	c.t.Helper()
-	c.waitStderrValue(want)
+	c.stderr.wait(c.t, want)
+}
+
+// waitStderrValue waits for a line of stderr containing prefix and returns
+// what follows it.
+func (c *cli) waitStderrValue(prefix string) string {
+	c.t.Helper()
+	line := c.stderr.wait(c.t, prefix)[0]
+	_, v, _ := strings.Cut(line, prefix)
+	return v
+}
+
+// waitStdout waits until stdout matches pattern (a regular expression, per
+// line) and returns it.
+func (c *cli) waitStdout(pattern string) string {
+	c.t.Helper()
+	deadline := time.Now().Add(hangLimit)
+	for {
+		out := c.stdout.String()
+		if matchLine(out, pattern) {
+			return out
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("no output matching %q within %v:\n%s", pattern, hangLimit, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a command writes while a test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // interrupt stops the command as Ctrl-C would and waits for it.
@@ -195,9 +245,9 @@ func TestTopPlainLines(t *testing.T) {
 	w := startWorkload(t, nil, simwork, "hold", "5000000")
 	c := startCLI(t, "top", "--pid", strconv.Itoa(w.pid), "--interval", "200ms")
 	c.waitStderr("attached to")
-	time.Sleep(700 * time.Millisecond) // a refresh before the allocation: growth starts from nothing
+	c.waitStdout("PID +COMM") // a refresh before the allocation: growth starts from nothing
 	w.run()
-	time.Sleep(500 * time.Millisecond)
+	c.waitStdout(`^growing: `)
 	c.interrupt()
 	out := c.stdout.String()
 	if strings.Contains(out, "\033[") {

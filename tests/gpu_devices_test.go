@@ -18,8 +18,8 @@ const MiB = 1 << 20
 // _v3 and _v4, cuCtxPushCurrent_v2 and cuCtxPopCurrent_v2; VMM memory names
 // its device, or the host; host and managed memory are labelled as such.
 func TestEveryByteOnItsDevice(t *testing.T) {
-	s := startProfiler(t, profiler.Config{Library: simLib})
 	w := startWorkload(t, []string{"SIMCUDA_DEVICES=3"}, simwork, "devices")
+	s := startProfiler(t, profiler.Config{Library: simLib}, w)
 	w.run()
 	r := s.report()
 	type where struct {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -133,6 +134,79 @@ func (w *workload) exit() {
 	}
 }
 
+// hangLimit bounds every wait of the end-to-end tests. It is no measure of
+// speed (benchmarks are): only a bound on a hang, generous enough for a
+// machine busy with other tests beside these.
+const hangLimit = 2 * time.Minute
+
+// logBook keeps every line a profiler or command logged, so that a wait finds
+// a line whether it was logged before the wait began or after, and the
+// writer never blocks on a reader.
+type logBook struct {
+	mu      sync.Mutex
+	lines   []string
+	changed chan struct{} // closed at each new line, then replaced
+	ended   bool
+}
+
+func newLogBook() *logBook { return &logBook{changed: make(chan struct{})} }
+
+func (b *logBook) add(line string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lines = append(b.lines, line)
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// end says no line will come any more (the command exited).
+func (b *logBook) end() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ended = true
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// wait returns, for each of wants, the first line containing it, waiting
+// for the lines still missing.
+func (b *logBook) wait(t *testing.T, wants ...string) []string {
+	t.Helper()
+	deadline := time.After(hangLimit)
+	found := make([]string, len(wants))
+	for {
+		b.mu.Lock()
+		missing := 0
+		for i, want := range wants {
+			if found[i] != "" {
+				continue
+			}
+			for _, line := range b.lines {
+				if strings.Contains(line, want) {
+					found[i] = line
+					break
+				}
+			}
+			if found[i] == "" {
+				missing++
+			}
+		}
+		changed, ended := b.changed, b.ended
+		b.mu.Unlock()
+		if missing == 0 {
+			return found
+		}
+		if ended {
+			t.Fatalf("no line %q before the end (found %q)", wants, found)
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no line %q within %v (found %q)", wants, hangLimit, found)
+		}
+	}
+}
+
 // session is a profiler running in the test process.
 type session struct {
 	t      *testing.T
@@ -140,19 +214,23 @@ type session struct {
 	p      *profiler.Profiler
 	cancel context.CancelFunc
 	done   chan error
-	logs   chan string
+	logs   *logBook
 }
 
-func startProfiler(t *testing.T, cfg profiler.Config) *session {
+// startProfiler runs a profiler of the workloads given, and of them only
+// (cfg.PIDs): processes of other tests, of other packages run beside these,
+// or of another run of the suite leave its books alone. Without workloads it
+// traces what cfg says, for the tests of discovery.
+func startProfiler(t *testing.T, cfg profiler.Config, ws ...*workload) *session {
 	t.Helper()
-	logs := make(chan string, 100)
+	for _, w := range ws {
+		cfg.PIDs = append(cfg.PIDs, w.pid)
+	}
+	logs := newLogBook()
 	cfg.Logf = func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		t.Log(msg)
-		select {
-		case logs <- msg:
-		default:
-		}
+		logs.add(msg)
 	}
 	p, err := profiler.New(cfg)
 	if err != nil {
@@ -190,30 +268,13 @@ func (s *session) stop() {
 }
 
 // waitLog waits for a log message containing want.
-func (s *session) waitLog(want string, timeout time.Duration) string {
+func (s *session) waitLog(want string) string {
 	s.t.Helper()
-	return s.waitLogs(timeout, want)[0]
+	return s.logs.wait(s.t, want)[0]
 }
 
 // waitLogs waits for log messages containing each of wants, in any order.
-func (s *session) waitLogs(timeout time.Duration, wants ...string) []string {
+func (s *session) waitLogs(wants ...string) []string {
 	s.t.Helper()
-	found := make([]string, len(wants))
-	missing := len(wants)
-	deadline := time.After(timeout)
-	for missing > 0 {
-		select {
-		case msg := <-s.logs:
-			for i, want := range wants {
-				if found[i] == "" && strings.Contains(msg, want) {
-					found[i] = msg
-					missing--
-					break
-				}
-			}
-		case <-deadline:
-			s.t.Fatalf("no log %q within %v (found %q)", wants, timeout, found)
-		}
-	}
-	return found
+	return s.logs.wait(s.t, wants...)
 }

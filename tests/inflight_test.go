@@ -33,7 +33,7 @@ func TestKilledInsideTheDriverLeavesNothing(t *testing.T) {
 
 func waitInFlight(t *testing.T, tr *tracer.Tracer, want int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(hangLimit)
 	for {
 		n, err := tr.InFlight()
 		if err != nil {

@@ -7,7 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
@@ -58,8 +59,9 @@ func TestPodFromCgroup(t *testing.T) {
 	url := a.waitStderrValue("serving metrics at ")
 	a.waitStderr("attached to")
 	m.run()
-	time.Sleep(100 * time.Millisecond) // the reader polls every 10 ms
-	series := metricstest.Scrape(t, url)["gpumem_live_bytes"].GetMetric()
+	series := metricstest.ScrapeUntil(t, url, hangLimit, func(f map[string]*dto.MetricFamily) bool {
+		return liveByKindGPU(f, m.pid)["device/unknown"] == 8192
+	})["gpumem_live_bytes"].GetMetric()
 	if len(series) != 1 {
 		t.Fatalf("%d series", len(series))
 	}

@@ -1,10 +1,11 @@
 package tests
 
 import (
+	"maps"
 	"strconv"
-	"strings"
 	"testing"
-	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 )
@@ -21,36 +22,24 @@ func TestMetrics(t *testing.T) {
 	c.waitStderr("attached to")
 	w.run()
 	oom.run()
-	time.Sleep(300 * time.Millisecond) // the reader polls every 10 ms
-
-	families := metricstest.Scrape(t, url)
-	live := map[string]float64{}
+	want := map[string]float64{
+		"device/0": 18 * MiB, "device/1": 30 * MiB, "device/2": 10 * MiB, "vmm/2": 19 * MiB,
+		"vmm/host": 6 * MiB, "host-pinned/host": 4096, "managed/managed": 8192,
+	}
+	// The agent reads the events a moment after the workload sent them.
+	families := metricstest.ScrapeUntil(t, url, hangLimit, func(f map[string]*dto.MetricFamily) bool {
+		return maps.Equal(liveByKindGPU(f, w.pid), want) && outOfMemoryFailures(f, oom.pid) == 1
+	})
+	if live := liveByKindGPU(families, w.pid); !maps.Equal(live, want) {
+		t.Errorf("live %v, want %v", live, want)
+	}
 	for _, m := range families["gpumem_live_bytes"].GetMetric() {
-		l := metricstest.Labels(m)
-		if l["pid"] == strconv.Itoa(w.pid) {
-			live[l["kind"]+"/"+l["gpu"]] = m.GetGauge().GetValue()
-		}
-		if l["comm"] != "simwork" {
+		if l := metricstest.Labels(m); l["comm"] != "simwork" {
 			t.Errorf("comm %q", l["comm"])
 		}
 	}
-	want := map[string]float64{
-		"device/0": 18 * MiB, "device/1": 30 * MiB, "device/2": 10 * MiB, "vmm/2": 19 * MiB,
-		"host-pinned/host": 4096, "managed/managed": 8192,
-	}
-	for k, v := range want {
-		if live[k] != v {
-			t.Errorf("live %s: %v, want %v (all: %v)", k, live[k], v, live)
-		}
-	}
-	var ooms float64
-	for _, m := range families["gpumem_failures_total"].GetMetric() {
-		if l := metricstest.Labels(m); l["pid"] == strconv.Itoa(oom.pid) && l["code"] == "2" {
-			ooms += m.GetCounter().GetValue()
-		}
-	}
-	if ooms != 1 {
-		t.Errorf("out-of-memory failures %v, want 1: %v", ooms, families["gpumem_failures_total"])
+	if n := outOfMemoryFailures(families, oom.pid); n != 1 {
+		t.Errorf("out-of-memory failures %v, want 1: %v", n, families["gpumem_failures_total"])
 	}
 	if n := len(families["gpumem_losses_total"].GetMetric()); n != 4 {
 		t.Errorf("%d loss counters", n)
@@ -65,22 +54,24 @@ func TestMetrics(t *testing.T) {
 	oom.exit()
 }
 
-// waitStderrValue waits for a stderr line containing prefix and returns
-// what follows it.
-func (c *cli) waitStderrValue(prefix string) string {
-	c.t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case line, ok := <-c.lines:
-			if !ok {
-				c.t.Fatalf("gpumem ended before saying %q", prefix)
-			}
-			if _, v, found := strings.Cut(line, prefix); found {
-				return v
-			}
-		case <-timeout:
-			c.t.Fatalf("gpumem did not say %q", prefix)
+// liveByKindGPU is a process's gpumem_live_bytes by kind/gpu.
+func liveByKindGPU(families map[string]*dto.MetricFamily, pid int) map[string]float64 {
+	live := map[string]float64{}
+	for _, m := range families["gpumem_live_bytes"].GetMetric() {
+		if l := metricstest.Labels(m); l["pid"] == strconv.Itoa(pid) {
+			live[l["kind"]+"/"+l["gpu"]] = m.GetGauge().GetValue()
 		}
 	}
+	return live
+}
+
+// outOfMemoryFailures is a process's gpumem_failures_total of code 2.
+func outOfMemoryFailures(families map[string]*dto.MetricFamily, pid int) float64 {
+	var n float64
+	for _, m := range families["gpumem_failures_total"].GetMetric() {
+		if l := metricstest.Labels(m); l["pid"] == strconv.Itoa(pid) && l["code"] == "2" {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
 }

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -76,12 +75,14 @@ func driverCallLine(t *testing.T) int64 {
 	return 0
 }
 
-// startPython starts simwork.py and waits until gpu-mem walks its frames.
-func startPython(t *testing.T, s *session, python, scenario string) *workload {
+// startPython starts simwork.py, then a profiler of it, and waits until
+// the profiler walks its frames.
+func startPython(t *testing.T, cfg profiler.Config, python, scenario string) (*session, *workload) {
 	t.Helper()
 	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), scenario)
-	s.waitLog(fmt.Sprintf("pid %d: Python", w.pid), 3*time.Second)
-	return w
+	s := startProfiler(t, cfg, w)
+	s.waitLog(fmt.Sprintf("pid %d: Python", w.pid))
+	return s, w
 }
 
 // TestPythonSites: every kind of Python code is named as Python names it,
@@ -91,8 +92,7 @@ func TestPythonSites(t *testing.T) {
 	driverLine := driverCallLine(t)
 	for _, python := range pythons(t) {
 		t.Run(pythonName(python), func(t *testing.T) {
-			s := startProfiler(t, profiler.Config{Library: simLib})
-			w := startPython(t, s, python, "sites")
+			s, w := startPython(t, profiler.Config{Library: simLib}, python, "sites")
 			expect := w.run()
 			r := s.report()
 			is310 := strings.Contains(python, "3.10")
@@ -203,10 +203,7 @@ func TestPythonInEveryOutput(t *testing.T) {
 	c.waitStderr("Python 3.12 frames")
 	c.waitStderr("attached to")
 	w.run()
-	time.Sleep(500 * time.Millisecond)
+	c.waitStdout(strconv.Itoa(w.pid) + ` +python3.12 +- +device +0 .* cuda_malloc$`)
 	c.interrupt()
 	w.exit()
-	if !matchLine(c.stdout.String(), strconv.Itoa(w.pid)+` +python3.12 +- +device +0 .* cuda_malloc$`) {
-		t.Errorf("top:\n%s", c.stdout.String())
-	}
 }

@@ -31,7 +31,7 @@ func rowsByKey(r profiler.Report) map[accounting.Key]string {
 func TestReportToReusesRows(t *testing.T) {
 	many := startWorkload(t, nil, simwork, "stacks", "300")
 	few := startWorkload(t, nil, simwork, "kinds")
-	s := startProfiler(t, profiler.Config{Library: simLib, PIDs: []int{many.pid, few.pid}})
+	s := startProfiler(t, profiler.Config{Library: simLib}, many, few)
 
 	var reused profiler.Report
 	check := func(what string, wantRows int) {

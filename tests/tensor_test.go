@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -17,18 +16,20 @@ import (
 )
 
 // startTensors starts simwork.py's tensor scenario under python, with the
-// simulated driver and allocator, once gpu-mem walks its frames and, unless
-// the tensor view is off, has attached to the allocator.
-func startTensors(t *testing.T, s *session, python, scenario string, env ...string) *workload {
+// simulated driver and allocator, then a profiler of it, and returns once the
+// profiler walks its frames and, unless the tensor view is off, has attached
+// to the allocator.
+func startTensors(t *testing.T, cfg profiler.Config, python, scenario string, env ...string) (*session, *workload) {
 	t.Helper()
 	env = append(env, "SIMCUDA_LIB="+simLib, "SIMTORCH_LIB="+filepath.Join(repoRoot, "build/sim/libc10_cuda.so"))
 	w := startWorkload(t, env, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), scenario)
+	s := startProfiler(t, cfg, w)
 	logs := []string{fmt.Sprintf("pid %d: Python", w.pid)}
-	if !s.cfg.NoTensors {
+	if !cfg.NoTensors {
 		logs = append(logs, "PyTorch allocator probes")
 	}
-	s.waitLogs(3*time.Second, logs...)
-	return w
+	s.waitLogs(logs...)
+	return s, w
 }
 
 // byPythonFunction sums a process's rows of one kind by their innermost
@@ -63,8 +64,7 @@ func TestTensorsExact(t *testing.T) {
 }
 
 func testTensorsExact(t *testing.T, python string) {
-	s := startProfiler(t, profiler.Config{Library: simLib})
-	w := startTensors(t, s, python, "tensors")
+	s, w := startTensors(t, profiler.Config{Library: simLib}, python, "tensors")
 	expect := w.run()
 	r := s.report()
 	const MiB = 1 << 20
@@ -115,8 +115,7 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 		ooms = append(ooms, o)
 		mu.Unlock()
 	}}
-	s := startProfiler(t, cfg)
-	w := startTensors(t, s, python, "tensor_oom", "SIMCUDA_CAPACITY=104857600")
+	s, w := startTensors(t, cfg, python, "tensor_oom", "SIMCUDA_CAPACITY=104857600")
 	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--on-oom", dir, "-o", filepath.Join(dir, "all.pb.gz"))
 	c.waitStderr("PyTorch allocator probes")
 	expect := w.run()
@@ -178,8 +177,7 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 // TestTensorViewOff: with NoTensors (--tensors=false) the allocator is left
 // alone, and the driver view is as before.
 func TestTensorViewOff(t *testing.T) {
-	s := startProfiler(t, profiler.Config{Library: simLib, NoTensors: true})
-	w := startTensors(t, s, pythons(t)[2], "tensors")
+	s, w := startTensors(t, profiler.Config{Library: simLib, NoTensors: true}, pythons(t)[2], "tensors")
 	w.run()
 	r := s.report()
 	if rows := byPythonFunction(r, w.pid, tracer.KindTensor); len(rows) != 0 {
@@ -198,8 +196,7 @@ func TestTensorNativeStacks(t *testing.T) {
 	python := "/root/.pyenv/versions/3.12.1/bin/python3.12"
 	native := map[bool][]string{}
 	for _, walk := range []bool{false, true} {
-		s := startProfiler(t, profiler.Config{Library: simLib, TensorNativeStacks: walk})
-		w := startTensors(t, s, python, "tensors")
+		s, w := startTensors(t, profiler.Config{Library: simLib, TensorNativeStacks: walk}, python, "tensors")
 		expect := w.run()
 		row := byPythonFunction(s.report(), w.pid, tracer.KindTensor)["load_weights"]
 		if row.AllocBytes != expect["tensor_load_weights"] {

@@ -5,6 +5,7 @@ package metricstest
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -25,6 +26,22 @@ func Scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
 		t.Fatalf("parse metrics: %v", err)
 	}
 	return families
+}
+
+// ScrapeUntil scrapes url until ready says the families hold what the test
+// waits for (the agent reads events a moment after they are sent), and
+// returns them; after limit, the last scrape, for the test to say what is
+// wrong with it.
+func ScrapeUntil(t testing.TB, url string, limit time.Duration, ready func(map[string]*dto.MetricFamily) bool) map[string]*dto.MetricFamily {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		families := Scrape(t, url)
+		if ready(families) || time.Now().After(deadline) {
+			return families
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Labels are a metric's labels by name.

@@ -25,6 +25,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
+// hangLimit bounds every wait of these tests: no measure of speed, only a
+// bound on a hang, generous enough for a machine busy with other tests.
+const hangLimit = 2 * time.Minute
+
 // cluster is a running etcd and kube-apiserver.
 type cluster struct {
 	dir        string
@@ -170,7 +174,7 @@ func (c *cluster) waitReady(t *testing.T, port int) {
 		t.Fatal(err)
 	}
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(hangLimit)
 	for time.Now().Before(deadline) {
 		resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/readyz", port))
 		if err == nil {

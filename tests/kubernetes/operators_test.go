@@ -31,7 +31,7 @@ func TestOperatorsInGadgetContext(t *testing.T) {
 	receiver := &pyroscopetest.Receiver{}
 	pyroscopetest.Serve(t, receiver, lis)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
 	defer cancel()
 	var ds datasource.DataSource
 	fields := map[string]datasource.FieldAccessor{}

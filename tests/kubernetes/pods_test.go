@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
+	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -94,7 +95,7 @@ func start(t *testing.T, env []string, name string, args ...string) *process {
 
 func (p *process) waitLine(t *testing.T, prefix string) string {
 	t.Helper()
-	timeout := time.After(30 * time.Second)
+	timeout := time.After(hangLimit)
 	for {
 		select {
 		case line, ok := <-p.lines:
@@ -108,6 +109,24 @@ func (p *process) waitLine(t *testing.T, prefix string) string {
 			t.Fatalf("did not say %q", prefix)
 		}
 	}
+}
+
+// waitSeries waits for a pushed series that ok accepts, and returns the
+// latest one.
+func waitSeries(t *testing.T, r *pyroscopetest.Receiver, ok func(*pushv1.RawProfileSeries) bool, what string) *pushv1.RawProfileSeries {
+	t.Helper()
+	for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		pushes := r.Received()
+		for i := len(pushes) - 1; i >= 0; i-- {
+			for _, s := range pushes[i].Series {
+				if ok(s) {
+					return s
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s within %v", what, hangLimit)
+	return nil
 }
 
 func liveSeries(t *testing.T, url string) []*dto.Metric {
@@ -154,9 +173,9 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 		}
 		return true
 	}, "the pod's names")
-	time.Sleep(500 * time.Millisecond) // an interval pushed with the names
-	pushes := receiver.Received()
-	last := pushes[len(pushes)-1].Series[0]
+	last := waitSeries(t, receiver, func(s *pushv1.RawProfileSeries) bool {
+		return pyroscopetest.Labels(s)["service_name"] == "ml/trainer"
+	}, "a push with the pod's names")
 	if l := pyroscopetest.Labels(last); l["service_name"] != "ml/trainer" || l["namespace"] != "ml" || l["pod"] != "trainer-5d9f8-x2x7z" || l["container"] != "trainer" {
 		t.Errorf("Pyroscope labels %v", l)
 	}
@@ -188,7 +207,7 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 
 func waitLabels(t *testing.T, url string, ok func(map[string]string) bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(hangLimit)
 	var last []*dto.Metric
 	for time.Now().Before(deadline) {
 		last = liveSeries(t, url)
