@@ -1,59 +1,145 @@
 package tests
 
 import (
+	"maps"
 	"net"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/pprof/profile"
+	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
+	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 )
 
-// TestAgentPushesToPyroscope: gpumem agent profiles the workload and pushes
-// to a real PusherService; the pushed profiles carry exactly the tracer's
-// per-stack bytes, the four sample types, __delta__="false" and the labels.
-func TestAgentPushesToPyroscope(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+// agentWait bounds a wait on the agent: long enough for a slow, busy
+// machine, only there so that a hang fails.
+const agentWait = 2 * time.Minute
+
+// TestAgentStartedBeforeTheWorkload: as a DaemonSet, the agent starts
+// before any GPU process, attached to the node's driver library, and
+// pushes to the strict receiver, which refuses what Pyroscope v2.2.1
+// refuses. Intervals without a process are not pushed at all (Pyroscope
+// refuses a push without series); once the workload runs, the pushed
+// profiles carry exactly its bytes per function, the four sample types,
+// __delta__="false" and the labels, and nothing is ever refused.
+func TestAgentStartedBeforeTheWorkload(t *testing.T) {
 	r := &pyroscopetest.Receiver{}
-	pyroscopetest.Serve(t, r, lis)
+	url := serveReceiver(t, r)
+	driver := filepath.Join(t.TempDir(), "driver", "libcuda.so.1")
+	copyFile(t, simLib, driver) // this test's own driver: no other test's process loads it
 
-	w := startWorkload(t, nil, simwork, "kinds")
-	c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--pyroscope-url", "http://"+lis.Addr().String(),
-		"--pyroscope-interval", "500ms", "--node", "node-7")
-	c.waitStderr("attached to")
-	w.run()
-	c.waitStderr("status: 1 processes")
-	time.Sleep(time.Second) // an interval that begins after the workload's last call
-	pushes := r.Received()
-	if len(pushes) < 2 {
-		t.Fatalf("%d pushes", len(pushes))
+	c := startCLI(t, "agent", "--library", driver, "--pyroscope-url", url,
+		"--pyroscope-interval", "300ms", "--node", "node-7")
+	waitLines(t, c, "attached to "+driver)
+	for range 4 {
+		line := waitLines(t, c, "status:")[0]
+		if !strings.Contains(line, "status: 0 processes") || !strings.Contains(line, "pushes 0 done 0 failed 0 rejected 0 dropped 0 queued") {
+			t.Fatalf("status before any process: %q", line)
+		}
+	}
+	if n, refused := len(r.Received()), r.Refused(); n != 0 || len(refused) != 0 {
+		t.Fatalf("before any process: %d pushes, refused %v", n, refused)
 	}
 
-	allocated := map[string]int64{}
-	var last map[string]int64
+	w := startWorkload(t, []string{"LD_LIBRARY_PATH=" + filepath.Dir(driver)}, simwork, "kinds")
+	w.run()
+	// Allocated: summed over intervals; live: at the last interval's end.
+	// The allocation kinds_setup makes before "ready" is traced too: the
+	// agent was there first.
+	wantAllocated := map[string]int64{
+		"alloc_device": 3 << 20, "alloc_pitched": 30720, "alloc_managed": 2 << 20, "alloc_host": 4096 + 8192,
+		"alloc_async": 2*65536 + 32768 + 131072, "alloc_pool_ptsz": 16384, "alloc_vmm": 6 << 20, "kinds_setup": 12345,
+	}
+	wantLive := map[string]int64{
+		"alloc_device": 2 << 20, "alloc_pitched": 30720, "alloc_managed": 2 << 20, "alloc_host": 4096,
+		"alloc_async": 65536 + 131072, "alloc_pool_ptsz": 0, "alloc_vmm": 4 << 20, "kinds_setup": 0,
+	}
+	exact := func() bool {
+		allocated, live, _ := workloadBytes(t, r.Received(), w.pid)
+		return maps.Equal(allocated, wantAllocated) && maps.Equal(live, wantLive)
+	}
+	waitUntil(t, "the workload's bytes pushed", exact)
+	// And they stay so: later intervals allocate nothing and see the same
+	// memory live.
+	_, _, pushes := workloadBytes(t, r.Received(), w.pid)
+	waitUntil(t, "two more pushes", func() bool {
+		_, _, n := workloadBytes(t, r.Received(), w.pid)
+		return n >= pushes+2
+	})
+	if allocated, live, _ := workloadBytes(t, r.Received(), w.pid); !maps.Equal(allocated, wantAllocated) || !maps.Equal(live, wantLive) {
+		t.Errorf("allocated %v live %v, want %v and %v", allocated, live, wantAllocated, wantLive)
+	}
+	checkSeries(t, r.Received(), w.pid)
+	if refused := r.Refused(); len(refused) != 0 {
+		t.Errorf("receiver refused %v", refused)
+	}
+	line := waitLines(t, c, "status: 1 processes")[0]
+	if !strings.Contains(line, " 0 failed 0 rejected 0 dropped") {
+		t.Errorf("status %q", line)
+	}
+	c.interrupt()
+	w.exit()
+}
+
+// workloadBytes reads pid's series back from the pushes: bytes allocated
+// per function, summed over the intervals; bytes live per function at the
+// last push; and how many pushes held the process.
+func workloadBytes(t *testing.T, pushes []*pushv1.PushRequest, pid int) (allocated, live map[string]int64, n int) {
+	t.Helper()
+	allocated = map[string]int64{}
 	for _, req := range pushes {
 		inuse := map[string]int64{}
+		found := false
+		for _, series := range req.Series {
+			if pyroscopetest.Labels(series)["pid"] != strconv.Itoa(pid) {
+				continue
+			}
+			found = true
+			for _, s := range parseSeries(t, series).Sample {
+				fn := s.Location[1].Line[0].Function.Name
+				allocated[fn] += s.Value[1]
+				inuse[fn] += s.Value[3]
+			}
+		}
+		if found {
+			live, n = inuse, n+1
+		}
+	}
+	// A function whose memory is all freed is in no later profile.
+	for fn := range allocated {
+		if _, ok := live[fn]; !ok && live != nil {
+			live[fn] = 0
+		}
+	}
+	return allocated, live, n
+}
+
+// checkSeries checks the labels and sample types of pid's series.
+func checkSeries(t *testing.T, pushes []*pushv1.PushRequest, pid int) {
+	t.Helper()
+	want := map[string]string{"__name__": "memory", "__delta__": "false", "service_name": "simwork",
+		"pid": strconv.Itoa(pid), "comm": "simwork", "node": "node-7"}
+	for _, req := range pushes {
 		for _, series := range req.Series {
 			labels := pyroscopetest.Labels(series)
-			want := map[string]string{"__name__": "memory", "__delta__": "false", "service_name": "simwork",
-				"pid": strconv.Itoa(w.pid), "comm": "simwork", "node": "node-7"}
+			if labels["pid"] != strconv.Itoa(pid) {
+				continue
+			}
 			for k, v := range want {
 				if labels[k] != v {
 					t.Fatalf("label %s=%q, want %q (all: %v)", k, labels[k], v, labels)
 				}
 			}
-			p, err := profile.ParseData(series.Samples[0].RawProfile)
-			if err != nil {
-				t.Fatal(err)
-			}
-			types := []string{}
+			p := parseSeries(t, series)
+			var types []string
 			for _, st := range p.SampleType {
 				types = append(types, st.Type)
 			}
@@ -61,25 +147,82 @@ func TestAgentPushesToPyroscope(t *testing.T) {
 				t.Fatalf("sample types %v", types)
 			}
 			for _, s := range p.Sample {
-				fn := s.Location[1].Line[0].Function.Name
-				allocated[fn] += s.Value[1]
-				inuse[fn] += s.Value[3]
 				if s.Label["kind"][0] != labels["kind"] {
 					t.Errorf("sample kind %v in series %v", s.Label["kind"], labels["kind"])
 				}
 			}
 		}
-		if len(req.Series) > 0 {
-			last = inuse
+	}
+}
+
+func parseSeries(t *testing.T, series *pushv1.RawProfileSeries) *profile.Profile {
+	t.Helper()
+	p, err := profile.ParseData(series.Samples[0].RawProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestAgentRejectedPushes: a service name longer than Pyroscope takes
+// (2048 bytes) has every push refused for its content. Each is dropped at
+// once, none is queued or retried, tracing goes on; the status line counts
+// the rejections and says why once; the metrics count them by reason.
+func TestAgentRejectedPushes(t *testing.T) {
+	r := &pyroscopetest.Receiver{}
+	url := serveReceiver(t, r)
+	w := startWorkload(t, nil, simwork, "hold", "4096")
+	c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--pyroscope-url", url, "--pyroscope-interval", "200ms",
+		"--service-name", strings.Repeat("s", 3000), "--metrics-address", "127.0.0.1:0")
+	found := waitLines(t, c, "serving metrics at ", "attached to")
+	_, metrics, _ := strings.Cut(found[0], "serving metrics at ")
+	w.run()
+
+	reasons := 0
+	for {
+		line := waitLines(t, c, "status:")[0]
+		if strings.Contains(line, "last rejection:") {
+			reasons++
+			if !strings.Contains(line, "last rejection: InvalidArgument: ") || !strings.Contains(line, "label value too long") {
+				t.Errorf("status %q", line)
+			}
+		}
+		counts := pushCounts(t, line)
+		if counts["rejected"] < 3 {
+			continue
+		}
+		if counts["done"] != 0 || counts["failed"] != 0 || counts["dropped"] != 0 || !strings.Contains(line, "status: 1 processes") {
+			t.Errorf("status %q", line)
+		}
+		break
+	}
+	if reasons != 1 {
+		t.Errorf("the reason said on %d lines, want 1", reasons)
+	}
+	families := scrapeUntil(t, metrics, func(f map[string]*dto.MetricFamily) bool {
+		return len(f["gpumem_pyroscope_rejected_total"].GetMetric()) > 0 &&
+			f["gpumem_pyroscope_rejected_total"].GetMetric()[0].GetCounter().GetValue() >= 3
+	})
+	rejected := families["gpumem_pyroscope_rejected_total"].GetMetric()
+	if len(rejected) != 1 || metricstest.Labels(rejected[0])["reason"] != "InvalidArgument" {
+		t.Errorf("rejected %v", rejected)
+	}
+	for _, name := range []string{"gpumem_pyroscope_pushed_total", "gpumem_pyroscope_push_failures_total"} {
+		if m := families[name].GetMetric(); len(m) != 1 || m[0].GetCounter().GetValue() != 0 {
+			t.Errorf("%s %v, want 0", name, m)
 		}
 	}
-	// Allocated: summed over intervals. Live: at the last interval's end.
-	for fn, want := range map[string][2]int64{
-		"alloc_device": {3 << 20, 2 << 20}, "alloc_vmm": {6 << 20, 4 << 20},
-		"alloc_async": {2*65536 + 32768 + 131072, 65536 + 131072}, "alloc_host": {4096 + 8192, 4096},
-	} {
-		if allocated[fn] != want[0] || last[fn] != want[1] {
-			t.Errorf("%s: allocated %d live %d, want %d and %d", fn, allocated[fn], last[fn], want[0], want[1])
+	for _, m := range families["gpumem_pyroscope_dropped_total"].GetMetric() {
+		if m.GetCounter().GetValue() != 0 {
+			t.Errorf("dropped %v", m)
+		}
+	}
+	if n := len(r.Received()); n != 0 {
+		t.Errorf("%d pushes accepted", n)
+	}
+	for _, err := range r.Refused() {
+		if !strings.Contains(err.Error(), "label value too long") {
+			t.Errorf("refused for %v", err)
 		}
 	}
 	c.interrupt()
@@ -100,22 +243,18 @@ func TestAgentWhileReceiverIsDown(t *testing.T) {
 	w := startWorkload(t, nil, simwork, "threads", "4", "5", "2000")
 	c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--pyroscope-url", "http://"+addr,
 		"--pyroscope-interval", "200ms", "--pyroscope-queue", "3")
-	c.waitStderr("attached to")
+	waitLines(t, c, "attached to")
 	w.run()
-	var status string
 	for range 3 {
-		c.waitStderr("status:")
+		waitLines(t, c, "status:")
 	}
 	rss := residentKiB(t, c.cmd.Process.Pid)
-	timeout := time.After(10 * time.Second)
+	var status string
 	for !strings.Contains(status, "dropped") || strings.Contains(status, " 0 dropped") {
-		select {
-		case status = <-c.lines:
-		case <-timeout:
-			t.Fatalf("no drops reported; last status %q", status)
-		}
+		status = waitLines(t, c, "status:")[0]
 	}
-	if !strings.Contains(status, "0 done") || !strings.Contains(status, "last error:") || !strings.Contains(status, "3 queued") {
+	if !strings.Contains(status, "0 done") || !strings.Contains(status, "0 rejected") ||
+		!strings.Contains(status, "last error:") || !strings.Contains(status, "3 queued") {
 		t.Errorf("status %q", status)
 	}
 	if rss > 150<<10 {
@@ -123,6 +262,83 @@ func TestAgentWhileReceiverIsDown(t *testing.T) {
 	}
 	c.interrupt()
 	w.exit()
+}
+
+var pushCountsRE = regexp.MustCompile(`pushes (\d+) done (\d+) failed (\d+) rejected (\d+) dropped (\d+) queued`)
+
+// pushCounts reads the exporter's counts from a status line.
+func pushCounts(t *testing.T, line string) map[string]int {
+	t.Helper()
+	m := pushCountsRE.FindStringSubmatch(line)
+	if m == nil {
+		t.Fatalf("no push counts in %q", line)
+	}
+	counts := map[string]int{}
+	for i, name := range []string{"done", "failed", "rejected", "dropped", "queued"} {
+		counts[name], _ = strconv.Atoi(m[i+1])
+	}
+	return counts
+}
+
+// serveReceiver serves r on a loopback port and returns its URL.
+func serveReceiver(t *testing.T, r *pyroscopetest.Receiver) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pyroscopetest.Serve(t, r, lis)
+	return "http://" + lis.Addr().String()
+}
+
+// waitLines reads the agent's stderr, line by line, until it has seen a
+// line containing each of wants (in any order), and returns them.
+func waitLines(t *testing.T, c *cli, wants ...string) []string {
+	t.Helper()
+	found := make([]string, len(wants))
+	missing := len(wants)
+	deadline := time.After(agentWait)
+	for missing > 0 {
+		select {
+		case line, ok := <-c.lines:
+			if !ok {
+				t.Fatalf("agent exited before saying %q", wants)
+			}
+			for i, want := range wants {
+				if found[i] == "" && strings.Contains(line, want) {
+					found[i] = line
+					missing--
+					break
+				}
+			}
+		case <-deadline:
+			t.Fatalf("agent did not say %q within %v", wants, agentWait)
+		}
+	}
+	return found
+}
+
+// waitUntil waits for cond, checked every 20 ms.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(agentWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %v", what, agentWait)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// scrapeUntil scrapes url until ready, and returns the last scrape.
+func scrapeUntil(t *testing.T, url string, ready func(map[string]*dto.MetricFamily) bool) map[string]*dto.MetricFamily {
+	t.Helper()
+	var families map[string]*dto.MetricFamily
+	waitUntil(t, "metrics ready", func() bool {
+		families = metricstest.Scrape(t, url)
+		return ready(families)
+	})
+	return families
 }
 
 func residentKiB(t *testing.T, pid int) int {

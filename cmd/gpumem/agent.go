@@ -31,6 +31,12 @@ type agentOptions struct {
 	pyroscope    pyroscope.Config
 	passwordFile string
 	tokenFile    string
+
+	// The exporter's rejections at the last status line, and the last
+	// reason logged: a reason is logged once, not on every line while
+	// the server keeps refusing for it.
+	rejections      uint64
+	rejectionLogged string
 }
 
 func newAgentCommand() *cobra.Command {
@@ -43,8 +49,13 @@ that uses the CUDA driver and, every interval, logs one status line and, with
 --pyroscope-url, pushes one profile per process and memory kind to Grafana
 Pyroscope: the bytes allocated during the interval and the bytes live at its
 end. Pushes go through a bounded queue, retried with backoff; when the queue is
-full the oldest interval is dropped and counted. Tracing never waits for the
-server.
+full the oldest interval is dropped and counted. An interval without any
+process is not pushed; a push the server refuses for its content (gRPC
+InvalidArgument, FailedPrecondition, OutOfRange; HTTP 400, 413, 422) is
+dropped at once and counted as rejected, with its reason logged once; an
+interval older than the server accepts (55 minutes, inside Pyroscope's
+default hour) is dropped unsent and counted as expired. Tracing never waits
+for the server.
 
 Credentials are read from files or the environment (GPUMEM_PYROSCOPE_PASSWORD,
 GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
@@ -138,7 +149,7 @@ func (o *agentOptions) run(ctx context.Context) error {
 		logf("exporting to %s every %v", o.pyroscope.URL, o.interval)
 	}
 	if o.metricsAddr != "" {
-		if err := serveMetrics(ctx, o.metricsAddr, p); err != nil {
+		if err := serveMetrics(ctx, o.metricsAddr, p, exp); err != nil {
 			return err
 		}
 	}
@@ -172,26 +183,43 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees", len(pids), t.Events, t.Losses.Total(), t.UnknownFrees)
 	if exp != nil {
 		exp.ExportRows(p.EachRow)
-		s := exp.Stats()
-		line += fmt.Sprintf(", pushes %d done %d failed %d dropped %d queued", s.Pushed, s.Failed, s.Dropped, s.Queued)
-		if s.LastError != "" {
-			line += ", last error: " + s.LastError
-		}
+		line += o.pushStatus(exp.Stats())
 	}
 	logf("%s", line)
 	// Exited processes are in this interval's profiles; forget them now.
 	p.DropExited()
 }
 
+// pushStatus is the exporter's part of the status line: its counts, the
+// error being retried, and a new rejection's reason.
+func (o *agentOptions) pushStatus(s pyroscope.Stats) string {
+	line := fmt.Sprintf(", pushes %d done %d failed %d rejected %d dropped %d queued", s.Pushed, s.Failed, s.Rejected, s.Dropped, s.Queued)
+	if s.Expired > 0 {
+		line += fmt.Sprintf(", %d expired", s.Expired)
+	}
+	if s.LastError != "" {
+		line += ", last error: " + s.LastError
+	}
+	if s.Rejected > o.rejections && s.LastRejection != o.rejectionLogged {
+		line += ", last rejection: " + s.LastRejection
+		o.rejectionLogged = s.LastRejection
+	}
+	o.rejections = s.Rejected
+	return line
+}
+
 // serveMetrics serves /metrics until ctx is done. A busy address is an error
-// at start.
-func serveMetrics(ctx context.Context, addr string, p *profiler.Profiler) error {
+// at start. exp, when there is one, adds the push counts.
+func serveMetrics(ctx context.Context, addr string, p *profiler.Profiler, exp *pyroscope.Exporter) error {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics address: %w", err)
 	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(metrics.Collector{Source: p})
+	if exp != nil {
+		registry.MustRegister(pushCollector{exp})
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	server := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -220,4 +248,39 @@ func (o *agentOptions) watchPods(ctx context.Context) (*k8smeta.Pods, error) {
 	}
 	logf("watching the pods of node %s", o.nodeName)
 	return pods, nil
+}
+
+var (
+	pushedDesc = prometheus.NewDesc("gpumem_pyroscope_pushed_total",
+		"Intervals delivered to Pyroscope.", nil, nil)
+	pushFailuresDesc = prometheus.NewDesc("gpumem_pyroscope_push_failures_total",
+		"Push attempts that failed and are retried.", nil, nil)
+	rejectedDesc = prometheus.NewDesc("gpumem_pyroscope_rejected_total",
+		"Intervals Pyroscope refused for their content, dropped, by reason: the gRPC code, or the HTTP status of a plain HTTP answer.", []string{"reason"}, nil)
+	droppedDesc = prometheus.NewDesc("gpumem_pyroscope_dropped_total",
+		"Intervals dropped unsent, by reason: queue_full (the oldest, for a newer one) or expired (older than Pyroscope accepts).", []string{"reason"}, nil)
+	queuedDesc = prometheus.NewDesc("gpumem_pyroscope_queued",
+		"Intervals waiting to be pushed.", nil, nil)
+)
+
+// pushCollector exposes the Pyroscope exporter's counts, read at each
+// scrape.
+type pushCollector struct{ exp *pyroscope.Exporter }
+
+func (c pushCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{pushedDesc, pushFailuresDesc, rejectedDesc, droppedDesc, queuedDesc} {
+		ch <- d
+	}
+}
+
+func (c pushCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.exp.Stats()
+	ch <- prometheus.MustNewConstMetric(pushedDesc, prometheus.CounterValue, float64(s.Pushed))
+	ch <- prometheus.MustNewConstMetric(pushFailuresDesc, prometheus.CounterValue, float64(s.Failed))
+	for reason, n := range s.RejectedBy {
+		ch <- prometheus.MustNewConstMetric(rejectedDesc, prometheus.CounterValue, float64(n), reason)
+	}
+	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.Dropped), "queue_full")
+	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.Expired), "expired")
+	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(s.Queued))
 }

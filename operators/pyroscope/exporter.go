@@ -1,7 +1,9 @@
 // Package pyroscope pushes GPU memory profiles to Grafana Pyroscope over
 // native gRPC (push.v1.PusherService/Push): one profile per process, memory
 // kind and device every interval, through a bounded queue that never blocks the
-// tracer.
+// tracer. Only what the server takes is sent: no interval without series,
+// none older than the server accepts, and a request the server refuses for
+// its content is dropped, not retried (refusal.go).
 package pyroscope
 
 import (
@@ -11,10 +13,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,11 +70,25 @@ type Config struct {
 
 // Stats are the exporter's counts, for the agent's status line.
 type Stats struct {
-	Pushed    uint64 // intervals delivered
-	Failed    uint64 // push attempts that failed (retried)
-	Dropped   uint64 // intervals dropped, oldest first, because the queue was full
-	Queued    int    // intervals waiting
-	LastError string // of the last attempt, if it failed; credentials never appear
+	Pushed   uint64 // intervals delivered
+	Failed   uint64 // push attempts that failed and are retried
+	Rejected uint64 // intervals the server refused for their content, dropped
+	Dropped  uint64 // intervals dropped, oldest first, because the queue was full
+	Expired  uint64 // intervals dropped unsent, older than the server accepts
+	Queued   int    // intervals waiting
+
+	// RejectedBy counts Rejected by reason: the gRPC code, or "HTTP 413"
+	// for a proxy's plain HTTP answer.
+	RejectedBy map[string]uint64
+	// Credentials never appear in these.
+	LastError     string // of the last attempt, if it failed and is retried
+	LastRejection string // the last refusal: its reason and the server's message
+}
+
+// pending is a queued interval.
+type pending struct {
+	req *pushv1.PushRequest
+	end time.Time // the interval's end, the time of its profiles; wall clock
 }
 
 // Exporter turns reports into pushes. Export and Stats may be called from
@@ -81,10 +99,11 @@ type Exporter struct {
 	client pushv1.PusherServiceClient
 
 	mu    sync.Mutex
-	queue []*pushv1.PushRequest
+	queue []*pending
 	ready chan struct{} // signalled when the queue grows
 	stats Stats
-	last  time.Time // end of the previous interval
+	last  time.Time        // end of the previous interval
+	now   func() time.Time // the clock that ages queued intervals
 
 	// Export's, kept between intervals (Export is called from one
 	// goroutine at a time).
@@ -117,7 +136,9 @@ func New(cfg Config) (*Exporter, error) {
 		conn:   conn,
 		client: pushv1.NewPusherServiceClient(conn),
 		ready:  make(chan struct{}, 1),
+		stats:  Stats{RejectedBy: map[string]uint64{}},
 		last:   time.Now(),
+		now:    time.Now,
 		series: map[seriesKey]*seriesProfile{},
 	}, nil
 }
@@ -180,7 +201,9 @@ func authInterceptor(cfg Config) grpc.UnaryClientInterceptor {
 
 // Export queues the interval ending with the report: per process and kind,
 // what was allocated since the previous export and what is live now. When
-// the queue is full, the oldest interval is dropped and counted.
+// the queue is full, the oldest interval is dropped and counted. An
+// interval without series (no process held or allocated memory) is not
+// queued: Pyroscope refuses a push without series.
 func (e *Exporter) Export(r profiler.Report) {
 	e.ExportRows(func(add func(*profiler.Row)) time.Time {
 		for i := range r.Rows {
@@ -195,13 +218,21 @@ func (e *Exporter) Export(r profiler.Report) {
 // row, so that rows can be read one by one (Profiler.EachRow) rather than
 // gathered in a report.
 func (e *Exporter) ExportRows(each func(add func(*profiler.Row)) time.Time) {
-	req := e.request(each)
+	req, end := e.request(each)
+	if len(req.Series) == 0 {
+		// Pyroscope answers InvalidArgument "no profiles received"
+		// (Distributor.PushBatch): nothing to send.
+		return
+	}
 	e.mu.Lock()
 	if len(e.queue) == e.cfg.QueueSize {
+		e.queue[0] = nil // let the dropped request go
 		e.queue = e.queue[1:]
 		e.stats.Dropped++
 	}
-	e.queue = append(e.queue, req)
+	// The wall clock, as the server reads the profile's time: a monotonic
+	// reading would not count the time a suspended machine slept.
+	e.queue = append(e.queue, &pending{req: req, end: end.Round(0)})
 	e.mu.Unlock()
 	select {
 	case e.ready <- struct{}{}:
@@ -215,7 +246,8 @@ type seriesKey struct {
 	gpu  string
 }
 
-func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time) *pushv1.PushRequest {
+// request builds the interval's push and returns it with the interval's end.
+func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time) (*pushv1.PushRequest, time.Time) {
 	e.interval++
 	t := each(func(row *profiler.Row) {
 		k := seriesKey{row.PID, row.Kind, row.GPU()}
@@ -262,7 +294,7 @@ func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time) *pushv1
 			Samples: []*pushv1.RawSample{{RawProfile: raw}},
 		})
 	}
-	return req
+	return req, t
 }
 
 func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
@@ -295,6 +327,12 @@ func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
 			pairs = append(pairs, &typesv1.LabelPair{Name: l.name, Value: l.value})
 		}
 	}
+	for _, p := range pairs {
+		// A label is a protobuf string: gRPC cannot even send one that is
+		// not UTF-8 (a process name cut at 15 bytes inside a character),
+		// and would fail the push every time it is tried.
+		p.Value = strings.ToValidUTF8(p.Value, "\uFFFD")
+	}
 	return pairs
 }
 
@@ -305,13 +343,23 @@ const (
 	pushTimeout  = 10 * time.Second
 )
 
-// Run sends queued intervals in order until ctx is done, retrying a failed
-// push with exponential backoff.
+// maxAge is the age past which a queued interval is dropped unsent.
+// Pyroscope refuses a profile older than -validation.reject-older-than, 1h
+// by default (ValidateProfile's ingestion window, pkg/validation/validate.go),
+// measured by its own clock when the push arrives. Five minutes inside that
+// bound leave room for the node's clock running behind the server's and for
+// a push in flight (pushTimeout) or waiting on its backoff.
+const maxAge = 55 * time.Minute
+
+// Run sends queued intervals in order until ctx is done. A push that may
+// pass later is retried with exponential backoff; one the server refused
+// for its content is dropped at once, and the next interval is sent.
 func (e *Exporter) Run(ctx context.Context) {
 	backoff := firstBackoff
 	for {
-		req := e.head()
-		if req == nil {
+		e.expire()
+		p := e.head()
+		if p == nil {
 			select {
 			case <-ctx.Done():
 				return
@@ -319,7 +367,7 @@ func (e *Exporter) Run(ctx context.Context) {
 				continue
 			}
 		}
-		if err := e.push(ctx, req); err != nil {
+		if err := e.push(ctx, p); err != nil {
 			select {
 			case <-ctx.Done():
 				return
@@ -332,7 +380,25 @@ func (e *Exporter) Run(ctx context.Context) {
 	}
 }
 
-func (e *Exporter) head() *pushv1.PushRequest {
+// expire drops, and counts, the queued intervals too old for the server:
+// after an outage, what it would refuse is not sent.
+func (e *Exporter) expire() {
+	oldest := e.now().Round(0).Add(-maxAge)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	kept := e.queue[:0]
+	for _, p := range e.queue {
+		if p.end.Before(oldest) {
+			e.stats.Expired++
+			continue
+		}
+		kept = append(kept, p)
+	}
+	clear(e.queue[len(kept):]) // let the dropped requests go
+	e.queue = kept
+}
+
+func (e *Exporter) head() *pending {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.queue) == 0 {
@@ -341,25 +407,41 @@ func (e *Exporter) head() *pushv1.PushRequest {
 	return e.queue[0]
 }
 
-func (e *Exporter) push(ctx context.Context, req *pushv1.PushRequest) error {
+// push sends p once. It returns an error only when p stays queued, to be
+// sent again: delivered or refused, p leaves the queue.
+func (e *Exporter) push(ctx context.Context, p *pending) error {
 	ctx, cancel := context.WithTimeout(ctx, pushTimeout)
 	defer cancel()
-	_, err := e.client.Push(ctx, req)
+	_, err := e.client.Push(ctx, p.req)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if err != nil {
-		e.stats.Failed++
-		e.stats.LastError = err.Error()
-		return err
+	if err == nil {
+		e.pop(p)
+		e.stats.Pushed++
+		e.stats.LastError = ""
+		return nil
 	}
-	// The queue may have dropped req while it was sent: pop it only if it is
-	// still the head.
-	if len(e.queue) > 0 && e.queue[0] == req {
+	v, reason := judge(err)
+	if v == drop {
+		e.pop(p)
+		e.stats.Rejected++
+		e.stats.RejectedBy[reason]++
+		e.stats.LastRejection = describe(reason, err)
+		e.stats.LastError = ""
+		return nil
+	}
+	e.stats.Failed++
+	e.stats.LastError = err.Error()
+	return err
+}
+
+// pop removes p from the head of the queue, unless a full queue dropped it
+// while it was sent.
+func (e *Exporter) pop(p *pending) {
+	if len(e.queue) > 0 && e.queue[0] == p {
+		e.queue[0] = nil
 		e.queue = e.queue[1:]
 	}
-	e.stats.Pushed++
-	e.stats.LastError = ""
-	return nil
 }
 
 // Stats returns the counts so far.
@@ -367,6 +449,7 @@ func (e *Exporter) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.stats
+	s.RejectedBy = maps.Clone(e.stats.RejectedBy)
 	s.Queued = len(e.queue)
 	return s
 }

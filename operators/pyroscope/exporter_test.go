@@ -54,10 +54,17 @@ func row(pid uint32, stack accounting.StackID, kind tracer.Kind, fn string, c ac
 
 func start(t *testing.T, cfg Config) *Exporter {
 	t.Helper()
+	return startWithClock(t, cfg, time.Now)
+}
+
+// startWithClock starts an exporter whose queue ages by now.
+func startWithClock(t *testing.T, cfg Config, now func() time.Time) *Exporter {
+	t.Helper()
 	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.now = now
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
