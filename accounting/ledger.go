@@ -240,12 +240,19 @@ func releaseImplicitly(a allocation) {
 	a.row.ImplicitFreeCount++
 }
 
-// DropExited removes the rows and failures of processes that exited, and
-// returns those processes: a long-running agent calls it once their last
-// numbers are exported, so that the books stay bounded.
-func (l *Ledger) DropExited() map[uint32]bool {
+// DropExited removes the rows and failures of processes that exited, but
+// those keep says are not yet exported, and returns the processes dropped: a
+// long-running agent calls it once their last numbers are exported, so that
+// the books stay bounded. A process kept is dropped by a later call.
+func (l *Ledger) DropExited(keep func(pid uint32) bool) map[uint32]bool {
 	dropped := l.exited
 	l.exited = map[uint32]bool{}
+	for pid := range dropped {
+		if keep(pid) {
+			delete(dropped, pid)
+			l.exited[pid] = true
+		}
+	}
 	for k := range l.rows {
 		if dropped[k.PID] && l.procs[k.PID] == nil {
 			delete(l.rows, k)

@@ -128,7 +128,12 @@ func TestDropExited(t *testing.T) {
 	failedOnly := Key{PID: 12, Stack: 1, Kind: tracer.KindDevice}
 	l.Fail(failedOnly, 1, tracer.CUDAOutOfMemory, 9)
 	l.Exit(11)
-	dropped := l.DropExited()
+	// A process kept (its last numbers not yet exported) stays until a
+	// later call.
+	if dropped := l.DropExited(func(pid uint32) bool { return pid == 11 }); len(dropped) != 0 || len(l.Snapshot().Rows) != 2 {
+		t.Errorf("dropped %v while kept, books %+v", dropped, l.Snapshot())
+	}
+	dropped := l.DropExited(func(uint32) bool { return false })
 	s := l.Snapshot()
 	if len(dropped) != 1 || !dropped[11] || len(s.Rows) != 1 || len(s.Failures) != 1 || s.Rows[weights].LiveBytes() != 100 {
 		t.Errorf("dropped %v, books %+v", dropped, s)

@@ -446,11 +446,13 @@ func (p *Profiler) askResolve() {
 }
 
 // DropExited forgets the processes that exited: their rows, failures and
-// stacks. Reports taken before keep them.
+// stacks. Reports taken before keep them. A process with a stack still
+// being named is kept until a later call: EachRow has not listed that
+// stack's row yet.
 func (p *Profiler) DropExited() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for pid := range p.ledger.DropExited() {
+	for pid := range p.ledger.DropExited(p.naming) {
 		for _, id := range p.pidStacks[pid] {
 			p.stacks.drop(id)
 		}
@@ -460,6 +462,16 @@ func (p *Profiler) DropExited() {
 		delete(p.containers, pid)
 		p.sym.Forget(pid)
 	}
+}
+
+// naming says whether a process has stacks not yet named.
+func (p *Profiler) naming(pid uint32) bool {
+	for _, id := range p.pidStacks[pid] {
+		if !p.stacks.m[id].named() {
+			return true
+		}
+	}
+	return false
 }
 
 // scan registers Python processes, attaches to driver libraries that

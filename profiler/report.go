@@ -120,17 +120,30 @@ func (p *Profiler) ReportTo(r *Report) error {
 // without it, so that events keep flowing while fn works; a row dropped
 // meanwhile is skipped. The row and its frame slice are reused: fn must
 // not keep them.
+//
+// EachRow never waits for symbols: a row whose stack is still being named
+// (in the background, a library's table read at its first use) is left
+// out of this listing, and listed by a later one with every byte counted
+// since, so that an exporter of the differences between listings loses
+// nothing and counts nothing twice.
 func (p *Profiler) EachRow(fn func(*Row)) time.Time {
-	p.resolve()
 	p.mu.Lock()
 	keys := make([]accounting.Key, 0, p.ledger.Len())
+	waiting := false
 	p.ledger.Rows(func(k accounting.Key, _ accounting.Counters) {
-		if p.onGPU(k) {
+		switch {
+		case !p.onGPU(k):
+		case !p.stacks.m[k.Stack].named():
+			waiting = true
+		default:
 			keys = append(keys, k)
 		}
 	})
 	listed := time.Now()
 	p.mu.Unlock()
+	if waiting {
+		p.askResolve()
+	}
 	const chunk = 1024
 	rows := make([]Row, chunk)
 	named := map[uint32]k8smeta.Container{}

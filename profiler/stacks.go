@@ -41,6 +41,10 @@ type stack struct {
 // only to continue a run of colliding IDs.
 func (s stack) gone() bool { return s.raw == nil && s.frames == nil }
 
+// named says whether the stack's native frames are named, or it is gone:
+// not waiting for the symbolizer.
+func (s stack) named() bool { return s.raw == nil }
+
 // rawStack is a stack as its first event carried it, kept until named.
 type rawStack struct {
 	key    string // what the ID hashes

@@ -1,0 +1,73 @@
+package profiler
+
+import (
+	"testing"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// bareProfiler is a Profiler's books without a tracer.
+func bareProfiler() *Profiler {
+	return &Profiler{
+		sym:        symbolize.New("/proc"),
+		ledger:     accounting.New(),
+		stacks:     newStackTable(),
+		pidStacks:  map[uint32][]accounting.StackID{},
+		resolveNow: make(chan struct{}, 1),
+		comms:      map[uint32]string{},
+		frameIndex: map[symbolize.Frame]uint32{},
+	}
+}
+
+func listRows(p *Profiler) []Row {
+	var rows []Row
+	p.EachRow(func(r *Row) {
+		row := *r
+		row.Frames = append([]*symbolize.Frame(nil), r.Frames...)
+		rows = append(rows, row)
+	})
+	return rows
+}
+
+// TestEachRowLeavesStacksBeingNamed: a listing never waits for symbols. A
+// row whose stack is still being named is left out and the naming asked
+// for; the next listing after it is named has every byte since; an exited
+// process is not dropped before its rows were listed.
+func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
+	p := bareProfiler()
+	ev := &tracer.Event{PID: 42, Op: tracer.Op(1), Stack: []uint64{0x401000}}
+	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
+	id, check, _ := p.stacks.lookup([]byte(raw.key))
+	p.stacks.add(id, check, raw)
+	p.pidStacks[42] = []accounting.StackID{id}
+	key := accounting.Key{PID: 42, Stack: id, Kind: tracer.KindDevice}
+	p.ledger.Alloc(key, 0x1000, tracer.SpacePointer, 100, 1)
+
+	if rows := listRows(p); len(rows) != 0 {
+		t.Fatalf("listed %+v before its stack was named", rows)
+	}
+	select {
+	case <-p.resolveNow:
+	default:
+		t.Error("naming not asked for")
+	}
+	p.ledger.Alloc(key, 0x2000, tracer.SpacePointer, 50, 2)
+	p.ledger.Exit(42)
+	p.DropExited()
+	if len(p.pidStacks[42]) != 1 {
+		t.Fatal("process dropped before its rows were listed")
+	}
+
+	p.storeFrames([]accounting.StackID{id}, []*rawStack{raw}, [][]symbolize.Frame{{{Function: "load_model"}}})
+	rows := listRows(p)
+	want := accounting.Counters{AllocBytes: 150, AllocCount: 2, ImplicitFreeBytes: 150, ImplicitFreeCount: 2}
+	if len(rows) != 1 || rows[0].Counters != want || len(rows[0].Frames) != 2 || rows[0].Frames[1].Function != "load_model" {
+		t.Fatalf("rows %+v, want one of %+v from load_model", rows, want)
+	}
+	p.DropExited()
+	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks) != 0 {
+		t.Errorf("after the drop: rows %+v, stacks %v", rows, p.pidStacks)
+	}
+}
