@@ -81,21 +81,23 @@ func Validate(req *pushv1.PushRequest, now time.Time) error {
 // pprof.RawFromBytesWithLimit (pkg/pprof/pprof.go): gzipped or not, at most
 // maxProfileSize once uncompressed.
 func decode(raw []byte) (*profile.Profile, error) {
+	// The server reads a gzip header from every profile: one without it
+	// is taken as it is, but one too short to hold a header fails.
+	// Neither error is a validation error: connect answers Unknown.
 	data := raw
-	if len(raw) >= 2 && raw[0] == 0x1f && raw[1] == 0x8b {
-		zr, err := gzip.NewReader(bytes.NewReader(raw))
-		if err != nil {
-			// Not a validation error: connect answers Unknown.
-			return nil, status.Errorf(codes.Unknown, "gzip reset: %v", err)
-		}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	switch {
+	case err == nil:
 		if data, err = io.ReadAll(io.LimitReader(zr, maxProfileSize+1)); err != nil {
 			return nil, status.Errorf(codes.Unknown, "copy to buffer: %v", err)
 		}
+	case err != gzip.ErrHeader:
+		return nil, status.Errorf(codes.Unknown, "gzip reset: %v", err)
 	}
 	if len(data) > maxProfileSize {
 		// A validation error (ProfileSizeLimit), which Distributor.Push's
 		// deferred wrapper answers InvalidArgument.
-		return nil, status.Errorf(codes.InvalidArgument, "uncompressed profile payload size exceeds limit of %d B", maxProfileSize)
+		return nil, status.Error(codes.InvalidArgument, "uncompressed profile payload size exceeds limit of 4.2 MB")
 	}
 	// The server decodes with the generated UnmarshalVT, whose error is
 	// no validation error: Unknown.
@@ -118,6 +120,9 @@ func decode(raw []byte) (*profile.Profile, error) {
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "malformed profile: %v", err)
 	}
+	if pb.PeriodType == nil {
+		p.PeriodType = nil // as sent: pprof's reader makes up an empty one
+	}
 	return p, nil
 }
 
@@ -125,10 +130,16 @@ func decode(raw []byte) (*profile.Profile, error) {
 // ValidateProfile, then normalization, then the labels of each group of
 // samples (Distributor.visitSampleSeries). Each refusal is InvalidArgument.
 func validateSeries(s series, now time.Time) error {
-	if err := validateProfile(s.profile, now); err != nil {
+	labels := withService(s.labels)
+	if err := validateProfile(s.profile, labels, now); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	for _, labels := range labelSets(withService(s.labels), kept(s.profile.Sample)) {
+	samples := kept(s.profile.Sample)
+	if normalizePanics(s.profile, samples) {
+		// Recovered by Distributor.PushBatch: no connect error, Unknown.
+		return status.Error(codes.Unknown, "push series with index 0 and id  failed: runtime error: invalid memory address or nil pointer dereference")
+	}
+	for _, labels := range labelSets(labels, samples) {
 		if err := validateLabels(labels); err != nil {
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -136,8 +147,9 @@ func validateSeries(s series, now time.Time) error {
 	return nil
 }
 
-// validateProfile mirrors ValidateProfile (pkg/validation/validate.go).
-func validateProfile(p *profile.Profile, now time.Time) error {
+// validateProfile mirrors ValidateProfile (pkg/validation/validate.go);
+// labels are the series', as its messages quote them.
+func validateProfile(p *profile.Profile, labels []*typesv1.LabelPair, now time.Time) error {
 	if len(p.SampleType) == 0 {
 		return fmt.Errorf("empty profile")
 	}
@@ -147,8 +159,8 @@ func validateProfile(p *profile.Profile, now time.Time) error {
 		t := p.TimeNanos / 1e6
 		from, to := now.Add(-rejectOlderThan).UnixMilli(), now.Add(rejectNewerThan).UnixMilli()
 		if t <= from || t >= to {
-			return fmt.Errorf("profile is outside of ingestion window (profile timestamp: %s, the ingestion window starts at %s and ends at %s)",
-				time.UnixMilli(t).UTC().Format(time.RFC3339Nano), time.UnixMilli(from).UTC().Format(time.RFC3339Nano), time.UnixMilli(to).UTC().Format(time.RFC3339Nano))
+			return fmt.Errorf("profile with labels '%s' is outside of ingestion window (profile timestamp: %s, the ingestion window starts at %s and ends at %s)",
+				labelsString(sorted(labels)), millis(t), millis(from), millis(to))
 		}
 	}
 	if len(p.Sample) > maxSamples {
@@ -171,6 +183,9 @@ func validateProfile(p *profile.Profile, now time.Time) error {
 	}
 	return nil
 }
+
+// millis is a time as the server writes it (util.FormatTimeMillis).
+func millis(ms int64) string { return time.UnixMilli(ms).UTC().String() }
 
 func sampleLabelCount(s *profile.Sample) int {
 	n := 0
@@ -232,6 +247,47 @@ func kept(samples []*profile.Sample) []*profile.Sample {
 		}
 	}
 	return out
+}
+
+// normalizePanics says whether Profile.Normalize (pkg/pprof/pprof.go)
+// panics on p: once it has removed samples (kept says which stay), it drops
+// the functions that only they used and then, in visitAllNameReferences,
+// reads the period type without checking that there is one. A profile
+// without a period type that so loses a function loses its push to a
+// recovered panic, answered Unknown, which a client would retry forever.
+// (gpu-mem's profiles always carry a period type.)
+func normalizePanics(p *profile.Profile, kept []*profile.Sample) bool {
+	if p.PeriodType != nil {
+		return false
+	}
+	used := map[uint64]bool{} // the kept samples' locations
+	for _, s := range kept {
+		for _, l := range s.Location {
+			used[l.ID] = true
+		}
+	}
+	removed := map[uint64]bool{} // the other samples' locations
+	for _, s := range p.Sample {
+		for _, l := range s.Location {
+			removed[l.ID] = !used[l.ID]
+		}
+	}
+	left := map[uint64]bool{} // the functions of the locations left
+	for _, l := range p.Location {
+		for _, line := range l.Line {
+			if line.Function != nil && !removed[l.ID] {
+				left[line.Function.ID] = true
+			}
+		}
+	}
+	for _, l := range p.Location {
+		for _, line := range l.Line {
+			if line.Function != nil && !left[line.Function.ID] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // labelSets are the label sets of a series' samples, as the segment
@@ -299,8 +355,7 @@ func validateLabels(labels []*typesv1.LabelPair) error {
 	if len(labels) == 0 {
 		return fmt.Errorf("error at least one label pair is required per profile")
 	}
-	ls := slices.Clone(labels)
-	sort.SliceStable(ls, func(i, j int) bool { return ls[i].Name < ls[j].Name })
+	ls := sorted(labels)
 	if len(ls) > maxLabelNamesPerSeries {
 		return fmt.Errorf("profile series '%s' has %d label names; limit %d", labelsString(ls), len(ls), maxLabelNamesPerSeries)
 	}
@@ -327,6 +382,13 @@ func validateLabels(labels []*typesv1.LabelPair) error {
 		last = l.Name
 	}
 	return nil
+}
+
+// sorted is ls by name, as the server sorts them.
+func sorted(ls []*typesv1.LabelPair) []*typesv1.LabelPair {
+	ls = slices.Clone(ls)
+	sort.SliceStable(ls, func(i, j int) bool { return ls[i].Name < ls[j].Name })
+	return ls
 }
 
 // get is the value of the first label of that name, as Labels.Get.

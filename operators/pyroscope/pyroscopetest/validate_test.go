@@ -83,6 +83,8 @@ func TestValidate(t *testing.T) {
 	sampleLabels.Sample[0].Label["extra"] = []string{"x"}
 	zero := memory(now)
 	zero.Sample[0].Value = []int64{0, 0}
+	negative := memory(now)
+	negative.Sample[0].Value = []int64{-1, 4096}
 	noTypes := memory(now)
 	noTypes.SampleType, noTypes.Sample[0].Value = nil, nil
 	dash := memory(now)
@@ -100,7 +102,7 @@ func TestValidate(t *testing.T) {
 	}{
 		{"a memory profile", push(labels(good...), ok), codes.OK, ""},
 		{"uncompressed", push(labels(good...), uncompressed(t, memory(now))), codes.OK, ""},
-		{"gzipped twice", push(labels(good...), gzipTwice(t, ok)), codes.Unknown, ""},
+		{"gzipped twice", push(labels(good...), gzipped(t, ok)), codes.Unknown, ""},
 		{"no series", &pushv1.PushRequest{}, codes.InvalidArgument, "no profiles received"},
 		{"a series without samples", push(labels(good...)), codes.InvalidArgument, "no profiles received"},
 		{"no __name__", push(labels("service_name", "train"), ok), codes.InvalidArgument, "invalid metric name"},
@@ -116,7 +118,10 @@ func TestValidate(t *testing.T) {
 		{"30 labels", push(labels(manyLabels...), ok), codes.OK, ""},
 		{"31 labels", push(labels(append(manyLabels, "l99", "v")...), ok), codes.InvalidArgument, "has 31 label names; limit 30"},
 		{"31 with a sample's label", push(labels(manyLabels...), raw(t, sampleLabels)), codes.InvalidArgument, "has 31 label names; limit 30"},
-		{"invalid labels, every value zero", push(labels("service_name", "train"), raw(t, zero)), codes.OK, ""},
+		{"invalid labels, every value zero", push(labels("service_name", "train"), raw(t, withPeriod(zero))), codes.OK, ""},
+		{"a negative value", push(labels(good...), raw(t, withPeriod(negative))), codes.OK, ""},
+		{"every value zero, no period type", push(labels(good...), raw(t, zero)), codes.Unknown, "nil pointer dereference"},
+		{"a negative value, no period type", push(labels(good...), raw(t, negative)), codes.Unknown, "nil pointer dereference"},
 		{"a label name too long", push(labels(append([]string{strings.Repeat("n", 1025), "v"}, good...)...), ok), codes.InvalidArgument, "label name too long"},
 		{"a label value too long", push(labels(append([]string{"pod", strings.Repeat("v", 2049)}, good...)...), ok), codes.InvalidArgument, "label value too long"},
 		{"59 minutes old", push(labels(good...), raw(t, memory(now.Add(-59*time.Minute)))), codes.OK, ""},
@@ -126,7 +131,8 @@ func TestValidate(t *testing.T) {
 		{"11 minutes ahead", push(labels(good...), raw(t, memory(now.Add(11*time.Minute)))), codes.InvalidArgument, "outside of ingestion window"},
 		{"no time: the server's", push(labels(good...), raw(t, memory(time.Unix(0, 0)))), codes.OK, ""},
 		{"no sample types", push(labels(good...), raw(t, noTypes)), codes.InvalidArgument, "empty profile"},
-		{"an empty profile", push(labels(good...), []byte{}), codes.InvalidArgument, "empty profile"},
+		{"no bytes", push(labels(good...), []byte{}), codes.Unknown, "gzip reset: EOF"},
+		{"an empty profile", push(labels(good...), gzipped(t, nil)), codes.InvalidArgument, "empty profile"},
 		{"a sample type with -", push(labels(good...), raw(t, dash)), codes.InvalidArgument, "sample type contains -"},
 		{"a string not UTF-8", push(labels(good...), raw(t, badString)), codes.InvalidArgument, "invalid utf8 string"},
 		{"over 4 MiB uncompressed", push(labels(good...), raw(t, big)), codes.InvalidArgument, "uncompressed profile payload size exceeds limit"},
@@ -177,7 +183,14 @@ func TestReceiverOverGRPC(t *testing.T) {
 	}
 }
 
-func gzipTwice(t *testing.T, data []byte) []byte {
+// withPeriod is a copy of p with a period type, as gpu-mem writes.
+func withPeriod(p *profile.Profile) *profile.Profile {
+	p = p.Copy()
+	p.PeriodType, p.Period = &profile.ValueType{Type: "space", Unit: "bytes"}, 1
+	return p
+}
+
+func gzipped(t *testing.T, data []byte) []byte {
 	t.Helper()
 	var b bytes.Buffer
 	zw := gzip.NewWriter(&b)
