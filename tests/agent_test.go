@@ -36,7 +36,9 @@ func TestAgentStartedBeforeTheWorkload(t *testing.T) {
 	driver := filepath.Join(t.TempDir(), "driver", "libcuda.so.1")
 	copyFile(t, simLib, driver) // this test's own driver: no other test's process loads it
 
-	c := startCLI(t, "agent", "--library", driver, "--pyroscope-url", url,
+	// Without the tensor view: it would trace other tests' simulated
+	// PyTorch allocators, running beside this one.
+	c := startCLI(t, "agent", "--library", driver, "--tensors=false", "--pyroscope-url", url,
 		"--pyroscope-interval", "300ms", "--node", "node-7")
 	waitLines(t, c, "attached to "+driver)
 	for range 4 {
