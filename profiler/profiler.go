@@ -464,6 +464,10 @@ func (p *Profiler) DropExited() {
 	}
 }
 
+// SymbolStats are what the symbol tables hold: the agent reports their
+// share of its memory.
+func (p *Profiler) SymbolStats() symbolize.Stats { return p.sym.Stats() }
+
 // naming says whether a process has stacks not yet named.
 func (p *Profiler) naming(pid uint32) bool {
 	for _, id := range p.pidStacks[pid] {

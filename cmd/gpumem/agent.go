@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -118,13 +119,37 @@ func (o *agentOptions) exporter() (*pyroscope.Exporter, error) {
 	return e, nil
 }
 
-// memoryLimit is the agent's soft limit on the Go heap, where GOMEMLIMIT
-// does not set one: a DaemonSet's memory should not grow with idle garbage.
-const memoryLimit = 128 << 20
+// Without GOMEMLIMIT, the agent bounds its Go heap itself, so that a
+// DaemonSet's memory does not grow with idle garbage: below the container's
+// limit, which the chart passes as GPUMEM_MEMORY_LIMIT (bytes), by what
+// lives outside the heap (the ring buffer, mapped twice, thread stacks,
+// the pages of the symbol files read); 128 MiB without one.
+const (
+	defaultMemoryLimit = 128 << 20
+	offHeapReserve     = 64 << 20
+	minMemoryLimit     = 64 << 20
+)
+
+// memoryLimit is the soft limit on the Go heap.
+func memoryLimit() (int64, error) {
+	v := os.Getenv("GPUMEM_MEMORY_LIMIT")
+	if v == "" {
+		return defaultMemoryLimit, nil
+	}
+	limit, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || limit <= 0 {
+		return 0, fmt.Errorf("GPUMEM_MEMORY_LIMIT=%q: want the container's memory limit in bytes", v)
+	}
+	return max(limit-offHeapReserve, minMemoryLimit), nil
+}
 
 func (o *agentOptions) run(ctx context.Context) error {
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(memoryLimit)
+		limit, err := memoryLimit()
+		if err != nil {
+			return usageError{err}
+		}
+		debug.SetMemoryLimit(limit)
 	}
 	if o.interval <= 0 {
 		return usageError{fmt.Errorf("--pyroscope-interval must be positive")}
@@ -180,7 +205,9 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	for _, s := range t.Series {
 		pids[s.PID] = true
 	}
-	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees", len(pids), t.Events, t.Losses.Total(), t.UnknownFrees)
+	sym := p.SymbolStats()
+	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees, symbol tables %d (%.1f MiB)",
+		len(pids), t.Events, t.Losses.Total(), t.UnknownFrees, sym.Tables, float64(sym.IndexBytes+sym.NameBytes)/(1<<20))
 	if exp != nil {
 		exp.ExportRows(p.EachRow)
 		line += o.pushStatus(exp.Stats())
