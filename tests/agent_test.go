@@ -19,10 +19,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 )
 
-// agentWait bounds a wait on the agent: long enough for a slow, busy
-// machine, only there so that a hang fails.
-const agentWait = 2 * time.Minute
-
 // TestAgentStartedBeforeTheWorkload: as a DaemonSet, the agent starts
 // before any GPU process, attached to the node's driver library, and
 // pushes to the strict receiver, which refuses what Pyroscope v2.2.1
@@ -201,7 +197,7 @@ func TestAgentRejectedPushes(t *testing.T) {
 	if reasons != 1 {
 		t.Errorf("the reason said on %d lines, want 1", reasons)
 	}
-	families := scrapeUntil(t, metrics, func(f map[string]*dto.MetricFamily) bool {
+	families := metricstest.ScrapeUntil(t, metrics, hangLimit, func(f map[string]*dto.MetricFamily) bool {
 		return len(f["gpumem_pyroscope_rejected_total"].GetMetric()) > 0 &&
 			f["gpumem_pyroscope_rejected_total"].GetMetric()[0].GetCounter().GetValue() >= 3
 	})
@@ -299,7 +295,7 @@ func waitLines(t *testing.T, c *cli, wants ...string) []string {
 	t.Helper()
 	found := make([]string, len(wants))
 	missing := len(wants)
-	deadline := time.After(agentWait)
+	deadline := time.After(hangLimit)
 	for missing > 0 {
 		select {
 		case line, ok := <-c.lines:
@@ -314,7 +310,7 @@ func waitLines(t *testing.T, c *cli, wants ...string) []string {
 				}
 			}
 		case <-deadline:
-			t.Fatalf("agent did not say %q within %v", wants, agentWait)
+			t.Fatalf("agent did not say %q within %v", wants, hangLimit)
 		}
 	}
 	return found
@@ -323,24 +319,13 @@ func waitLines(t *testing.T, c *cli, wants ...string) []string {
 // waitUntil waits for cond, checked every 20 ms.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(agentWait)
+	deadline := time.Now().Add(hangLimit)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, agentWait)
+			t.Fatalf("no %s within %v", what, hangLimit)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// scrapeUntil scrapes url until ready, and returns the last scrape.
-func scrapeUntil(t *testing.T, url string, ready func(map[string]*dto.MetricFamily) bool) map[string]*dto.MetricFamily {
-	t.Helper()
-	var families map[string]*dto.MetricFamily
-	waitUntil(t, "metrics ready", func() bool {
-		families = metricstest.Scrape(t, url)
-		return ready(families)
-	})
-	return families
 }
 
 func residentKiB(t *testing.T, pid int) int {
