@@ -35,6 +35,50 @@ func (k Kind) String() string {
 // OnDevice says whether memory of kind k lives on one GPU.
 func (k Kind) OnDevice() bool { return k == KindDevice || k == KindVMM || k == KindTensor }
 
+// View is one of the two accounts gpu-mem keeps of a process's memory. They
+// overlap, so no total ever adds them: a tensor lies inside a segment that
+// PyTorch's caching allocator got from the driver, and its bytes are in
+// both.
+type View uint8
+
+const (
+	// ViewDriver is what the driver handed out, every kind but tensors:
+	// what the GPU really holds (what nvidia-smi's per-process figure
+	// grows with), the default of every output.
+	ViewDriver View = iota
+	// ViewTensor is what PyTorch's tensors hold: what the code asked for.
+	ViewTensor
+)
+
+// Views are both views, the default first.
+var Views = []View{ViewDriver, ViewTensor}
+
+// View is the view memory of kind k is counted in. This is the one place
+// that says which kinds belong to which view.
+func (k Kind) View() View {
+	if k == KindTensor {
+		return ViewTensor
+	}
+	return ViewDriver
+}
+
+func (v View) String() string {
+	if v == ViewTensor {
+		return "tensor"
+	}
+	return "driver"
+}
+
+// ParseView is the inverse of View.String.
+func ParseView(s string) (View, bool) {
+	for _, v := range Views {
+		if v.String() == s {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
 // ParseKind is the inverse of Kind.String.
 func ParseKind(s string) (Kind, bool) {
 	for k := KindDevice; k <= KindTensor; k++ {
