@@ -1,5 +1,6 @@
 // Package pprof builds pprof profiles of GPU memory, with the sample types
-// of Go's heap profiles so that every pprof tool reads them as memory.
+// of Go's heap profiles so that every pprof tool reads them as memory: the
+// driver view under Go's names, the tensor view under its own (SampleTypes).
 package pprof
 
 import (
@@ -11,9 +12,10 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-// Values are a sample's values, in the order of the sample types:
+// Values are a row's values, in the order of its view's sample types:
 // alloc_objects, alloc_space, inuse_objects, inuse_space.
 type Values [4]int64
 
@@ -23,25 +25,43 @@ func Totals(row profiler.Row) Values {
 	return Values{int64(row.AllocCount), int64(row.AllocBytes), int64(row.LiveCount()), int64(row.LiveBytes())}
 }
 
-// Build makes a profile of the report's rows, one sample per (process,
-// stack, memory kind, device), labelled with pid, comm, kind and gpu.
-func Build(r profiler.Report) *profile.Profile {
-	return BuildRows(r.Rows, r.Time, 0, Totals)
+// SampleTypes are a view's sample types, in the order of Values. The driver
+// view has Go heap profiles' own, so that a pprof reader's default
+// (inuse_space) is what the GPU holds; the tensor view has the same names
+// prefixed with "tensor_", so that it is never summed with the driver view
+// and is read with -sample_index=tensor_inuse_space.
+func SampleTypes(v tracer.View) []*profile.ValueType {
+	prefix := ""
+	if v == tracer.ViewTensor {
+		prefix = "tensor_"
+	}
+	return []*profile.ValueType{
+		{Type: prefix + "alloc_objects", Unit: "count"},
+		{Type: prefix + "alloc_space", Unit: "bytes"},
+		{Type: prefix + "inuse_objects", Unit: "count"},
+		{Type: prefix + "inuse_space", Unit: "bytes"},
+	}
 }
 
-// BuildRows makes a profile taken at t over duration of the given rows,
-// with the values that values gives each. Rows whose values are all zero are
-// left out.
-func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values func(profiler.Row) Values) *profile.Profile {
+// DefaultSampleType is the sample type a profile of view v opens with.
+func DefaultSampleType(v tracer.View) string { return SampleTypes(v)[3].Type }
+
+// Build makes a profile of the report's rows, one sample per (process,
+// stack, memory kind, device), labelled with pid, comm, kind and gpu, with
+// both views' sample types.
+func Build(r profiler.Report) *profile.Profile {
+	return BuildRows(r.Rows, r.Time, 0, Totals, tracer.Views...)
+}
+
+// BuildRows makes a profile taken at t over duration of the given rows, with
+// the values that values gives each. Its sample types are those of views,
+// in order, the first view's inuse_space the default; a row's values go
+// under its own view's types, zeros under the others'. Rows of other views,
+// and rows whose values are all zero, are left out.
+func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values func(profiler.Row) Values, views ...tracer.View) *profile.Profile {
 	b := builder{
 		p: &profile.Profile{
-			SampleType: []*profile.ValueType{
-				{Type: "alloc_objects", Unit: "count"},
-				{Type: "alloc_space", Unit: "bytes"},
-				{Type: "inuse_objects", Unit: "count"},
-				{Type: "inuse_space", Unit: "bytes"},
-			},
-			DefaultSampleType: "inuse_space",
+			DefaultSampleType: DefaultSampleType(views[0]),
 			TimeNanos:         t.UnixNano(),
 			DurationNanos:     duration.Nanoseconds(),
 			PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
@@ -51,16 +71,23 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 		functions: map[string]*profile.Function{},
 		locations: map[locationKey]*profile.Location{},
 	}
+	column := map[tracer.View]int{} // where a view's values start
+	for _, v := range views {
+		column[v] = len(b.p.SampleType)
+		b.p.SampleType = append(b.p.SampleType, SampleTypes(v)...)
+	}
 	for _, row := range rows {
+		at, ok := column[row.Kind.View()]
 		v := values(row)
-		if v == (Values{}) {
+		if !ok || v == (Values{}) {
 			continue
 		}
 		s := &profile.Sample{
-			Value:    v[:],
+			Value:    make([]int64, len(b.p.SampleType)),
 			Label:    map[string][]string{"comm": {row.Comm}, "kind": {row.Kind.String()}, "gpu": {row.GPU()}},
 			NumLabel: map[string][]int64{"pid": {int64(row.PID)}},
 		}
+		copy(s.Value[at:], v[:])
 		for name, value := range map[string]string{"pod_uid": row.Container.PodUID, "container_id": row.Container.ContainerID,
 			"namespace": row.Container.Namespace, "pod": row.Container.Pod, "container": row.Container.Name} {
 			if value != "" {
@@ -85,6 +112,8 @@ func Comment(r profiler.Report) []string {
 		fmt.Sprintf("gpu-mem at %s", r.Time.Format(time.RFC3339)),
 		fmt.Sprintf("losses: %d (ring buffer %d)", r.Losses.Total(), r.Losses.RingBufferFull),
 		fmt.Sprintf("unknown frees: %d", r.Ledger.UnknownFrees),
+		"views: inuse_space and alloc_space are the driver's (what the GPU holds), tensor_inuse_space and " +
+			"tensor_alloc_space PyTorch's tensors, inside the driver's segments: never add them",
 	}
 }
 

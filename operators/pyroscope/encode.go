@@ -10,12 +10,15 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/google/pprof/profile"
 	typesv1 "github.com/grafana/pyroscope/api/gen/proto/go/types/v1"
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // A series' profile is pushed every interval, and most of it does not
@@ -69,18 +72,22 @@ const (
 	functionFilename   = 4
 )
 
-var sampleTypes = [4][2]string{{"alloc_objects", "count"}, {"alloc_space", "bytes"}, {"inuse_objects", "count"}, {"inuse_space", "bytes"}}
-
 // seriesProfile is what a series keeps between intervals.
 type seriesProfile struct {
-	strings    map[string]uint64
-	stringList []string
-	tables     []byte // mappings, locations and functions, encoded
-	mappings   map[string]uint64
-	functions  map[[2]string]uint64
-	locations  map[locationKey]uint64
-	rows       map[accounting.Key]*rowSample
-	seen       uint64 // the last interval with rows
+	// types are the sample types of the series' view (pprof.SampleTypes):
+	// a series is one kind of memory, so one view, and a tensor series'
+	// types are the tensor view's own, which Pyroscope keeps apart as
+	// profile types of their own (memory:tensor_inuse_space:...).
+	types       []*profile.ValueType
+	defaultType string
+	strings     map[string]uint64
+	stringList  []string
+	tables      []byte // mappings, locations and functions, encoded
+	mappings    map[string]uint64
+	functions   map[[2]string]uint64
+	locations   map[locationKey]uint64
+	rows        map[accounting.Key]*rowSample
+	seen        uint64 // the last interval with rows
 
 	// The interval being written.
 	labels     []byte // of every sample
@@ -104,18 +111,20 @@ type locationKey struct {
 	line                   int64
 }
 
-func newSeriesProfile() *seriesProfile {
+func newSeriesProfile(view tracer.View) *seriesProfile {
 	s := &seriesProfile{
-		strings:   map[string]uint64{},
-		mappings:  map[string]uint64{},
-		functions: map[[2]string]uint64{},
-		locations: map[locationKey]uint64{},
-		rows:      map[accounting.Key]*rowSample{},
+		types:       pprof.SampleTypes(view),
+		defaultType: pprof.DefaultSampleType(view),
+		strings:     map[string]uint64{},
+		mappings:    map[string]uint64{},
+		functions:   map[[2]string]uint64{},
+		locations:   map[locationKey]uint64{},
+		rows:        map[accounting.Key]*rowSample{},
 	}
 	s.str("")
-	for _, t := range sampleTypes {
-		s.str(t[0])
-		s.str(t[1])
+	for _, t := range s.types {
+		s.str(t.Type)
+		s.str(t.Unit)
 	}
 	s.str("space")
 	return s
@@ -302,15 +311,15 @@ func (e *encoder) finish(s *seriesProfile, t time.Time, duration time.Duration) 
 	}
 	// The samples are written as they are; then the rest.
 	raw := e.raw[:0]
-	for _, st := range sampleTypes {
-		raw = appendValueType(raw, profSampleType, s.str(st[0]), s.str(st[1]))
+	for _, st := range s.types {
+		raw = appendValueType(raw, profSampleType, s.str(st.Type), s.str(st.Unit))
 	}
 	raw = append(raw, s.tables...)
 	raw = varintField(raw, profTimeNanos, uint64(t.UnixNano()))
 	raw = varintField(raw, profDurationNanos, uint64(duration.Nanoseconds()))
 	raw = appendValueType(raw, profPeriodType, s.str("space"), s.str("bytes"))
 	raw = varintField(raw, profPeriod, 1)
-	raw = varintField(raw, profDefaultType, s.str("inuse_space"))
+	raw = varintField(raw, profDefaultType, s.str(s.defaultType))
 	for _, v := range s.stringList {
 		raw = protowire.AppendString(protowire.AppendTag(raw, profStringTable, protowire.BytesType), v)
 	}

@@ -53,9 +53,16 @@ func samples(t *testing.T, p *profile.Profile) []string {
 }
 
 // TestEncodeAsPprofBuilds: the exporter's profile of a series, interval
-// after interval, is what the pprof package builds from the same rows:
-// samples, frames (native and Python), labels, values.
+// after interval, is what the pprof package builds from the same rows, in
+// the series' view: samples, frames (native and Python), labels, values,
+// and the view's own sample types (tensor_* for a tensor series).
 func TestEncodeAsPprofBuilds(t *testing.T) {
+	for _, kind := range []tracer.Kind{tracer.KindDevice, tracer.KindTensor} {
+		t.Run(kind.String(), func(t *testing.T) { testEncodeAsPprofBuilds(t, kind) })
+	}
+}
+
+func testEncodeAsPprofBuilds(t *testing.T, kind tracer.Kind) {
 	driver := &symbolize.Frame{Function: "cuMemAlloc_v2", Module: "libcuda.so.1"}
 	native := &symbolize.Frame{Function: "at::empty_cuda", Module: "/usr/lib/libtorch_cuda.so", Address: 0x1234}
 	unnamed := &symbolize.Frame{Module: "/usr/lib/libfoo.so", Address: 0x99}
@@ -63,7 +70,7 @@ func TestEncodeAsPprofBuilds(t *testing.T) {
 	c := k8smeta.Container{PodUID: "uid", ContainerID: "cid", Namespace: "ml", Pod: "trainer-1", Name: "trainer"}
 	gpu := gpuinfo.Device{Name: "NVIDIA H200", UUID: "GPU-1"}
 	row := func(stack accounting.StackID, frames []*symbolize.Frame, counters accounting.Counters) profiler.Row {
-		return profiler.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: tracer.KindDevice, Device: 0}, Comm: "python3",
+		return profiler.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: kind, Device: 0}, Comm: "python3",
 			Device: gpu, Container: c, Frames: frames, Counters: counters}
 	}
 	intervals := [][]profiler.Row{
@@ -83,7 +90,7 @@ func TestEncodeAsPprofBuilds(t *testing.T) {
 			row(3, []*symbolize.Frame{driver, unnamed}, accounting.Counters{AllocBytes: 1, AllocCount: 1, FreeBytes: 1, FreeCount: 1}),
 		},
 	}
-	s := newSeriesProfile()
+	s := newSeriesProfile(kind.View())
 	var enc encoder
 	prev := map[accounting.Key]accounting.Counters{}
 	t0 := time.Unix(1700000000, 0)
@@ -102,7 +109,7 @@ func TestEncodeAsPprofBuilds(t *testing.T) {
 		want := pprof.BuildRows(rows, at, time.Second, func(row profiler.Row) pprof.Values {
 			b := before[row.Key]
 			return pprof.Values{int64(row.AllocCount - b.AllocCount), int64(row.AllocBytes - b.AllocBytes), int64(row.LiveCount()), int64(row.LiveBytes())}
-		})
+		}, kind.View())
 		prev = map[accounting.Key]accounting.Counters{}
 		for _, row := range rows {
 			prev[row.Key] = row.Counters

@@ -1,7 +1,10 @@
 // Package pyroscope pushes GPU memory profiles to Grafana Pyroscope over
 // native gRPC (push.v1.PusherService/Push): one profile per process, memory
 // kind and device every interval, through a bounded queue that never blocks the
-// tracer. Only what the server takes is sent: no interval without series,
+// tracer. The tensor view's series carry sample types of their own
+// (tensor_inuse_space, ...): Pyroscope makes them profile types of their
+// own, so that memory:inuse_space is the driver view alone, what the GPUs
+// hold, with no label filter. Only what the server takes is sent: no interval without series,
 // none older than the server accepts, and a request the server refuses for
 // its content is dropped, not retried (refusal.go).
 package pyroscope
@@ -253,7 +256,7 @@ func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time) (*pushv
 		k := seriesKey{row.PID, row.Kind, row.GPU()}
 		s := e.series[k]
 		if s == nil {
-			s = newSeriesProfile()
+			s = newSeriesProfile(row.Kind.View())
 			e.series[k] = s
 		}
 		if s.seen != e.interval {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
+	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"google.golang.org/grpc"
@@ -305,4 +306,64 @@ func TestReceiverDownThenUp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTensorViewHasItsOwnProfileTypes: a process's driver rows and tensor
+// rows go to series of their own, the tensor series with the tensor_*
+// sample types, so that Pyroscope's memory:inuse_space (any label) is the
+// driver view alone and memory:tensor_inuse_space the tensor view alone.
+func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
+	lis := listen(t)
+	r := &receiver{}
+	serve(t, r, lis)
+	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
+	e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{
+		// The allocator's 20 MiB segment, the 12 MiB tensor inside it, and
+		// a pinned buffer.
+		row(10, 1, tracer.KindDevice, "load_weights", accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
+		row(10, 2, tracer.KindTensor, "load_weights", accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
+		row(10, 3, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
+	}})
+	waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
+	push := r.Received()[0]
+	types := map[string][]string{} // by kind
+	for _, s := range push.Series {
+		p, kind := parseRaw(t, s), pyroscopetest.Labels(s)[LabelKind]
+		for _, st := range p.SampleType {
+			types[kind] = append(types[kind], pyroscopetest.ProfileTypeID(s, p, st))
+		}
+		if kind == "tensor" && p.DefaultSampleType != "tensor_inuse_space" {
+			t.Errorf("tensor series' default sample type %q", p.DefaultSampleType)
+		}
+	}
+	driver := "memory:alloc_objects:count:space:bytes memory:alloc_space:bytes:space:bytes memory:inuse_objects:count:space:bytes memory:inuse_space:bytes:space:bytes"
+	tensor := "memory:tensor_alloc_objects:count:space:bytes memory:tensor_alloc_space:bytes:space:bytes memory:tensor_inuse_objects:count:space:bytes memory:tensor_inuse_space:bytes:space:bytes"
+	for kind, want := range map[string]string{"device": driver, "host-pinned": driver, "tensor": tensor} {
+		if got := strings.Join(types[kind], " "); got != want {
+			t.Errorf("%s series' profile types %s, want %s", kind, got, want)
+		}
+	}
+	totals, err := pyroscopetest.Totals(push)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]int64{
+		"memory:inuse_space:bytes:space:bytes":        20<<20 + 4096,
+		"memory:tensor_inuse_space:bytes:space:bytes": 12 << 20,
+		"memory:tensor_alloc_space:bytes:space:bytes": 16 << 20,
+		"memory:inuse_objects:count:space:bytes":      2,
+	} {
+		if totals[id] != want {
+			t.Errorf("%s: %d with no label filter, want %d", id, totals[id], want)
+		}
+	}
+}
+
+func parseRaw(t *testing.T, s *pushv1.RawProfileSeries) *profile.Profile {
+	t.Helper()
+	p, err := profile.ParseData(s.Samples[0].RawProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

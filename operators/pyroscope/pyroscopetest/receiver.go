@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/pprof/profile"
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -161,4 +162,38 @@ func Labels(s *pushv1.RawProfileSeries) map[string]string {
 		m[l.Name] = l.Value
 	}
 	return m
+}
+
+// ProfileTypeID is the profile type Pyroscope files a sample type of a
+// series' profile under (__name__:sample_type:sample_unit:period_type:
+// period_unit, as pprofsplit and the query API name it): what a Grafana
+// panel's profileTypeId selects.
+func ProfileTypeID(s *pushv1.RawProfileSeries, p *profile.Profile, st *profile.ValueType) string {
+	period := &profile.ValueType{}
+	if p.PeriodType != nil {
+		period = p.PeriodType
+	}
+	return Labels(s)[labelName] + ":" + st.Type + ":" + st.Unit + ":" + period.Type + ":" + period.Unit
+}
+
+// Totals sums the values of a push per profile type, over every series
+// and sample: what a query of one profile type with no label filter shows
+// for that push (SelectMergeStacktraces' total).
+func Totals(req *pushv1.PushRequest) (map[string]int64, error) {
+	totals := map[string]int64{}
+	for _, s := range req.Series {
+		for _, raw := range s.Samples {
+			p, err := profile.ParseData(raw.RawProfile)
+			if err != nil {
+				return nil, err
+			}
+			for i, st := range p.SampleType {
+				id := ProfileTypeID(s, p, st)
+				for _, sample := range p.Sample {
+					totals[id] += sample.Value[i]
+				}
+			}
+		}
+	}
+	return totals, nil
 }

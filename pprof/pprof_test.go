@@ -1,0 +1,69 @@
+package pprof
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// TestViewsAreSampleTypes: the driver view under Go heap profiles' sample
+// types, the default; the tensor view under tensor_*; each row's values in
+// its own view's columns and zeros in the other's, so that no sample type
+// sums a byte twice.
+func TestViewsAreSampleTypes(t *testing.T) {
+	frames := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "load_weights", File: "train.py", Line: 3}}
+	row := func(stack accounting.StackID, kind tracer.Kind, c accounting.Counters) profiler.Row {
+		return profiler.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames, Counters: c}
+	}
+	rows := []profiler.Row{
+		row(1, tracer.KindDevice, accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
+		row(2, tracer.KindTensor, accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
+		row(3, tracer.KindHost, accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
+	}
+	p := Build(profiler.Report{Time: time.Unix(1700000000, 0), Rows: rows})
+	var buf bytes.Buffer
+	if err := p.Write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.Parse(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, st := range p.SampleType {
+		types = append(types, st.Type+"/"+st.Unit)
+	}
+	want := []string{"alloc_objects/count", "alloc_space/bytes", "inuse_objects/count", "inuse_space/bytes",
+		"tensor_alloc_objects/count", "tensor_alloc_space/bytes", "tensor_inuse_objects/count", "tensor_inuse_space/bytes"}
+	if !slices.Equal(types, want) || p.DefaultSampleType != "inuse_space" {
+		t.Fatalf("sample types %v, default %q", types, p.DefaultSampleType)
+	}
+	byKind := map[string][]int64{}
+	for _, s := range p.Sample {
+		byKind[s.Label["kind"][0]] = s.Value
+	}
+	for kind, values := range map[string][]int64{
+		"device":      {1, 20 << 20, 1, 20 << 20, 0, 0, 0, 0},
+		"host-pinned": {1, 4096, 1, 4096, 0, 0, 0, 0},
+		"tensor":      {0, 0, 0, 0, 2, 16 << 20, 1, 12 << 20},
+	} {
+		if !slices.Equal(byKind[kind], values) {
+			t.Errorf("%s values %v, want %v", kind, byKind[kind], values)
+		}
+	}
+
+	// One view alone, as a Pyroscope series is: its types only, its
+	// inuse_space the default, the other view's rows left out.
+	tensors := BuildRows(rows, time.Now(), 0, Totals, tracer.ViewTensor)
+	if len(tensors.SampleType) != 4 || tensors.DefaultSampleType != "tensor_inuse_space" || len(tensors.Sample) != 1 {
+		t.Errorf("tensor view alone: %v", tensors)
+	}
+}
