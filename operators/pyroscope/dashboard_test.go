@@ -6,10 +6,21 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // TestDashboardQueriesWhatIsPushed: the dashboard's Pyroscope queries name
-// the profile types and labels the exporter sends.
+// the profile types and labels the exporter sends, with a flame graph of
+// live and of allocated bytes per view; its Prometheus panels query
+// gpu-mem's metrics, live bytes per view, never both views in one query.
 func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	data, err := os.ReadFile("../../dashboards/gpu-mem.json")
 	if err != nil {
@@ -34,28 +45,30 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	if err := json.Unmarshal(data, &d); err != nil {
 		t.Fatalf("dashboard is not valid JSON: %v", err)
 	}
-	// The profile types Pyroscope derives from what is pushed: __name__,
-	// then each sample type with the period type.
-	pushed := map[string]bool{
-		ProfileName + ":inuse_space:bytes:space:bytes": true,
-		ProfileName + ":alloc_space:bytes:space:bytes": true,
-	}
+	pushed := pushedProfileTypes(t)
 	// Labels the exporter sends; namespace and pod come with Kubernetes
 	// metadata (empty, and matched by "All", elsewhere).
 	labels := map[string]bool{LabelService: true, LabelPID: true, LabelComm: true, LabelKind: true, LabelNode: true, LabelGPU: true, "namespace": true, "pod": true}
 	matcher := regexp.MustCompile(`([a-z_]+)=~?"`)
-	metric := regexp.MustCompile(`\bgpumem_(live_bytes|allocated_bytes_total|failures_total)\{`)
-	flames := 0
+	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|allocated_bytes_total|failures_total)\{`)
+	flames := map[string]int{} // by profile type
+	live := map[string]bool{}  // live bytes metrics queried
 	for _, p := range d.Panels {
 		for _, target := range p.Targets {
 			if p.Type != "flamegraph" {
 				// Prometheus panels: gpu-mem's metrics, by namespace and pod.
-				if !metric.MatchString(target.Expr) || !strings.Contains(target.Expr, `pod=~"$pod"`) {
-					t.Errorf("query %q", target.Expr)
+				names := metric.FindAllStringSubmatch(target.Expr, -1)
+				if len(names) != 1 || !strings.Contains(target.Expr, `pod=~"$pod"`) {
+					t.Errorf("query %q: want one of gpu-mem's metrics, by pod", target.Expr)
+				}
+				for _, m := range names {
+					if m[2] == "live_bytes" {
+						live[m[0]] = true
+					}
 				}
 				continue
 			}
-			flames++
+			flames[target.ProfileTypeID]++
 			if !pushed[target.ProfileTypeID] {
 				t.Errorf("profile type %q is not pushed", target.ProfileTypeID)
 			}
@@ -66,8 +79,13 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 			}
 		}
 	}
-	if flames != 2 {
-		t.Errorf("%d flame graph panels, want live and allocated", flames)
+	for id := range pushed {
+		if strings.Contains(id, "_space:") && flames[id] != 1 {
+			t.Errorf("%d flame graph panels of %s, want one", flames[id], id)
+		}
+	}
+	if !live["gpumem_live_bytes{"] || !live["gpumem_tensor_live_bytes{"] {
+		t.Errorf("live bytes panels %v, want one per view", live)
 	}
 	vars := map[string]bool{}
 	for _, v := range d.Templating.List {
@@ -78,4 +96,31 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 			t.Errorf("no variable %s", name)
 		}
 	}
+}
+
+// pushedProfileTypes are the profile types Pyroscope files what the
+// exporter pushes under, for a series of each view.
+func pushedProfileTypes(t *testing.T) map[string]bool {
+	types := map[string]bool{}
+	for _, kind := range []tracer.Kind{tracer.KindDevice, tracer.KindTensor} {
+		e := &Exporter{series: map[seriesKey]*seriesProfile{}}
+		req, _ := e.request(func(add func(*profiler.Row)) time.Time {
+			add(&profiler.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",
+				Frames: []*symbolize.Frame{{Function: "f"}}, Counters: accounting.Counters{AllocBytes: 1, AllocCount: 1}})
+			return time.Now()
+		})
+		for _, s := range req.Series {
+			p, err := profile.ParseData(s.Samples[0].RawProfile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, st := range p.SampleType {
+				types[pyroscopetest.ProfileTypeID(s, p, st)] = true
+			}
+		}
+	}
+	if len(types) != 8 {
+		t.Fatalf("profile types pushed: %v", types)
+	}
+	return types
 }
