@@ -1,6 +1,9 @@
 // Package metrics exposes gpu-mem's books to Prometheus: live bytes,
 // allocated bytes, allocation, free and failure counts per process, memory
-// kind and GPU, and the tracer's loss counters, read at each scrape.
+// kind and GPU, and the tracer's loss counters, read at each scrape. The
+// tensor view has metrics of its own (gpumem_tensor_*): a tensor's bytes
+// are also in the driver's segment that holds it, so that
+// sum(gpumem_live_bytes) is the driver view alone, what the GPUs hold.
 package metrics
 
 import (
@@ -10,6 +13,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Source is what a scrape reads: the profiler's totals.
@@ -19,14 +23,32 @@ type Source interface {
 
 var labels = []string{"pid", "comm", "kind", "gpu", "namespace", "pod", "container", "pod_uid", "container_id"}
 
+// viewMetrics are the metrics of one view's series.
+type viewMetrics struct {
+	liveBytes, allocatedBytes, allocations, frees *prometheus.Desc
+}
+
+// newViewMetrics names a view's metrics with prefix, in whose words their
+// help says what is counted.
+func newViewMetrics(prefix, what string) viewMetrics {
+	return viewMetrics{
+		liveBytes:      prometheus.NewDesc(prefix+"live_bytes", what+": bytes allocated and not freed.", labels, nil),
+		allocatedBytes: prometheus.NewDesc(prefix+"allocated_bytes_total", what+": bytes allocated.", labels, nil),
+		allocations:    prometheus.NewDesc(prefix+"allocations_total", what+": allocations.", labels, nil),
+		frees:          prometheus.NewDesc(prefix+"frees_total", what+": frees, explicit and at process exit.", labels, nil),
+	}
+}
+
+// views are each view's metrics, by tracer.View.
+var views = [...]viewMetrics{
+	tracer.ViewDriver: newViewMetrics("gpumem_", "Driver view (memory from the CUDA driver, what the GPU holds)"),
+	tracer.ViewTensor: newViewMetrics("gpumem_tensor_", "Tensor view (PyTorch's tensors, inside the driver view's segments: not to be added to it)"),
+}
+
 var (
-	liveBytes      = prometheus.NewDesc("gpumem_live_bytes", "Bytes allocated through the CUDA driver and not freed.", labels, nil)
-	allocatedBytes = prometheus.NewDesc("gpumem_allocated_bytes_total", "Bytes allocated through the CUDA driver.", labels, nil)
-	allocations    = prometheus.NewDesc("gpumem_allocations_total", "Allocations through the CUDA driver.", labels, nil)
-	frees          = prometheus.NewDesc("gpumem_frees_total", "Frees, explicit and at process exit.", labels, nil)
-	failures       = prometheus.NewDesc("gpumem_failures_total", "Allocations the driver refused, by CUresult code (2: out of memory).", append(labels, "code"), nil)
-	losses         = prometheus.NewDesc("gpumem_losses_total", "What the tracer could not deliver whole, by reason.", []string{"reason"}, nil)
-	unknownFrees   = prometheus.NewDesc("gpumem_unknown_frees_total", "Frees of memory allocated before tracing began.", nil, nil)
+	failures     = prometheus.NewDesc("gpumem_failures_total", "Allocations the driver refused, by CUresult code (2: out of memory).", append(labels, "code"), nil)
+	losses       = prometheus.NewDesc("gpumem_losses_total", "What the tracer could not deliver whole, by reason.", []string{"reason"}, nil)
+	unknownFrees = prometheus.NewDesc("gpumem_unknown_frees_total", "Frees of memory allocated before tracing began.", nil, nil)
 )
 
 // Collector is a prometheus.Collector over a Source.
@@ -36,7 +58,13 @@ type Collector struct {
 
 // Describe sends the metrics' descriptions.
 func (c Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{liveBytes, allocatedBytes, allocations, frees, failures, losses, unknownFrees} {
+	for _, v := range views {
+		ch <- v.liveBytes
+		ch <- v.allocatedBytes
+		ch <- v.allocations
+		ch <- v.frees
+	}
+	for _, d := range []*prometheus.Desc{failures, losses, unknownFrees} {
 		ch <- d
 	}
 }
@@ -50,10 +78,11 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range t.Series {
 		values := append([]string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, s.Kind.String(), s.GPU()}, containerLabels(s.Container)...)
-		ch <- prometheus.MustNewConstMetric(liveBytes, prometheus.GaugeValue, float64(s.LiveBytes()), values...)
-		ch <- prometheus.MustNewConstMetric(allocatedBytes, prometheus.CounterValue, float64(s.AllocBytes), values...)
-		ch <- prometheus.MustNewConstMetric(allocations, prometheus.CounterValue, float64(s.AllocCount), values...)
-		ch <- prometheus.MustNewConstMetric(frees, prometheus.CounterValue, float64(s.FreeCount+s.ImplicitFreeCount), values...)
+		m := views[s.Kind.View()]
+		ch <- prometheus.MustNewConstMetric(m.liveBytes, prometheus.GaugeValue, float64(s.LiveBytes()), values...)
+		ch <- prometheus.MustNewConstMetric(m.allocatedBytes, prometheus.CounterValue, float64(s.AllocBytes), values...)
+		ch <- prometheus.MustNewConstMetric(m.allocations, prometheus.CounterValue, float64(s.AllocCount), values...)
+		ch <- prometheus.MustNewConstMetric(m.frees, prometheus.CounterValue, float64(s.FreeCount+s.ImplicitFreeCount), values...)
 	}
 	for _, f := range t.Failures {
 		values := append([]string{strconv.FormatUint(uint64(f.PID), 10), f.Comm, f.Kind.String(), f.GPU()}, containerLabels(f.Container)...)
