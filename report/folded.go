@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Value selects the number a folded line carries.
@@ -20,6 +21,14 @@ const (
 	Allocated Value = "alloc" // bytes allocated since tracing began
 )
 
+// ParseView checks a --view flag.
+func ParseView(s string) (tracer.View, error) {
+	if v, ok := tracer.ParseView(s); ok {
+		return v, nil
+	}
+	return 0, fmt.Errorf("unknown view %q: want driver or tensor", s)
+}
+
 // ParseValue checks a --value flag.
 func ParseValue(s string) (Value, error) {
 	switch v := Value(s); v {
@@ -29,14 +38,18 @@ func ParseValue(s string) (Value, error) {
 	return "", fmt.Errorf("unknown value %q: want inuse or alloc", s)
 }
 
-// WriteFolded writes one line per distinct stack, frames outermost first and
-// separated by ';', then a space and the bytes. The process name is the
-// outermost frame, then where the memory lives ("gpu=0", "gpu=host"),
-// so that processes and devices stay apart in a flame graph. Stacks with no
-// bytes are left out.
-func WriteFolded(w io.Writer, r profiler.Report, v Value) error {
+// WriteFolded writes the rows of one view, one line per distinct stack,
+// frames outermost first and separated by ';', then a space and the bytes.
+// The process name is the outermost frame, then where the memory lives
+// ("gpu=0", "gpu=host"), so that processes and devices stay apart in a
+// flame graph. Stacks with no bytes are left out. One view only: a tensor's
+// bytes are also in the driver's segment that holds it.
+func WriteFolded(w io.Writer, r profiler.Report, v Value, view tracer.View) error {
 	sums := map[string]uint64{}
 	for _, row := range r.Rows {
+		if row.Kind.View() != view {
+			continue
+		}
 		bytes := row.LiveBytes()
 		if v == Allocated {
 			bytes = row.AllocBytes

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 //go:embed flamegraph.html
@@ -54,14 +55,59 @@ func where(f symbolize.Frame) string {
 	return fmt.Sprintf("%s:%d", f.File, f.Line)
 }
 
+// flamePage is what the page draws: a tree per view, by view name, and
+// the views side by side per process and GPU.
+type flamePage struct {
+	Views   map[string]*flameNode `json:"views"`
+	Summary []summaryRow          `json:"summary"`
+}
+
+// summaryRow is a ProcessGPU for the page; Cache is null where it means
+// nothing (see ProcessGPU.Cache).
+type summaryRow struct {
+	Process  string  `json:"process"`
+	PID      uint32  `json:"pid"`
+	GPU      string  `json:"gpu"`
+	Held     uint64  `json:"held"`
+	Tensors  uint64  `json:"tensors"`
+	Segments uint64  `json:"segments"`
+	Cache    *uint64 `json:"cache"`
+}
+
 // WriteHTML writes a self-contained flame graph page (no network access
-// when opened): the root is every process, then one bar per process, one
-// per device, then the frames from the outermost; live and allocated bytes
-// can be switched.
+// when opened) with a switch between the views, the driver view ("GPU
+// memory") first: a tree per view, never one of both, whose root is every
+// process, then one bar per process, one per device, then the frames from
+// the outermost; live and allocated bytes can be switched. Above it, each
+// process's memory per GPU in both views and the allocator's cache.
 func WriteHTML(w io.Writer, r profiler.Report) error {
+	page := flamePage{Views: map[string]*flameNode{}, Summary: []summaryRow{}}
+	for _, v := range tracer.Views {
+		page.Views[v.String()] = flameTree(r.Rows, v)
+	}
+	for _, p := range ByProcessGPU(r.Rows) {
+		row := summaryRow{Process: processName(p.Comm, p.PID), PID: p.PID, GPU: p.GPU, Held: p.Held, Tensors: p.Tensors, Segments: p.Segments}
+		if cache, ok := p.Cache(); ok {
+			row.Cache = &cache
+		}
+		page.Summary = append(page.Summary, row)
+	}
+	data, err := json.Marshal(page) // escapes <, > and &: safe inside <script>
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, strings.Replace(flameGraphPage, "/*DATA*/", string(data), 1))
+	return err
+}
+
+// flameTree is the flame graph of one view's rows.
+func flameTree(rows []profiler.Row, v tracer.View) *flameNode {
 	root := &flameNode{Name: "all processes"}
-	for _, row := range r.Rows {
-		process := root.child(fmt.Sprintf("%s (pid %d)", row.Comm, row.PID), "")
+	for _, row := range rows {
+		if row.Kind.View() != v {
+			continue
+		}
+		process := root.child(processName(row.Comm, row.PID), "")
 		node := process.child("[gpu "+row.GPU()+"]", "")
 		path := []*flameNode{root, process, node}
 		for i := len(row.Frames) - 1; i >= 0; i-- {
@@ -74,10 +120,7 @@ func WriteHTML(w io.Writer, r profiler.Report) error {
 		}
 	}
 	root.sort()
-	data, err := json.Marshal(root) // escapes <, > and &: safe inside <script>
-	if err != nil {
-		return err
-	}
-	_, err = io.WriteString(w, strings.Replace(flameGraphPage, "/*DATA*/", string(data), 1))
-	return err
+	return root
 }
+
+func processName(comm string, pid uint32) string { return fmt.Sprintf("%s (pid %d)", comm, pid) }

@@ -95,12 +95,13 @@ func HottestFrame(frames []*symbolize.Frame) string {
 	return "?"
 }
 
-// WriteTop writes a status line, the table of Top, at most limit rows (all
-// when limit <= 0), the three stacks that grew most over the window g
-// follows, and the latest out-of-memory.
+// WriteTop writes a status line, each view's total, the table of Top, at
+// most limit rows (all when limit <= 0), the three stacks that grew most
+// over the window g follows, and the latest out-of-memory.
 func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
 		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
+	writeViewTotals(w, r.Rows)
 	grew := g.Observe(r)
 	window := windowName(g.Window)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -127,6 +128,27 @@ func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 	return nil
 }
 
+// writeViewTotals writes one line per view with its live and allocated
+// bytes; the tensor view's only when tensors were traced. The kinds under
+// each are in the table's KIND column (tensor: the tensor view).
+func writeViewTotals(w io.Writer, rows []profiler.Row) {
+	for _, v := range tracer.Views {
+		if v == tracer.ViewTensor && !HasTensors(rows) {
+			continue
+		}
+		sum := ViewTotal(rows, v)
+		fmt.Fprintf(w, "%s: %s live, %s allocated%s\n", ViewName(v), HumanBytes(sum.LiveBytes()), HumanBytes(sum.AllocBytes), viewNote(v))
+	}
+}
+
+// viewNote says, after a view's total, why it is not added to the other.
+func viewNote(v tracer.View) string {
+	if v == tracer.ViewTensor {
+		return " (inside the driver view's segments: not added to it)"
+	}
+	return ""
+}
+
 // HumanBytes formats a byte count with binary units: 1.5 MiB.
 func HumanBytes(n uint64) string {
 	const unit = 1024
@@ -141,19 +163,29 @@ func HumanBytes(n uint64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
-// WriteStacks writes the n stacks holding the most, each as a backtrace
-// (innermost first) under its live and allocated bytes.
+// WriteStacks writes, per view, the n stacks holding the most, each as a
+// backtrace (innermost first) under its live and allocated bytes, then the
+// view's total; the tensor view only when tensors were traced.
 func WriteStacks(w io.Writer, r profiler.Report, n int) error {
-	for i, row := range r.Rows {
-		if i == n {
-			break
+	for _, v := range tracer.Views {
+		if v == tracer.ViewTensor && !HasTensors(r.Rows) {
+			continue
 		}
-		fmt.Fprintf(w, "%s live, %s allocated by %d calls: pid %d (%s), %s memory, gpu %s\n",
-			HumanBytes(row.LiveBytes()), HumanBytes(row.AllocBytes), row.AllocCount, row.PID, row.Comm, row.Kind, row.GPU())
-		for _, f := range row.Frames {
-			fmt.Fprintf(w, "    %s\n", f.Name())
+		fmt.Fprintf(w, "%s, stacks holding the most:\n", ViewName(v))
+		shown := 0
+		for _, row := range r.Rows { // by live bytes
+			if row.Kind.View() != v || shown == n {
+				continue
+			}
+			shown++
+			fmt.Fprintf(w, "%s live, %s allocated by %d calls: pid %d (%s), %s memory, gpu %s\n",
+				HumanBytes(row.LiveBytes()), HumanBytes(row.AllocBytes), row.AllocCount, row.PID, row.Comm, row.Kind, row.GPU())
+			for _, f := range row.Frames {
+				fmt.Fprintf(w, "    %s\n", f.Name())
+			}
 		}
 	}
+	writeViewTotals(w, r.Rows)
 	_, err := fmt.Fprintf(w, "events %d, losses %d, unknown frees %d\n", r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
 	return err
 }

@@ -9,10 +9,13 @@ import (
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // oomWriter writes each out-of-memory snapshot into a directory: what the
-// process held, as pprof (oom-PID-N.pb.gz) and folded (oom-PID-N.folded).
+// process held, as pprof (oom-PID-N.pb.gz, both views as sample types) and
+// folded, one file per view: the driver view in oom-PID-N.folded and, if the
+// process held tensors, the tensor view in oom-PID-N.tensor.folded.
 type oomWriter struct {
 	dir string
 	n   int
@@ -25,16 +28,22 @@ func (w *oomWriter) write(o profiler.OOM) {
 	r := profiler.Report{Time: o.Time, Rows: o.Held}
 	prof := pprof.Build(r)
 	prof.Comments = []string{report.DescribeOOM(o), "asked from: " + strings.Join(frameNames(o.Failure), " < ")}
-	for path, write := range map[string]func(f *os.File) error{
+	files := map[string]func(f *os.File) error{
 		base + ".pb.gz":  func(f *os.File) error { return prof.Write(f) },
-		base + ".folded": func(f *os.File) error { return report.WriteFolded(f, r, report.InUse) },
-	} {
+		base + ".folded": func(f *os.File) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewDriver) },
+	}
+	written := "wrote " + base + ".pb.gz and .folded"
+	if report.HasTensors(r.Rows) {
+		files[base+".tensor.folded"] = func(f *os.File) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewTensor) }
+		written = "wrote " + base + ".pb.gz, .folded (driver view) and .tensor.folded (tensor view)"
+	}
+	for path, write := range files {
 		if err := writeFile(path, write); err != nil {
 			logf("out-of-memory snapshot: %v", err)
 			return
 		}
 	}
-	logf("wrote %s.pb.gz and .folded", base)
+	logf("%s", written)
 }
 
 func frameNames(f profiler.Failure) []string {

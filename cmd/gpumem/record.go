@@ -21,6 +21,7 @@ type recordOptions struct {
 	target   targetFlags
 	duration time.Duration
 	value    string
+	view     string
 	format   string
 	output   string
 	top      int
@@ -42,6 +43,7 @@ Memory allocated before recording started is not seen, and is not invented:
 frees of it are counted as unknown frees.`,
 		Example: `  gpumem record --duration 30s -o gpu.pb.gz && go tool pprof -top gpu.pb.gz
   gpumem record --pid 4242 --format folded --value alloc -o gpu.folded
+  gpumem record --format folded --view tensor -o tensors.folded   # PyTorch's tensors, not the GPU's memory
   gpumem record --duration 1m --format html -o gpu.html   # a flame graph to open in a browser
   gpumem record --library ./libcuda.so.1 -- python train.py
   gpumem record --on-oom oom/ -- python train.py   # what filled the GPU, at each out-of-memory`,
@@ -57,6 +59,7 @@ func (o *recordOptions) register(fs *pflag.FlagSet) {
 	o.target.register(fs)
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C or COMMAND exits)")
 	fs.StringVar(&o.value, "value", "inuse", "bytes in folded output: inuse (live) or alloc (allocated)")
+	fs.StringVar(&o.view, "view", "driver", "view in folded output: driver (what the GPU holds) or tensor (PyTorch's tensors, inside the driver's segments)")
 	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded, json or html (a flame graph)")
 	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, .folded, .json or .html)")
 	fs.IntVar(&o.top, "top", 5, "print the N stacks holding the most to stderr when done (0: none)")
@@ -69,6 +72,9 @@ func (o *recordOptions) validate() error {
 	}
 	if _, err := report.ParseValue(o.value); err != nil {
 		return usageError{fmt.Errorf("--value: %w", err)}
+	}
+	if _, err := report.ParseView(o.view); err != nil {
+		return usageError{fmt.Errorf("--view: %w", err)}
 	}
 	if o.duration < 0 {
 		return usageError{fmt.Errorf("--duration must be positive")}
@@ -160,7 +166,8 @@ func (o *recordOptions) write(r profiler.Report) error {
 		prof.Comments = pprof.Comment(r)
 		err = prof.Write(w)
 	case "folded":
-		err = report.WriteFolded(w, r, report.Value(o.value))
+		view, _ := report.ParseView(o.view) // checked by validate
+		err = report.WriteFolded(w, r, report.Value(o.value), view)
 	case "json":
 		err = report.WriteJSON(w, r)
 	case "html":

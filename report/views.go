@@ -1,0 +1,117 @@
+package report
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// The driver view and the tensor view overlap (tracer.View): every output
+// shows them apart, and these are the totals each shows.
+
+// ViewTotal sums the counters of the rows of one view.
+func ViewTotal(rows []profiler.Row, v tracer.View) accounting.Counters {
+	var sum accounting.Counters
+	for _, row := range rows {
+		if row.Kind.View() == v {
+			sum.Add(row.Counters)
+		}
+	}
+	return sum
+}
+
+// HasTensors says whether any row is in the tensor view: without PyTorch's
+// allocator traced, outputs need not mention the view.
+func HasTensors(rows []profiler.Row) bool {
+	return slices.ContainsFunc(rows, func(row profiler.Row) bool { return row.Kind.View() == tracer.ViewTensor })
+}
+
+// ViewName is how outputs for people name a view.
+func ViewName(v tracer.View) string {
+	if v == tracer.ViewTensor {
+		return "tensors (tensor view)"
+	}
+	return "GPU memory (driver view)"
+}
+
+// ProcessGPU is one process's live memory on one GPU (or host, managed) in
+// each view, side by side and never added.
+type ProcessGPU struct {
+	PID  uint32
+	Comm string
+	GPU  string
+	// Held is the driver view: what the process holds from the driver.
+	Held uint64
+	// Tensors is the tensor view: what its tensors hold.
+	Tensors uint64
+	// Segments is the part of Held that PyTorch's caching allocator got
+	// from the driver (AllocatorSegment): what PyTorch calls reserved.
+	Segments uint64
+}
+
+// Cache is the allocator's cache: its segments less the tensors in them,
+// PyTorch's reserved minus allocated (here with the tensors' own sizes, so
+// the allocator's rounding counts as cache). false when the segments hold
+// less than the tensors: segments made before gpu-mem attached are not
+// seen, and the difference would mean nothing.
+func (p ProcessGPU) Cache() (uint64, bool) {
+	if p.Segments < p.Tensors {
+		return 0, false
+	}
+	return p.Segments - p.Tensors, true
+}
+
+// ByProcessGPU sums live bytes per process and GPU in each view, ordered by
+// pid, then GPU.
+func ByProcessGPU(rows []profiler.Row) []ProcessGPU {
+	type key struct {
+		pid uint32
+		gpu string
+	}
+	index := map[key]int{}
+	var out []ProcessGPU
+	for _, row := range rows {
+		k := key{row.PID, row.GPU()}
+		i, ok := index[k]
+		if !ok {
+			i = len(out)
+			index[k] = i
+			out = append(out, ProcessGPU{PID: row.PID, Comm: row.Comm, GPU: k.gpu})
+		}
+		p := &out[i]
+		switch {
+		case row.Kind.View() == tracer.ViewTensor:
+			p.Tensors += row.LiveBytes()
+		case AllocatorSegment(row.Frames):
+			p.Held += row.LiveBytes()
+			p.Segments += row.LiveBytes()
+		default:
+			p.Held += row.LiveBytes()
+		}
+	}
+	slices.SortFunc(out, func(a, b ProcessGPU) int {
+		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.GPU, b.GPU))
+	})
+	return out
+}
+
+// allocatorNamespace is the C++ namespace of PyTorch's CUDA caching
+// allocator, in torch's libc10_cuda.so and in tests/simtorch.
+const allocatorNamespace = "CUDACachingAllocator::"
+
+// AllocatorSegment says whether a driver allocation is a segment of
+// PyTorch's caching allocator: its stack passes through the allocator
+// (DeviceCachingAllocator::alloc_block and the like; ExpandableSegment
+// for expandable segments). Only such segments hold tensors, so only they
+// make the allocator's cache; the rest of the driver view (the CUDA
+// context's own allocations, cuBLAS, NCCL) is no cache.
+func AllocatorSegment(frames []*symbolize.Frame) bool {
+	return slices.ContainsFunc(frames, func(f *symbolize.Frame) bool {
+		return strings.Contains(f.Name(), allocatorNamespace)
+	})
+}
