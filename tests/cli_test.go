@@ -133,8 +133,11 @@ func TestRecordPprof(t *testing.T) {
 	for _, st := range p.SampleType {
 		types = append(types, st.Type+"/"+st.Unit)
 	}
-	if got := strings.Join(types, " "); got != "alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes" {
-		t.Errorf("sample types %s", got)
+	// The driver view under Go heap profiles' types (inuse_space the
+	// default), the tensor view under its own, empty without PyTorch.
+	if got := strings.Join(types, " "); got != "alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes "+
+		"tensor_alloc_objects/count tensor_alloc_space/bytes tensor_inuse_objects/count tensor_inuse_space/bytes" || p.DefaultSampleType != "inuse_space" {
+		t.Errorf("sample types %s, default %s", got, p.DefaultSampleType)
 	}
 	inuse := map[string]int64{}
 	for _, s := range p.Sample {
@@ -279,6 +282,7 @@ func TestClearErrors(t *testing.T) {
 		{"no such pid", []string{gpumem, "record", "--pid", "999999999"}, "no process with pid 999999999"},
 		{"bad format", []string{gpumem, "record", "--format", "xml"}, `unknown --format "xml"`},
 		{"bad value", []string{gpumem, "record", "--value", "peak"}, `unknown value "peak"`},
+		{"bad view", []string{gpumem, "record", "--format", "folded", "--view", "both"}, `--view: unknown view "both": want driver or tensor`},
 		{"bad flag", []string{gpumem, "record", "--bogus"}, "unknown flag: --bogus"},
 		{"bad pyroscope url", []string{gpumem, "agent", "--pyroscope-url", "pyroscope:4040"}, `bad pyroscope URL "pyroscope:4040"`},
 		{"missing password file", []string{gpumem, "agent", "--pyroscope-url", "http://localhost:4040", "--pyroscope-password-file", "/nonexistent"}, "read credential"},

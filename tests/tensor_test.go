@@ -152,25 +152,33 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 	assertNoLosses(t, r)
 	w.exit()
 
+	// The snapshot's files keep the views apart: folded, one per view;
+	// pprof, each view under its own sample types.
 	files, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("oom-%d-*", w.pid)))
-	if len(files) != 2 {
+	if len(files) != 3 {
 		t.Fatalf("record --on-oom wrote %v", files)
 	}
-	folded, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("oom-%d-1.folded", w.pid)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var total uint64
-	for _, line := range strings.Split(strings.TrimSpace(string(folded)), "\n") {
-		i := strings.LastIndexByte(line, ' ')
-		n, _ := strconv.ParseUint(line[i+1:], 10, 64)
-		if !strings.Contains(line, ";fill_cache") {
-			t.Errorf("folded line not from fill_cache: %s", line)
+	base := filepath.Join(dir, fmt.Sprintf("oom-%d-1", w.pid))
+	for path, bytes := range map[string]uint64{base + ".folded": 72 * MiB, base + ".tensor.folded": 72 * MiB} {
+		if got := foldedTotal(t, path); got != bytes {
+			t.Errorf("%s holds %d bytes, want %d", filepath.Base(path), got, bytes)
 		}
-		total += n
+		folded, _ := os.ReadFile(path)
+		for _, line := range strings.Split(strings.TrimSpace(string(folded)), "\n") {
+			if !strings.Contains(line, ";fill_cache") {
+				t.Errorf("folded line not from fill_cache: %s", line)
+			}
+		}
 	}
-	if total != 144*MiB {
-		t.Errorf("folded snapshot holds %d bytes, want 72 MiB of tensors and 72 MiB of segments", total)
+	p := readProfile(t, base+".pb.gz")
+	totals := map[string]int64{}
+	for _, s := range p.Sample {
+		for i, st := range p.SampleType {
+			totals[st.Type] += s.Value[i]
+		}
+	}
+	if totals["inuse_space"] != 72*MiB || totals["tensor_inuse_space"] != 72*MiB {
+		t.Errorf("pprof snapshot: %v, want 72 MiB in each view", totals)
 	}
 }
 

@@ -9,6 +9,10 @@
 //   int  simtorch_malloc(int device, size_t size, void **ptr)  0, or 2 when out of memory
 //   void simtorch_free(void *ptr)
 //   void simtorch_empty_cache(void)  returns cached segments to the driver
+//   size_t simtorch_memory_reserved(int device)   bytes of segments, as torch.cuda.memory_reserved()
+//   size_t simtorch_memory_allocated(int device)  bytes of live blocks, as torch.cuda.memory_allocated()
+//   size_t simtorch_memory_requested(int device)  bytes live tensors asked for, as memory_stats()'s
+//                                                 requested_bytes.all.current: the tensor view
 #define _SDT_HAS_SEMAPHORES 1
 #include <sys/sdt.h>
 
@@ -44,6 +48,15 @@ struct Block {
 	CUdeviceptr segment;  // the segment's base pointer
 	bool allocated;
 	bool small;
+	size_t requested;     // what the tensor asked for, while allocated
+};
+
+// Stats are the allocator's own account, as torch's memory_stats() keeps
+// it: the tests compare gpu-mem's views with it.
+struct Stats {
+	size_t reserved;   // segments from the driver
+	size_t allocated;  // blocks given to tensors, rounded
+	size_t requested;  // what those tensors asked for
 };
 
 class DeviceCachingAllocator {
@@ -64,6 +77,9 @@ public:
 			return nullptr;
 		split(b, size);
 		b->allocated = true;
+		b->requested = requested;
+		stats_.allocated += b->size;
+		stats_.requested += requested;
 		if (pytorch_malloc_semaphore)
 			STAP_PROBE4(pytorch, malloc, b->ptr, (int8_t)device, requested, stream);
 		return b;
@@ -75,6 +91,8 @@ public:
 		if (pytorch_free_semaphore)
 			STAP_PROBE1(pytorch, free, b->ptr);
 		b->allocated = false;
+		stats_.allocated -= b->size;
+		stats_.requested -= b->requested;
 		merge(b);
 	}
 
@@ -83,6 +101,12 @@ public:
 		std::lock_guard<std::mutex> lock(mu_);
 		auto it = blocks_.find(ptr);
 		return it == blocks_.end() || !it->second.allocated ? nullptr : &it->second;
+	}
+
+	Stats stats()
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		return stats_;
 	}
 
 	// empty_cache frees every segment no tensor uses.
@@ -126,7 +150,8 @@ private:
 			if (cuMemAlloc_v2(&ptr, bytes) != CUDA_SUCCESS)
 				return nullptr;
 		}
-		auto [it, ok] = blocks_.emplace(ptr, Block{ptr, bytes, ptr, false, size <= kSmallSize});
+		stats_.reserved += bytes;
+		auto [it, ok] = blocks_.emplace(ptr, Block{ptr, bytes, ptr, false, size <= kSmallSize, 0});
 		return &it->second;
 	}
 
@@ -135,7 +160,7 @@ private:
 		if (b->size == size)
 			return;
 		CUdeviceptr rest = b->ptr + size;
-		blocks_.emplace(rest, Block{rest, b->size - size, b->segment, false, b->small});
+		blocks_.emplace(rest, Block{rest, b->size - size, b->segment, false, b->small, 0});
 		b->size = size;
 	}
 
@@ -164,6 +189,7 @@ private:
 			if (!b.allocated && b.ptr == b.segment &&
 			    (std::next(it) == blocks_.end() || std::next(it)->second.segment != b.segment)) {
 				cuMemFree_v2(b.ptr);
+				stats_.reserved -= b.size;
 				it = blocks_.erase(it);
 			} else {
 				++it;
@@ -174,6 +200,7 @@ private:
 	int device_;
 	std::mutex mu_;
 	std::map<CUdeviceptr, Block> blocks_;
+	Stats stats_{};
 };
 
 class NativeCachingAllocator {
@@ -249,4 +276,8 @@ int simtorch_malloc(int device, size_t size, void **ptr)
 void simtorch_free(void *ptr) { allocator.raw_delete(ptr); }
 
 void simtorch_empty_cache(void) { allocator.empty_cache(); }
+
+size_t simtorch_memory_reserved(int device) { return allocator.device(device).stats().reserved; }
+size_t simtorch_memory_allocated(int device) { return allocator.device(device).stats().allocated; }
+size_t simtorch_memory_requested(int device) { return allocator.device(device).stats().requested; }
 }

@@ -19,6 +19,12 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                memory; then allocates what fits (after_oom); expects
                                held=bytes in tensors, requested=bytes asked,
                                tensor_after_oom=bytes
+    python3 simwork.py views   the tensors scenario, and a workspace straight from the
+                               driver (as cuBLAS makes one); expects driver_live=the
+                               driver's used bytes on device 0 (cuMemGetInfo), reserved,
+                               allocated and tensor_live= the allocator's own account
+                               (memory_reserved(), memory_allocated() and the requested
+                               bytes of live tensors: the tensor view)
 
 The tensor scenarios call the allocator straight from the named functions,
 as PyTorch code calls torch.empty: those are the innermost Python frames.
@@ -43,6 +49,9 @@ def load_allocator():
     torch = ctypes.CDLL(os.environ.get("SIMTORCH_LIB", "libc10_cuda.so"))
     torch.simtorch_malloc.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
     torch.simtorch_free.argtypes = [ctypes.c_void_p]
+    for stat in ("reserved", "allocated", "requested"):
+        f = getattr(torch, "simtorch_memory_" + stat)
+        f.argtypes, f.restype = [ctypes.c_int], ctypes.c_size_t
 
 
 totals = {"allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0}
@@ -279,6 +288,28 @@ def tensors():
     activations(held_tensors)
 
 
+def library_workspace():
+    """Device memory straight from the driver, outside the allocator."""
+    cuda_malloc(6 << 20)
+
+
+def driver_used(device):
+    """The simulated driver's live bytes on device: total less free."""
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    if cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)):
+        raise RuntimeError("cuMemGetInfo_v2")
+    return total.value - free.value
+
+
+def views():
+    tensors()
+    library_workspace()
+    totals["driver_live"] = driver_used(0)
+    totals["reserved"] = torch.simtorch_memory_reserved(0)
+    totals["allocated"] = torch.simtorch_memory_allocated(0)
+    totals["tensor_live"] = torch.simtorch_memory_requested(0)
+
+
 def fill_cache(held):
     for _ in range(6):
         ptr = ctypes.c_void_p()
@@ -314,12 +345,12 @@ def tensor_oom():
 
 
 def main():
-    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom}
+    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
     cuda.cuInit(0)
-    if sys.argv[1].startswith("tensor"):
+    if sys.argv[1].startswith("tensor") or sys.argv[1] == "views":
         load_allocator()  # as import torch does, before any tensor
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()

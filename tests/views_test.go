@@ -1,0 +1,235 @@
+package tests
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/report"
+)
+
+// viewTotals are what a process holds in each view, as the simulated driver
+// and the simulated allocator count it (simwork.py views): the driver's
+// live bytes on the device, and the bytes the allocator's live tensors
+// asked for; reserved is the allocator's segments.
+type viewTotals struct {
+	driver, tensor, reserved uint64
+}
+
+// TestViewsInEveryOutput: a PyTorch-shaped process (the simulated caching
+// allocator, a workspace straight from the driver) recorded by every output
+// at once. Each shows the driver view by default, exactly the simulated
+// driver's live bytes, and the tensor view apart, exactly the allocator's
+// live tensors, never their sum: pprof's inuse_space and
+// tensor_inuse_space (read by go tool pprof), folded's --view, the HTML
+// report's switch and its summary (allocator cache = reserved - tensors),
+// record's --top summary, top, Prometheus's gpumem_live_bytes and
+// gpumem_tensor_live_bytes, and Pyroscope's memory:inuse_space and
+// memory:tensor_inuse_space with no label filter.
+func TestViewsInEveryOutput(t *testing.T) {
+	dir := t.TempDir()
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib, "SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")},
+		pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "views")
+	pid := strconv.Itoa(w.pid)
+	r := &pyroscopetest.Receiver{}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pyroscopetest.Serve(t, r, lis)
+
+	target := []string{"--pid", pid, "--library", simLib}
+	file := func(name string) string { return filepath.Join(dir, name) }
+	clis := map[string]*cli{
+		"pprof":         startCLI(t, append([]string{"record", "--format", "pprof", "-o", file("gpu.pb.gz"), "--top", "3"}, target...)...),
+		"folded":        startCLI(t, append([]string{"record", "--format", "folded", "-o", file("driver.folded")}, target...)...),
+		"folded tensor": startCLI(t, append([]string{"record", "--format", "folded", "--view", "tensor", "-o", file("tensor.folded")}, target...)...),
+		"html":          startCLI(t, append([]string{"record", "--format", "html", "-o", file("gpu.html")}, target...)...),
+		"top":           startCLI(t, append([]string{"top", "--interval", "200ms"}, target...)...),
+		"agent": startCLI(t, append([]string{"agent", "--metrics-address", "127.0.0.1:0",
+			"--pyroscope-url", "http://" + lis.Addr().String(), "--pyroscope-interval", "200ms"}, target...)...),
+	}
+	for _, c := range clis {
+		c.waitStderr("PyTorch allocator probes")
+		c.waitStderr(fmt.Sprintf("pid %d: Python", w.pid))
+	}
+	expect := w.run()
+	want := viewTotals{driver: expect["driver_live"], tensor: expect["tensor_live"], reserved: expect["reserved"]}
+	if want.driver != 42<<20 || want.reserved != 36<<20 || want.tensor != 2*(12<<20)+600000 {
+		t.Fatalf("workload: %v", expect)
+	}
+
+	checkMetricsViews(t, clis["agent"].waitStderrValue("serving metrics at "), w.pid, want)
+	checkPyroscopeViews(t, r, want)
+	clis["top"].waitStdout(`^GPU memory \(driver view\): ` + regexp.QuoteMeta(report.HumanBytes(want.driver)) + ` live, `)
+	clis["top"].waitStdout(`^tensors \(tensor view\): ` + regexp.QuoteMeta(report.HumanBytes(want.tensor)) + ` live, .*not added to it\)$`)
+	for _, c := range clis {
+		c.interrupt()
+	}
+	w.exit()
+
+	checkPprofViews(t, file("gpu.pb.gz"), want)
+	for path, bytes := range map[string]uint64{file("driver.folded"): want.driver, file("tensor.folded"): want.tensor} {
+		if got := foldedTotal(t, path); got != bytes {
+			t.Errorf("%s: %d bytes, want %d", filepath.Base(path), got, bytes)
+		}
+	}
+	checkHTMLViews(t, file("gpu.html"), w.pid, want)
+	summary := clis["pprof"].stderr.wait(t, "GPU memory (driver view), stacks", "tensors (tensor view), stacks",
+		"GPU memory (driver view): ", "tensors (tensor view): ")
+	for i, bytes := range map[int]uint64{2: want.driver, 3: want.tensor} {
+		if !strings.Contains(summary[i], ": "+report.HumanBytes(bytes)+" live, ") {
+			t.Errorf("--top total %q, want %s live", summary[i], report.HumanBytes(bytes))
+		}
+	}
+}
+
+// checkPprofViews reads the profile with pprof's package and with go tool
+// pprof: its default is the driver view, -sample_index=tensor_inuse_space
+// the tensor view.
+func checkPprofViews(t *testing.T, path string, want viewTotals) {
+	t.Helper()
+	p := readProfile(t, path)
+	totals := map[string]int64{}
+	for _, s := range p.Sample {
+		for i, st := range p.SampleType {
+			totals[st.Type] += s.Value[i]
+		}
+	}
+	if totals["inuse_space"] != int64(want.driver) || totals["tensor_inuse_space"] != int64(want.tensor) || p.DefaultSampleType != "inuse_space" {
+		t.Errorf("pprof totals %v, default %s; want inuse_space %d, tensor_inuse_space %d", totals, p.DefaultSampleType, want.driver, want.tensor)
+	}
+	for _, tc := range []struct {
+		flags []string
+		bytes uint64
+	}{{nil, want.driver}, {[]string{"-sample_index=tensor_inuse_space"}, want.tensor}} {
+		args := append(append([]string{"tool", "pprof", "-top", "-unit=B"}, tc.flags...), path)
+		out, err := exec.Command("go", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go %v: %v\n%s", args, err, out)
+		}
+		if !strings.Contains(string(out), fmt.Sprintf(" of %dB total", tc.bytes)) {
+			t.Errorf("go tool pprof %v: want %dB total:\n%s", tc.flags, tc.bytes, out)
+		}
+	}
+}
+
+// foldedTotal sums a folded file's bytes.
+func foldedTotal(t *testing.T, path string) uint64 {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total uint64
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		n, err := strconv.ParseUint(line[i+1:], 10, 64)
+		if err != nil {
+			t.Fatalf("folded line %q", line)
+		}
+		total += n
+	}
+	return total
+}
+
+// checkHTMLViews opens the report in Chromium: GPU memory by default, the
+// switch to tensors, and the summary of the process on GPU 0.
+func checkHTMLViews(t *testing.T, path string, pid int, want viewTotals) {
+	t.Helper()
+	url := "file://" + path
+	for _, tc := range []struct {
+		hash, view   string
+		root, weight uint64 // the root's bytes; load_weights' bytes
+	}{
+		// load_weights' three 4 MiB tensors made a 20 MiB segment.
+		{"", "driver", want.driver, 20 << 20},
+		{"#view=tensor", "tensor", want.tensor, 12 << 20},
+	} {
+		dom := dumpDOM(t, url+tc.hash)
+		if !strings.Contains(dom, `data-view="`+tc.view+`"`) {
+			t.Errorf("%q: not the %s view", tc.hash, tc.view)
+		}
+		if got := frameAttr(t, dom, "root", "all processes", "data-bytes"); got != strconv.FormatUint(tc.root, 10) {
+			t.Errorf("%s view: root %s bytes, want %d", tc.view, got, tc.root)
+		}
+		if got := frameAttr(t, dom, "python", "load_weights", "data-bytes"); got != strconv.FormatUint(tc.weight, 10) {
+			t.Errorf("%s view: load_weights %s bytes, want %d", tc.view, got, tc.weight)
+		}
+		row := regexp.MustCompile(`<tr data-pid="` + strconv.Itoa(pid) + `" data-gpu="0" ([^>]*)>`).FindStringSubmatch(dom)
+		wantRow := fmt.Sprintf(`data-held="%d" data-tensors="%d" data-segments="%d" data-cache="%d"`,
+			want.driver, want.tensor, want.reserved, want.reserved-want.tensor)
+		if row == nil || row[1] != wantRow {
+			t.Errorf("summary row %q, want %s", row, wantRow)
+		}
+	}
+}
+
+// checkMetricsViews scrapes the agent until each view's metric holds the
+// process's bytes: gpumem_live_bytes the driver view alone.
+func checkMetricsViews(t *testing.T, url string, pid int, want viewTotals) {
+	t.Helper()
+	sum := func(f map[string]*dto.MetricFamily, name string) uint64 {
+		var n float64
+		for _, m := range f[name].GetMetric() {
+			if metricstest.Labels(m)["pid"] == strconv.Itoa(pid) {
+				n += m.GetGauge().GetValue()
+			}
+		}
+		return uint64(n)
+	}
+	exact := func(f map[string]*dto.MetricFamily) bool {
+		return sum(f, "gpumem_live_bytes") == want.driver && sum(f, "gpumem_tensor_live_bytes") == want.tensor
+	}
+	f := metricstest.ScrapeUntil(t, url, hangLimit, exact)
+	if !exact(f) {
+		t.Errorf("sum(gpumem_live_bytes) %d, sum(gpumem_tensor_live_bytes) %d; want %d and %d",
+			sum(f, "gpumem_live_bytes"), sum(f, "gpumem_tensor_live_bytes"), want.driver, want.tensor)
+	}
+	for _, m := range f["gpumem_live_bytes"].GetMetric() {
+		if metricstest.Labels(m)["kind"] == "tensor" {
+			t.Errorf("a tensor series in gpumem_live_bytes: %v", m)
+		}
+	}
+}
+
+// checkPyroscopeViews waits for a push whose profile types, with no label
+// filter, hold the process's bytes: memory:inuse_space the driver view,
+// memory:tensor_inuse_space the tensor view. Nothing is refused.
+func checkPyroscopeViews(t *testing.T, r *pyroscopetest.Receiver, want viewTotals) {
+	t.Helper()
+	const driver, tensor = "memory:inuse_space:bytes:space:bytes", "memory:tensor_inuse_space:bytes:space:bytes"
+	var last map[string]int64
+	exact := func() bool {
+		pushes := r.Received()
+		if len(pushes) == 0 {
+			return false
+		}
+		totals, err := pyroscopetest.Totals(pushes[len(pushes)-1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = totals
+		return totals[driver] == int64(want.driver) && totals[tensor] == int64(want.tensor)
+	}
+	for deadline := time.Now().Add(hangLimit); !exact() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if last[driver] != int64(want.driver) || last[tensor] != int64(want.tensor) {
+		t.Errorf("last push: %v; want %s %d and %s %d", last, driver, want.driver, tensor, want.tensor)
+	}
+	if refused := r.Refused(); len(refused) != 0 {
+		t.Errorf("refused: %v", refused)
+	}
+}
