@@ -10,6 +10,10 @@
 # profile visible in Pyroscope, and queries the server
 # (check_agent_pyroscope.py): the bytes under GPUModelRunner.load_model and
 # _allocate_kv_cache_tensors, per kind, against the workload's own numbers.
+# Beside the agent, from the start too, a gpumem record of the whole node:
+# how soon after it is stopped it has written its report (the stacks named
+# through a cold libtorch); and how late any status line came while the
+# agent read the workload's libraries.
 #
 # Usage: PYRO=path/to/pyroscope tests/gpu/run_agent_pyroscope.sh GPUMEM OUTDIR
 #    or: PYRO=... gpumem=bin/gpumem-lean OUT=dir tests/gpu/run_agent_pyroscope.sh
@@ -35,11 +39,11 @@ mkdir -p "$out"
 # PyTorch's caching allocator on, in plain segments (cuMemAlloc).
 unset PYTORCH_NO_CUDA_MEMORY_CACHING PYTORCH_CUDA_ALLOC_CONF
 
-pyro='' agent='' py='' data=''
+pyro='' agent='' py='' data='' rec=''
 cleanup() {
 	local pid
 	{ exec 3>&-; } 2>/dev/null
-	for pid in $py $agent; do
+	for pid in $py $agent $rec; do
 		kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
 	done
 	if [ -n "$pyro" ] && kill -TERM "$pyro" 2>/dev/null; then
@@ -48,7 +52,7 @@ cleanup() {
 		wait "$pyro" 2>/dev/null
 	fi
 	[ -n "$data" ] && rm -rf "$data"
-	py='' agent='' pyro='' data=''
+	py='' agent='' pyro='' data='' rec=''
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -77,6 +81,9 @@ echo "pyroscope ready at $url in $(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - 
 # 2. The agent, first and alone.
 "$gpumem" agent --pyroscope-url "$url" --pyroscope-interval "$interval" 2> >(stamp >"$out/agent.stderr") &
 agent=$!
+record_json=$(mktemp /tmp/gpumem-record.XXXXXX.json)
+"$gpumem" record --format json -o "$record_json" --top 0 2>"$record_json.stderr" &
+rec=$!
 for _ in $(seq 1 300); do
 	grep -q "exporting to" "$out/agent.stderr" 2>/dev/null && break
 	kill -0 "$agent" 2>/dev/null || { cat "$out/agent.stderr"; fail "the agent ended at start"; }
@@ -140,6 +147,15 @@ exec 3>&-
 wait "$py" || { echo "FAIL: the workload exited $?"; status=1; }
 py=''
 grep -E 'VmRSS|VmHWM' /proc/$agent/status | tr -s ' \t' ' ' | sed 's/^/agent at the end: /' | tee -a "$out/agent.rss"
+t_stop=$EPOCHREALTIME
+kill -INT "$rec" && wait "$rec"
+echo "record: exited $? and wrote its report $(awk "BEGIN{printf \"%.2f\", $EPOCHREALTIME - $t_stop}") s after being stopped;" \
+	"$(grep -o '"alloc_bytes": *[0-9]*' "$record_json" | awk -F: '{n++; s+=$2} END{print n " stacks, " s " bytes allocated"}')"
+rec=''
+rm -f "$record_json" "$record_json.stderr"
+# Status lines are due every interval: the latest against its schedule.
+awk -v every="$secs" '/gpumem: status:/ { if (prev) { late = $1 - prev - every; if (late > max) max = late }; prev = $1; n++ }
+	END { printf "status lines: %d, the latest %.3f s behind its interval\n", n, max }' "$out/agent.stderr"
 kill -INT "$agent" && wait "$agent"
 echo "agent exited $?"
 agent=''
