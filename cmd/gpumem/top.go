@@ -27,7 +27,10 @@ func newTopCommand() *cobra.Command {
 		Use:   "top [flags]",
 		Short: "Show GPU memory per process and kind, live, refreshed every second",
 		Long: `Top shows one row per process and kind of memory (device, host-pinned, managed,
-vmm, and tensor for PyTorch's allocator), sorted by live bytes, with the function that called the driver on the
+vmm, and tensor for PyTorch's allocator), sorted by live bytes, under each
+view's total: GPU memory (the driver view, every kind but tensor) and
+tensors (the tensor view, inside the driver's segments: never added to it),
+with the function that called the driver on the
 stack holding the most, and how much its live bytes grew over the last
 minute (--growth-window), with the three stacks that grew most below: a leak
 grows window after window. The latest out-of-memory, if any, is the last
