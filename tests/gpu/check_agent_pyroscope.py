@@ -4,11 +4,13 @@ for run_agent_pyroscope.sh. Standard library only (urllib).
     check_agent_pyroscope.py ready URL TIMEOUT
         waits until GET URL/ready answers "ready"; exits 1 at TIMEOUT seconds.
     check_agent_pyroscope.py first URL WORKLOAD_LOG TIMEOUT OUT_JSON
-        polls SelectSeries for the workload's pid (any kind) until a point
+        polls SelectSeries of memory:inuse_space (the driver view: the
+        allocator's first segment) for the workload's pid until a point
         is there; writes when, and the time since the workload's first
         allocation (first_alloc), to OUT_JSON.
     check_agent_pyroscope.py check URL WORKLOAD_LOG AGENT_LOG OUTDIR
-        per kind (tensor, device): finds the workload's last push with
+        per kind (tensor, in memory:tensor_inuse_space; device, in
+        memory:inuse_space): finds the workload's last push with
         SelectSeries (step 1 s), reads its flame graph with
         SelectMergeStacktraces over the second before that point's stamp
         (and /pyroscope/render over the same second), and compares the bytes
@@ -42,6 +44,9 @@ import urllib.parse
 import urllib.request
 
 PROFILE_TYPE = "memory:inuse_space:bytes:space:bytes"  # operators/pyroscope/encode.go
+# Each view is its own profile type (pprof.SampleTypes): the tensor view's
+# series never show under memory:inuse_space.
+PROFILE_TYPES = {"device": PROFILE_TYPE, "tensor": "memory:tensor_inuse_space:bytes:space:bytes"}
 FUNCTIONS = ("GPUModelRunner.load_model", "GPUModelRunner._allocate_kv_cache_tensors")
 # The workload's number each kind must show per function.
 EXPECTED_FIELD = {"tensor": "requested", "device": "reserved"}
@@ -65,8 +70,8 @@ def get(url, path, timeout=30):
         return r.read()
 
 
-def series(url, selector, start_ms, end_ms, group_by=()):
-    body = {"profileTypeID": PROFILE_TYPE, "labelSelector": selector, "start": start_ms, "end": end_ms, "step": 1}
+def series(url, selector, start_ms, end_ms, group_by=(), profile_type=PROFILE_TYPE):
+    body = {"profileTypeID": profile_type, "labelSelector": selector, "start": start_ms, "end": end_ms, "step": 1}
     if group_by:
         body["groupBy"] = list(group_by)
     return body, post(url, "SelectSeries", body)
@@ -258,14 +263,15 @@ def cmd_check(url, result_path, agent_log, outdir):
         queries[name] = {"request": {"method": method, "body": body}, "response": resp}
     types = [t.get("ID") for t in queries["profile_types"]["response"].get("profileTypes", [])]
     print(f"profile types: {types}")
-    if PROFILE_TYPE not in types:
-        print(f"FAIL: {PROFILE_TYPE} is not among the server's profile types")
-        status = 1
+    for pt in PROFILE_TYPES.values():
+        if pt not in types:
+            print(f"FAIL: {pt} is not among the server's profile types")
+            status = 1
 
     for kind, field in EXPECTED_FIELD.items():
         # pid too: the node may run other processes of the same name
         selector = f'{{service_name="{service}",kind="{kind}",pid="{result["pid"]}"}}'
-        body, resp = series(url, selector, int(t0 * 1000) - 2000, int(now * 1000) + 1000)
+        body, resp = series(url, selector, int(t0 * 1000) - 2000, int(now * 1000) + 1000, profile_type=PROFILE_TYPES[kind])
         queries[f"series.{kind}"] = {"request": {"method": "SelectSeries", "body": body}, "response": resp}
         pts = points(resp)
         k = report["kinds"][kind] = {"selector": selector, "points": [(p[0], p[1]) for p in pts]}
@@ -277,13 +283,13 @@ def cmd_check(url, result_path, agent_log, outdir):
             status = 1
             continue
         stamp, value = pts[-1][0], int(pts[-1][1])  # the last push: every tensor held
-        merge = {"profileTypeID": PROFILE_TYPE, "labelSelector": selector, "start": stamp - 1000, "end": stamp}
+        merge = {"profileTypeID": PROFILE_TYPES[kind], "labelSelector": selector, "start": stamp - 1000, "end": stamp}
         fg = post(url, "SelectMergeStacktraces", merge)
         queries[f"flamegraph.{kind}"] = {"request": {"method": "SelectMergeStacktraces", "body": merge}, "response": fg}
         per_fn, total = flamegraph_functions(fg)
         k.update(stamp=stamp, series_value=value, flamegraph_total=total, functions=per_fn)
         try:
-            path, body_r, per_fn_r, total_r = render_functions(url, PROFILE_TYPE + selector, stamp - 1000, stamp)
+            path, body_r, per_fn_r, total_r = render_functions(url, PROFILE_TYPES[kind] + selector, stamp - 1000, stamp)
             queries[f"render.{kind}"] = {"request": {"get": path}, "response": body_r}
         except (OSError, ValueError, urllib.error.URLError) as e:
             per_fn_r, total_r = {}, None
