@@ -1,6 +1,7 @@
 // Package accounting keeps the exact books of GPU memory: every live
-// allocation by process and pointer, and per (process, stack, kind) the
-// bytes and counts allocated, freed and still live.
+// allocation by process and pointer, per (process, stack, kind) the bytes
+// and counts allocated, freed and still live, and per process, GPU and view
+// the peaks of live memory with the rows that held them (peak.go).
 package accounting
 
 import (
@@ -75,7 +76,8 @@ type Stats struct {
 type Ledger struct {
 	procs    map[uint32]*process
 	exited   map[uint32]bool // since the last DropExited
-	rows     map[Key]*Counters
+	rows     map[Key]*row
+	groups   map[PeakKey]*group // each row's, for peaks
 	failures map[FailureKey]*Failures
 	stats    Stats
 }
@@ -96,7 +98,7 @@ type address struct {
 }
 
 type allocation struct {
-	row   *Counters
+	row   *row
 	bytes uint64
 	time  uint64 // when the driver returned it
 	refs  uint32 // a VMM handle's references beyond its creation's
@@ -107,7 +109,8 @@ func New() *Ledger {
 	return &Ledger{
 		procs:    map[uint32]*process{},
 		exited:   map[uint32]bool{},
-		rows:     map[Key]*Counters{},
+		rows:     map[Key]*row{},
+		groups:   map[PeakKey]*group{},
 		failures: map[FailureKey]*Failures{},
 	}
 }
@@ -121,13 +124,15 @@ func (l *Ledger) process(pid uint32) *process {
 	return p
 }
 
-func (l *Ledger) row(k Key) *Counters {
-	c, ok := l.rows[k]
+func (l *Ledger) row(k Key) *row {
+	r, ok := l.rows[k]
 	if !ok {
-		c = &Counters{}
-		l.rows[k] = c
+		g := l.group(peakKey(k))
+		r = &row{key: k, group: g}
+		g.rows = append(g.rows, r)
+		l.rows[k] = r
 	}
-	return c
+	return r
 }
 
 // Alloc records a successful allocation returned at time ts.
@@ -135,11 +140,16 @@ func (l *Ledger) Alloc(k Key, addr uint64, space tracer.Space, bytes, ts uint64)
 	p := l.process(k.PID)
 	a := address{addr, space}
 	if old, ok := p.live[a]; ok {
+		// The driver handed the address out again, so it freed the old
+		// allocation first: it holds no memory any more, though its free
+		// event is still to come.
 		p.superseded[a] = append(p.superseded[a], old)
+		old.row.unhold(old.bytes)
 	}
 	row := l.row(k)
 	row.AllocBytes += bytes
 	row.AllocCount++
+	row.hold(bytes, ts)
 	p.live[a] = allocation{row: row, bytes: bytes, time: ts}
 }
 
@@ -160,10 +170,11 @@ func (l *Ledger) Free(pid uint32, op tracer.Op, addr uint64, ts uint64) {
 		}
 		delete(p.live, a)
 		release(cur)
+		cur.row.unhold(cur.bytes)
 		return
 	}
 	if older := p.superseded[a]; len(older) > 0 {
-		release(older[0])
+		release(older[0]) // left the peaks' totals when superseded
 		if len(older) == 1 {
 			delete(p.superseded, a)
 		} else {
@@ -224,10 +235,11 @@ func (l *Ledger) Exit(pid uint32) {
 	}
 	for _, a := range p.live {
 		releaseImplicitly(a)
+		a.row.unhold(a.bytes)
 	}
 	for _, older := range p.superseded {
 		for _, a := range older {
-			releaseImplicitly(a)
+			releaseImplicitly(a) // out of the peaks' totals already
 		}
 	}
 	delete(l.procs, pid)
@@ -263,15 +275,20 @@ func (l *Ledger) DropExited(keep func(pid uint32) bool) map[uint32]bool {
 			delete(l.failures, k)
 		}
 	}
+	for k := range l.groups {
+		if dropped[k.PID] && l.procs[k.PID] == nil {
+			delete(l.groups, k)
+		}
+	}
 	return dropped
 }
 
 // ProcessRows copies the rows of one process.
 func (l *Ledger) ProcessRows(pid uint32) map[Key]Counters {
 	rows := map[Key]Counters{}
-	for k, c := range l.rows {
+	for k, r := range l.rows {
 		if k.PID == pid {
-			rows[k] = *c
+			rows[k] = r.Counters
 		}
 	}
 	return rows
@@ -291,18 +308,18 @@ func (l *Ledger) Len() int { return len(l.rows) }
 
 // Row returns one row of the books, if it is there.
 func (l *Ledger) Row(k Key) (Counters, bool) {
-	c, ok := l.rows[k]
+	r, ok := l.rows[k]
 	if !ok {
 		return Counters{}, false
 	}
-	return *c, true
+	return r.Counters, true
 }
 
 // Rows calls fn with each row of the books, without copying them: for
 // reports of many rows, every interval. fn must not call the ledger.
 func (l *Ledger) Rows(fn func(Key, Counters)) {
-	for k, c := range l.rows {
-		fn(k, *c)
+	for k, r := range l.rows {
+		fn(k, r.Counters)
 	}
 }
 
@@ -334,8 +351,8 @@ func (l *Ledger) Snapshot() Snapshot {
 		Failures: make(map[FailureKey]Failures, len(l.failures)),
 		Stats:    l.Stats(),
 	}
-	for k, c := range l.rows {
-		s.Rows[k] = *c
+	for k, r := range l.rows {
+		s.Rows[k] = r.Counters
 	}
 	for k, f := range l.failures {
 		s.Failures[k] = *f
