@@ -110,14 +110,20 @@ func (p *Profiler) oom(s oomSnapshot) OOM {
 		}
 		o.Held = append(o.Held, Row{Key: k, Comm: comm, Device: p.device(k), Container: p.containers[k.PID].Named(p.cfg.Pods), Frames: p.frames(k.Stack), Counters: c})
 	}
-	sort.Slice(o.Held, func(i, j int) bool {
-		a, b := o.Held[i], o.Held[j]
+	sortByLive(o.Held)
+	return o
+}
+
+// sortByLive sorts what a process held at one moment by live bytes,
+// descending.
+func sortByLive(rows []Row) {
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
 		if a.LiveBytes() != b.LiveBytes() {
 			return a.LiveBytes() > b.LiveBytes()
 		}
 		return a.Kind > b.Kind // on a tie, tensors before the segments they are in
 	})
-	return o
 }
 
 // HeldBy sums the live bytes of an OOM's rows of one kind.

@@ -20,6 +20,7 @@ type Report struct {
 	Rows      []Row     // by live bytes, then allocated bytes, descending
 	Failures  []Failure // by count, descending
 	OOMs      []OOM     // out-of-memory snapshots, oldest first, the latest MaxOOMs
+	Peaks     []Peak    // each process's per GPU and view over the run (exited ones until DropExited), by PID, GPU, view
 	Losses    tracer.Losses
 	Ledger    accounting.Stats
 	Python    PythonStats
@@ -103,6 +104,7 @@ func (p *Profiler) ReportTo(r *Report) error {
 		}
 		return cmp.Compare(a.PID, b.PID)
 	})
+	r.Peaks = p.peaks(p.ledger.Peaks(), named)
 	p.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
 		if p.onGPU(k.Key) {
 			r.Failures = append(r.Failures, Failure{FailureKey: k, Comm: p.comms[k.PID], Frames: p.frames(k.Stack), Failures: f})
@@ -170,13 +172,19 @@ func (p *Profiler) EachRow(fn func(*Row)) time.Time {
 // row is the report row of key k, its frames appended to frames. named
 // holds each process's pod and container, named once per listing.
 func (p *Profiler) row(k accounting.Key, c accounting.Counters, frames []*symbolize.Frame, named map[uint32]k8smeta.Container) Row {
-	container, ok := named[k.PID]
-	if !ok {
-		container = p.containers[k.PID].Named(p.cfg.Pods)
-		named[k.PID] = container
-	}
-	return Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: container,
+	return Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: p.container(k.PID, named),
 		Frames: p.appendFrames(frames, k.Stack), Counters: c}
+}
+
+// container is a process's pod and container, named once per listing in
+// named.
+func (p *Profiler) container(pid uint32, named map[uint32]k8smeta.Container) k8smeta.Container {
+	c, ok := named[pid]
+	if !ok {
+		c = p.containers[pid].Named(p.cfg.Pods)
+		named[pid] = c
+	}
+	return c
 }
 
 // onGPU says whether a row is on the devices the report is limited to.

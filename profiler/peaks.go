@@ -1,0 +1,123 @@
+package profiler
+
+import (
+	"cmp"
+	"slices"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// Peak is the most memory one process held at once on one GPU in one view,
+// and the stacks that held it: what filled memory at its worst moment,
+// which the live bytes of a report, taken at another moment, miss. The
+// two views overlap (a tensor lies in a segment of the driver's), so no
+// total adds the peaks of both; nor do the peaks of one process on two
+// GPUs, or of two processes, add up to a peak of them together: each is
+// reached at its own moment.
+type Peak struct {
+	PID       uint32
+	Comm      string
+	GPU       string         // where, as Row.GPU labels rows: a device ordinal, "host", "managed" or "unknown"
+	Device    gpuinfo.Device // the GPU, where the driver says which it is
+	Container k8smeta.Container
+	View      tracer.View
+	// Timestamp is the BPF timestamp (ns since boot) of the event that
+	// reached the peak, the first if it was reached again; for an
+	// interval's peak at the level the interval began with (held all
+	// along), the interval's start. Time is the same on the wall clock.
+	Timestamp uint64
+	Time      time.Time
+	// Amount is the memory held at the peak: Bytes, and Count allocations.
+	accounting.Amount
+	// Rows are the rows holding memory at the peak, by bytes, descending,
+	// with their frames. A row's LiveBytes and LiveCount are its share of
+	// the peak, and its Counters say only that: AllocBytes and AllocCount
+	// are the share, nothing is freed. They sum to Amount.
+	Rows []Row
+}
+
+// IntervalPeaks returns each process's peak per GPU and view during the
+// interval since the previous call (since the start, at the first), and
+// starts the next interval: the agent calls it once per interval, before
+// DropExited, so that a process that exited during the interval has its
+// peak. An interval's peak is at least what the process held when the
+// interval began; a process holding nothing all along has none. Peaks
+// come by PID, GPU and view. Stacks not yet named are named first, as
+// Report does (the first stack through a large library waits for its
+// symbols); the events flow meanwhile.
+func (p *Profiler) IntervalPeaks() []Peak {
+	p.mu.Lock()
+	peaks := p.ledger.TakeIntervalPeaks(bpfNow())
+	p.mu.Unlock()
+	p.resolve()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.peaks(peaks, map[uint32]k8smeta.Container{})
+}
+
+// peaks names the books' peaks, on the GPUs the reports are limited to.
+// The caller holds p.mu.
+func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]k8smeta.Container) []Peak {
+	out := make([]Peak, 0, len(peaks))
+	for _, pk := range peaks {
+		if p.peakOnGPU(pk.PeakKey) {
+			out = append(out, p.peak(pk, named))
+		}
+	}
+	slices.SortFunc(out, func(a, b Peak) int {
+		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.View, b.View))
+	})
+	return out
+}
+
+// peak names one peak's rows. The caller holds p.mu.
+func (p *Profiler) peak(pk accounting.Peak, named map[uint32]k8smeta.Container) Peak {
+	out := Peak{PID: pk.PID, Comm: p.comms[pk.PID], GPU: pk.GPU, Device: p.peakDevice(pk.PeakKey),
+		Container: p.container(pk.PID, named), View: pk.View, Timestamp: pk.Time, Time: wallTime(pk.Time),
+		Amount: pk.Amount, Rows: make([]Row, 0, len(pk.Rows))}
+	for _, r := range pk.Rows {
+		share := accounting.Counters{AllocBytes: r.Bytes, AllocCount: r.Count}
+		out.Rows = append(out.Rows, p.row(r.Key, share, nil, named))
+	}
+	sortByLive(out.Rows)
+	return out
+}
+
+// peakOnGPU is onGPU for a peak: whether its GPU is one the reports are
+// limited to.
+func (p *Profiler) peakOnGPU(k accounting.PeakKey) bool {
+	if len(p.cfg.GPUs) == 0 {
+		return true
+	}
+	return slices.ContainsFunc(p.cfg.GPUs, func(gpu int) bool { return strconv.Itoa(gpu) == k.GPU })
+}
+
+// peakDevice is the GPU a peak is on, if the driver says which it is.
+func (p *Profiler) peakDevice(k accounting.PeakKey) gpuinfo.Device {
+	ordinal, err := strconv.Atoi(k.GPU)
+	if err != nil {
+		return gpuinfo.Device{}
+	}
+	return p.ordinals[k.PID][ordinal]
+}
+
+// bpfNow is the time on the clock of BPF timestamps (bpf_ktime_get_ns).
+func bpfNow() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err) // the clock exists on every Linux
+	}
+	return uint64(ts.Nano())
+}
+
+// wallTime is a BPF timestamp on the wall clock.
+func wallTime(ts uint64) time.Time {
+	return time.Now().Add(-time.Duration(int64(bpfNow()) - int64(ts)))
+}

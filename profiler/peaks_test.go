@@ -1,0 +1,110 @@
+package profiler
+
+import (
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// namedStack interns a stack of pid named function, as resolve would.
+func namedStack(p *Profiler, pid uint32, function string, pc uint64) accounting.StackID {
+	ev := &tracer.Event{PID: pid, Op: tracer.Op(1), Stack: []uint64{pc}}
+	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
+	id, check, _ := p.stacks.lookup([]byte(raw.key))
+	p.stacks.add(id, check, raw)
+	p.pidStacks[pid] = append(p.pidStacks[pid], id)
+	p.storeFrames([]accounting.StackID{id}, []*rawStack{raw}, [][]symbolize.Frame{{{Function: function}}})
+	return id
+}
+
+// peakShares are a peak's rows as function: bytes.
+func peakShares(t *testing.T, pk Peak) map[string]uint64 {
+	t.Helper()
+	shares := map[string]uint64{}
+	for i, r := range pk.Rows {
+		if r.PID != pk.PID || r.GPU() != pk.GPU || r.Kind.View() != pk.View || len(r.Frames) != 2 {
+			t.Errorf("row %+v in peak %d %s %s", r, pk.PID, pk.GPU, pk.View)
+		}
+		if i > 0 && r.LiveBytes() > pk.Rows[i-1].LiveBytes() {
+			t.Errorf("rows not by bytes: %+v", pk.Rows)
+		}
+		shares[r.Frames[1].Function] += r.LiveBytes()
+	}
+	return shares
+}
+
+// TestPeaksNamed: the books' peaks with their rows' frames, process and
+// GPU, by PID, GPU and view, on the wall clock; the interval's start
+// with the level it began with; --gpu limits them as it limits rows.
+func TestPeaksNamed(t *testing.T) {
+	p := bareProfiler()
+	p.closed = true // no tracer: no loss counters to read
+	p.comms[7] = "train"
+	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
+	tensors := namedStack(p, 7, "forward", 0x403000)
+	start := bpfNow()
+	l := p.ledger
+	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: tracer.KindDevice, Device: 1}, 0x1000, tracer.SpacePointer, 100, start)
+	l.Alloc(accounting.Key{PID: 7, Stack: activations, Kind: tracer.KindDevice, Device: 1}, 0x2000, tracer.SpacePointer, 300, start+1)
+	l.Alloc(accounting.Key{PID: 7, Stack: tensors, Kind: tracer.KindTensor, Device: 1}, 0x2000, tracer.SpaceTensor, 250, start+2)
+	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: tracer.KindDevice, Device: 0}, 0x3000, tracer.SpacePointer, 64, start+4)
+	freeOp := freeOpOf(t)
+	l.Free(7, freeOp, 0x2000, start+5)
+
+	peaks := p.IntervalPeaks()
+	want := []struct {
+		gpu    string
+		view   tracer.View
+		bytes  uint64
+		ts     uint64
+		shares map[string]uint64
+	}{
+		{"0", tracer.ViewDriver, 64, start + 4, map[string]uint64{"load_weights": 64}},
+		{"1", tracer.ViewDriver, 400, start + 1, map[string]uint64{"load_weights": 100, "activations": 300}},
+		{"1", tracer.ViewTensor, 250, start + 2, map[string]uint64{"forward": 250}},
+	}
+	if len(peaks) != len(want) {
+		t.Fatalf("%d peaks, want %d: %+v", len(peaks), len(want), peaks)
+	}
+	for i, w := range want {
+		pk := peaks[i]
+		if pk.PID != 7 || pk.Comm != "train" || pk.GPU != w.gpu || pk.View != w.view || pk.Bytes != w.bytes || pk.Timestamp != w.ts {
+			t.Errorf("peak %d: %d %s %s %s %d bytes at %d, want %s %s %d at %d", i, pk.PID, pk.Comm, pk.GPU, pk.View, pk.Bytes, pk.Timestamp, w.gpu, w.view, w.bytes, w.ts)
+		}
+		if got := peakShares(t, pk); !maps.Equal(got, w.shares) {
+			t.Errorf("peak %d: shares %v, want %v", i, got, w.shares)
+		}
+		if age := time.Since(pk.Time); age < 0 || age > time.Minute {
+			t.Errorf("peak %d at %v, %v ago", i, pk.Time, age)
+		}
+	}
+
+	// The next interval: the level it began with, at its start.
+	next := p.IntervalPeaks()
+	if len(next) != 3 || next[1].Bytes != 100 || next[1].Timestamp <= start+5 || next[2].Bytes != 250 {
+		t.Errorf("next interval %+v", next)
+	}
+
+	p.cfg.GPUs = []int{1}
+	r, err := p.Report()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Peaks) != 2 || r.Peaks[0].GPU != "1" || r.Peaks[0].Bytes != 400 || r.Peaks[1].View != tracer.ViewTensor {
+		t.Errorf("report peaks on GPU 1: %+v", r.Peaks)
+	}
+}
+
+func freeOpOf(t *testing.T) tracer.Op {
+	for op := range tracer.Op(64) {
+		if op.Symbol() == "cuMemFree_v2" {
+			return op
+		}
+	}
+	t.Fatal("no cuMemFree_v2")
+	return 0
+}
