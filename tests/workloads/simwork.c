@@ -21,6 +21,11 @@
  *                  threads switching contexts with every context call
  *   retain         VMM handles released once per reference, as NCCL frees
  *                  them: cuMemRetainAllocationHandle then two cuMemRelease
+ *   spike          peaks in two runs (SIMCUDA_DEVICES=2): memory held on
+ *                  GPUs 0 and 1, and on GPU 1 a spike from first_spike,
+ *                  freed; after a second line, first_spike again and a
+ *                  higher spike from higher_spike, freed; each run expects
+ *                  its peaks
  *   demo           a small model's weights, activations and a leak; with
  *                  SIMWORK_NOWAIT it then holds its memory for a minute
  */
@@ -394,6 +399,61 @@ static void retain_scenario(void)
 	printf("done\nexpect created=%d live=%d\n", 8 << 20, 5 << 20);
 }
 
+/* ---- spike ---- */
+
+NOINLINE static void spike_base(size_t bytes)
+{
+	CUdeviceptr p;
+	CHECK(cuMemAlloc_v2(&p, bytes)); /* held until exit */
+}
+
+/* spike allocates n buffers of bytes each, then frees them all; inlined,
+ * so that its caller calls the driver. */
+__attribute__((always_inline)) static inline void spike(int n, size_t bytes, CUdeviceptr *buffers)
+{
+	for (int i = 0; i < n; i++)
+		CHECK(cuMemAlloc_v2(&buffers[i], bytes));
+	for (int i = 0; i < n; i++)
+		CHECK(cuMemFree_v2(buffers[i]));
+}
+
+NOINLINE static void first_spike(void)
+{
+	CUdeviceptr buffers[3];
+	spike(3, 5 * MiB, buffers);
+}
+
+NOINLINE static void higher_spike(void)
+{
+	CUdeviceptr buffers[2];
+	spike(2, 12 * MiB, buffers);
+}
+
+/* set_device makes device the calling thread's, in a context call the
+ * tracer sees (main's came before it attached). */
+static void set_device(int device)
+{
+	CUcontext ctx;
+	CHECK(cuDevicePrimaryCtxRetain(&ctx, device));
+	CHECK(cuCtxSetCurrent(ctx));
+}
+
+static void spike_scenario(void)
+{
+	set_device(0);
+	spike_base(8 * MiB);
+	set_device(1);
+	spike_base(2 * MiB);
+	first_spike();
+	printf("done\nexpect gpu0_base=%d gpu1_base=%d first_spike=%d gpu1_peak=%d\n", 8 * MiB, 2 * MiB,
+	       15 * MiB, 17 * MiB);
+	wait_line();
+	first_spike();
+	higher_spike();
+	printf("done\nexpect gpu0_base=%d gpu1_base=%d higher_spike=%d gpu1_peak=%d\n", 8 * MiB, 2 * MiB,
+	       24 * MiB, 26 * MiB);
+}
+
 /* ---- demo ---- */
 
 NOINLINE static void load_weights(CUdeviceptr *layers, int n)
@@ -480,6 +540,8 @@ int main(int argc, char **argv)
 		devices_scenario();
 	else if (!strcmp(scenario, "retain"))
 		retain_scenario();
+	else if (!strcmp(scenario, "spike"))
+		spike_scenario();
 	else if (!strcmp(scenario, "demo"))
 		demo();
 	else {

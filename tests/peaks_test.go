@@ -1,0 +1,98 @@
+package tests
+
+import (
+	"maps"
+	"testing"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// TestPeaksBetweenReads: on GPU 1, a spike that rises and falls between two
+// reads of the interval's peaks is caught exactly, total and per stack,
+// beside GPU 0's memory held all along; a higher spike from another
+// function later replaces it, in its own interval and in the run's peak,
+// which outlives the process's exit.
+func TestPeaksBetweenReads(t *testing.T) {
+	w := startWorkload(t, []string{"SIMCUDA_DEVICES=2"}, simwork, "spike")
+	s := startProfiler(t, profiler.Config{Library: simLib}, w)
+
+	first := w.run()
+	firstPeaks := s.intervalPeaks(w.pid)
+	checkPeak(t, "first interval, GPU 1", firstPeaks["1"], first["gpu1_peak"],
+		map[string]uint64{"spike_base": first["gpu1_base"], "first_spike": first["first_spike"]})
+	checkPeak(t, "first interval, GPU 0", firstPeaks["0"], first["gpu0_base"], map[string]uint64{"spike_base": first["gpu0_base"]})
+	// What a report shows at the end of the interval misses the spike.
+	if live := rowsBySite(t, s.report(), w.pid)[site{"cuMemAlloc_v2", "first_spike"}].LiveBytes(); live != 0 {
+		t.Errorf("first_spike holds %d bytes at the end of the interval", live)
+	}
+
+	second := w.run()
+	peaks := s.intervalPeaks(w.pid)
+	higher := map[string]uint64{"spike_base": second["gpu1_base"], "higher_spike": second["higher_spike"]}
+	checkPeak(t, "second interval, GPU 1", peaks["1"], second["gpu1_peak"], higher)
+	// GPU 0 held its memory all along: the interval's start, after the
+	// first interval's spike.
+	checkPeak(t, "second interval, GPU 0", peaks["0"], second["gpu0_base"], map[string]uint64{"spike_base": second["gpu0_base"]})
+	if peaks["0"].Timestamp <= firstPeaks["1"].Timestamp {
+		t.Errorf("GPU 0's peak of the second interval at %d, before the first spike at %d", peaks["0"].Timestamp, firstPeaks["1"].Timestamp)
+	}
+
+	w.exit()
+	r := s.report()
+	if processTotals(r, w.pid).LiveBytes() != 0 || r.Ledger.ProcessExits != 1 {
+		t.Fatalf("exit not accounted: %+v", r.Ledger)
+	}
+	run := peaksOf(t, r.Peaks, w.pid)
+	checkPeak(t, "run, GPU 1", run["1"], second["gpu1_peak"], higher)
+	checkPeak(t, "run, GPU 0", run["0"], second["gpu0_base"], map[string]uint64{"spike_base": second["gpu0_base"]})
+	if len(run) != 2 {
+		t.Errorf("run peaks on %d GPUs, want 2", len(run))
+	}
+	assertNoLosses(t, r)
+}
+
+// intervalPeaks reads the interval's peaks of process pid once every event
+// sent so far is accounted, by GPU.
+func (s *session) intervalPeaks(pid int) map[string]profiler.Peak {
+	s.t.Helper()
+	if err := s.p.Sync(); err != nil {
+		s.t.Fatal(err)
+	}
+	return peaksOf(s.t, s.p.IntervalPeaks(), pid)
+}
+
+// peaksOf are the driver view's peaks of process pid, by GPU; it has no
+// tensors.
+func peaksOf(t *testing.T, peaks []profiler.Peak, pid int) map[string]profiler.Peak {
+	t.Helper()
+	byGPU := map[string]profiler.Peak{}
+	for _, pk := range peaks {
+		if pk.PID != uint32(pid) {
+			continue
+		}
+		if pk.View != tracer.ViewDriver {
+			t.Errorf("peak in the %s view: %+v", pk.View, pk)
+		}
+		byGPU[pk.GPU] = pk
+	}
+	return byGPU
+}
+
+// checkPeak compares a peak's total and each function's share of it, the
+// function that called the driver.
+func checkPeak(t *testing.T, what string, pk profiler.Peak, bytes uint64, shares map[string]uint64) {
+	t.Helper()
+	got := map[string]uint64{}
+	var sum uint64
+	for _, r := range pk.Rows {
+		if len(r.Frames) < 2 || r.Frames[0].Function != "cuMemAlloc_v2" {
+			t.Fatalf("%s: stack %v", what, frameNames(r.Frames))
+		}
+		got[r.Frames[1].Function] += r.LiveBytes()
+		sum += r.LiveBytes()
+	}
+	if pk.Bytes != bytes || sum != bytes || !maps.Equal(got, shares) {
+		t.Errorf("%s: %d bytes (rows %d): %v; want %d: %v", what, pk.Bytes, sum, got, bytes, shares)
+	}
+}
