@@ -51,7 +51,9 @@ type Peak struct {
 // interval began; a process holding nothing all along has none. Peaks
 // come by PID, GPU and view. Stacks not yet named are named first, as
 // Report does (the first stack through a large library waits for its
-// symbols); the events flow meanwhile.
+// symbols); the events flow meanwhile, but not while the books' peaks are
+// read (about 13 ns a row of the books) nor while their rows are named.
+// The rows are new at each call, frames shared with the profiler.
 func (p *Profiler) IntervalPeaks() []Peak {
 	p.mu.Lock()
 	peaks := p.ledger.TakeIntervalPeaks(bpfNow())
