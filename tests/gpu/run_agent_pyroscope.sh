@@ -150,7 +150,7 @@ grep -E 'VmRSS|VmHWM' /proc/$agent/status | tr -s ' \t' ' ' | sed 's/^/agent at 
 t_stop=$EPOCHREALTIME
 kill -INT "$rec" && wait "$rec"
 echo "record: exited $? and wrote its report $(awk "BEGIN{printf \"%.2f\", $EPOCHREALTIME - $t_stop}") s after being stopped;" \
-	"$(grep -o '"alloc_bytes": *[0-9]*' "$record_json" | awk -F: '{n++; s+=$2} END{print n " stacks, " s " bytes allocated"}')"
+	"$(grep -o '"allocated_bytes": *[0-9]*' "$record_json" | awk -F: '{n++; s+=$2} END{print n " stacks, " s " bytes allocated"}')"
 rec=''
 rm -f "$record_json" "$record_json.stderr"
 # Status lines are due every interval: the latest against its schedule.
