@@ -1,6 +1,8 @@
 // Package pprof builds pprof profiles of GPU memory, with the sample types
 // of Go's heap profiles so that every pprof tool reads them as memory: the
-// driver view under Go's names, the tensor view under its own (SampleTypes).
+// driver view under Go's names, the tensor view under its own (SampleTypes),
+// and in each view the peak: each stack's share of its process's most memory
+// at once on its GPU.
 package pprof
 
 import (
@@ -10,47 +12,83 @@ import (
 
 	"github.com/google/pprof/profile"
 
+	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Values are a row's values, in the order of its view's sample types:
-// alloc_objects, alloc_space, inuse_objects, inuse_space.
-type Values [4]int64
+// alloc_objects, alloc_space, inuse_objects, inuse_space, peak_objects,
+// peak_space.
+type Values [6]int64
 
-// Totals are a row's values since tracing began: what it allocated, and what
-// it still holds.
-func Totals(row profiler.Row) Values {
-	return Values{int64(row.AllocCount), int64(row.AllocBytes), int64(row.LiveCount()), int64(row.LiveBytes())}
+// Where Values and SampleTypes hold what.
+const (
+	allocObjects = iota
+	allocSpace
+	inuseObjects
+	inuseSpace
+	peakObjects
+	peakSpace
+)
+
+// Totals are a row's values since tracing began: what it allocated, what it
+// still holds, and peak, its share of its process's peak on its GPU in its
+// view (PeakShares).
+func Totals(row profiler.Row, peak accounting.Amount) Values {
+	return Values{allocObjects: int64(row.AllocCount), allocSpace: int64(row.AllocBytes), inuseObjects: int64(row.LiveCount()),
+		inuseSpace: int64(row.LiveBytes()), peakObjects: int64(peak.Count), peakSpace: int64(peak.Bytes)}
+}
+
+// PeakShares are each row's share of its process's peak (on its GPU, in
+// its view): the rows of the peaks, by key. A row not in its peak has none.
+func PeakShares(peaks []profiler.Peak) map[accounting.Key]accounting.Amount {
+	shares := map[accounting.Key]accounting.Amount{}
+	for _, pk := range peaks {
+		for _, row := range pk.Rows {
+			shares[row.Key] = accounting.Amount{Bytes: row.LiveBytes(), Count: row.LiveCount()}
+		}
+	}
+	return shares
 }
 
 // SampleTypes are a view's sample types, in the order of Values. The driver
 // view has Go heap profiles' own, so that a pprof reader's default
-// (inuse_space) is what the GPU holds; the tensor view has the same names
-// prefixed with "tensor_", so that it is never summed with the driver view
-// and is read with -sample_index=tensor_inuse_space.
+// (inuse_space) is what the GPU holds, and peak_objects and peak_space:
+// each stack's share of its process's most memory at once on its GPU
+// (profiler.Peak; the peaks of two processes, or of two GPUs, are reached
+// at different moments, so their sum is no peak of both). The tensor view
+// has the same names prefixed with "tensor_", so that it is never summed
+// with the driver view and is read with -sample_index=tensor_inuse_space.
 func SampleTypes(v tracer.View) []*profile.ValueType {
 	prefix := ""
 	if v == tracer.ViewTensor {
 		prefix = "tensor_"
 	}
 	return []*profile.ValueType{
-		{Type: prefix + "alloc_objects", Unit: "count"},
-		{Type: prefix + "alloc_space", Unit: "bytes"},
-		{Type: prefix + "inuse_objects", Unit: "count"},
-		{Type: prefix + "inuse_space", Unit: "bytes"},
+		allocObjects: {Type: prefix + "alloc_objects", Unit: "count"},
+		allocSpace:   {Type: prefix + "alloc_space", Unit: "bytes"},
+		inuseObjects: {Type: prefix + "inuse_objects", Unit: "count"},
+		inuseSpace:   {Type: prefix + "inuse_space", Unit: "bytes"},
+		peakObjects:  {Type: prefix + "peak_objects", Unit: "count"},
+		peakSpace:    {Type: prefix + "peak_space", Unit: "bytes"},
 	}
 }
 
 // DefaultSampleType is the sample type a profile of view v opens with.
-func DefaultSampleType(v tracer.View) string { return SampleTypes(v)[3].Type }
+func DefaultSampleType(v tracer.View) string { return SampleTypes(v)[inuseSpace].Type }
+
+// PeakSampleType is the sample type of view v's peak bytes.
+func PeakSampleType(v tracer.View) string { return SampleTypes(v)[peakSpace].Type }
 
 // Build makes a profile of the report's rows, one sample per (process,
 // stack, memory kind, device), labelled with pid, comm, kind and gpu, with
-// both views' sample types.
+// both views' sample types; the peaks are the report's (every row of a
+// peak is a row of the report: the same books at the same moment).
 func Build(r profiler.Report) *profile.Profile {
-	return BuildRows(r.Rows, r.Time, 0, Totals, tracer.Views...)
+	shares := PeakShares(r.Peaks)
+	return BuildRows(r.Rows, r.Time, 0, func(row profiler.Row) Values { return Totals(row, shares[row.Key]) }, tracer.Views...)
 }
 
 // BuildRows makes a profile taken at t over duration of the given rows, with
@@ -106,15 +144,23 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 	return b.p
 }
 
-// Comment returns the lines a profile carries about how it was made.
+// Comment returns the lines a profile carries about how it was made, and
+// when each peak was reached.
 func Comment(r profiler.Report) []string {
-	return []string{
+	lines := []string{
 		fmt.Sprintf("gpu-mem at %s", r.Time.Format(time.RFC3339)),
 		fmt.Sprintf("losses: %d (ring buffer %d)", r.Losses.Total(), r.Losses.RingBufferFull),
 		fmt.Sprintf("unknown frees: %d", r.Ledger.UnknownFrees),
 		"views: inuse_space and alloc_space are the driver's (what the GPU holds), tensor_inuse_space and " +
 			"tensor_alloc_space PyTorch's tensors, inside the driver's segments: never add them",
+		"peaks: peak_space (tensor_peak_space) is each stack's share of its process's most memory at once on its GPU; " +
+			"the peaks of two processes or GPUs came at different moments: their sum is no peak",
 	}
+	for _, pk := range r.Peaks {
+		lines = append(lines, fmt.Sprintf("peak of pid %d (%s) on gpu %s, %s view: %d bytes in %d allocations at %s",
+			pk.PID, pk.Comm, pk.GPU, pk.View, pk.Bytes, pk.Count, pk.Time.Format(time.RFC3339Nano)))
+	}
+	return lines
 }
 
 type locationKey struct {

@@ -15,9 +15,10 @@ import (
 )
 
 // TestViewsAreSampleTypes: the driver view under Go heap profiles' sample
-// types, the default; the tensor view under tensor_*; each row's values in
-// its own view's columns and zeros in the other's, so that no sample type
-// sums a byte twice.
+// types, the default, and peak_*; the tensor view under tensor_*; each
+// row's values, its share of its peak among them, in its own view's
+// columns and zeros in the other's, so that no sample type sums a byte
+// twice; a row not in its peak has a peak of 0.
 func TestViewsAreSampleTypes(t *testing.T) {
 	frames := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "load_weights", File: "train.py", Line: 3}}
 	row := func(stack accounting.StackID, kind tracer.Kind, c accounting.Counters) profiler.Row {
@@ -28,7 +29,15 @@ func TestViewsAreSampleTypes(t *testing.T) {
 		row(2, tracer.KindTensor, accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
 		row(3, tracer.KindHost, accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
 	}
-	p := Build(profiler.Report{Time: time.Unix(1700000000, 0), Rows: rows})
+	// At the peaks, the device row held 20 MiB, the tensor row 16 MiB, the
+	// host row nothing.
+	peaks := []profiler.Peak{
+		{PID: 7, GPU: "0", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 20 << 20, Count: 1},
+			Rows: []profiler.Row{{Key: rows[0].Key, Counters: accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}}}},
+		{PID: 7, GPU: "0", View: tracer.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2},
+			Rows: []profiler.Row{{Key: rows[1].Key, Counters: accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2}}}},
+	}
+	p := Build(profiler.Report{Time: time.Unix(1700000000, 0), Rows: rows, Peaks: peaks})
 	var buf bytes.Buffer
 	if err := p.Write(&buf); err != nil {
 		t.Fatal(err)
@@ -42,7 +51,9 @@ func TestViewsAreSampleTypes(t *testing.T) {
 		types = append(types, st.Type+"/"+st.Unit)
 	}
 	want := []string{"alloc_objects/count", "alloc_space/bytes", "inuse_objects/count", "inuse_space/bytes",
-		"tensor_alloc_objects/count", "tensor_alloc_space/bytes", "tensor_inuse_objects/count", "tensor_inuse_space/bytes"}
+		"peak_objects/count", "peak_space/bytes",
+		"tensor_alloc_objects/count", "tensor_alloc_space/bytes", "tensor_inuse_objects/count", "tensor_inuse_space/bytes",
+		"tensor_peak_objects/count", "tensor_peak_space/bytes"}
 	if !slices.Equal(types, want) || p.DefaultSampleType != "inuse_space" {
 		t.Fatalf("sample types %v, default %q", types, p.DefaultSampleType)
 	}
@@ -51,9 +62,9 @@ func TestViewsAreSampleTypes(t *testing.T) {
 		byKind[s.Label["kind"][0]] = s.Value
 	}
 	for kind, values := range map[string][]int64{
-		"device":      {1, 20 << 20, 1, 20 << 20, 0, 0, 0, 0},
-		"host-pinned": {1, 4096, 1, 4096, 0, 0, 0, 0},
-		"tensor":      {0, 0, 0, 0, 2, 16 << 20, 1, 12 << 20},
+		"device":      {1, 20 << 20, 1, 20 << 20, 1, 20 << 20, 0, 0, 0, 0, 0, 0},
+		"host-pinned": {1, 4096, 1, 4096, 0, 0, 0, 0, 0, 0, 0, 0},
+		"tensor":      {0, 0, 0, 0, 0, 0, 2, 16 << 20, 1, 12 << 20, 2, 16 << 20},
 	} {
 		if !slices.Equal(byKind[kind], values) {
 			t.Errorf("%s values %v, want %v", kind, byKind[kind], values)
@@ -62,8 +73,8 @@ func TestViewsAreSampleTypes(t *testing.T) {
 
 	// One view alone, as a Pyroscope series is: its types only, its
 	// inuse_space the default, the other view's rows left out.
-	tensors := BuildRows(rows, time.Now(), 0, Totals, tracer.ViewTensor)
-	if len(tensors.SampleType) != 4 || tensors.DefaultSampleType != "tensor_inuse_space" || len(tensors.Sample) != 1 {
+	tensors := BuildRows(rows, time.Now(), 0, func(row profiler.Row) Values { return Totals(row, accounting.Amount{}) }, tracer.ViewTensor)
+	if len(tensors.SampleType) != 6 || tensors.DefaultSampleType != "tensor_inuse_space" || len(tensors.Sample) != 1 {
 		t.Errorf("tensor view alone: %v", tensors)
 	}
 }
