@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"iter"
 	"sort"
 	"strings"
 
@@ -19,6 +20,7 @@ type Value string
 const (
 	InUse     Value = "inuse" // live bytes
 	Allocated Value = "alloc" // bytes allocated since tracing began
+	Peak      Value = "peak"  // each stack's share of its process's peak on its GPU
 )
 
 // ParseView checks a --view flag.
@@ -32,10 +34,10 @@ func ParseView(s string) (tracer.View, error) {
 // ParseValue checks a --value flag.
 func ParseValue(s string) (Value, error) {
 	switch v := Value(s); v {
-	case InUse, Allocated:
+	case InUse, Allocated, Peak:
 		return v, nil
 	}
-	return "", fmt.Errorf("unknown value %q: want inuse or alloc", s)
+	return "", fmt.Errorf("unknown value %q: want inuse, alloc or peak", s)
 }
 
 // WriteFolded writes the rows of one view, one line per distinct stack,
@@ -43,17 +45,13 @@ func ParseValue(s string) (Value, error) {
 // The process name is the outermost frame, then where the memory lives
 // ("gpu=0", "gpu=host"), so that processes and devices stay apart in a
 // flame graph. Stacks with no bytes are left out. One view only: a tensor's
-// bytes are also in the driver's segment that holds it.
+// bytes are also in the driver's segment that holds it. With Peak, the rows
+// are those of each process's peak on each GPU, each with its share: a
+// process's lines on one GPU sum to its peak there (two processes of one
+// name are summed, their peaks reached at different moments).
 func WriteFolded(w io.Writer, r profiler.Report, v Value, view tracer.View) error {
 	sums := map[string]uint64{}
-	for _, row := range r.Rows {
-		if row.Kind.View() != view {
-			continue
-		}
-		bytes := row.LiveBytes()
-		if v == Allocated {
-			bytes = row.AllocBytes
-		}
+	for row, bytes := range foldedRows(r, v, view) {
 		if bytes == 0 {
 			continue
 		}
@@ -74,4 +72,37 @@ func WriteFolded(w io.Writer, r profiler.Report, v Value, view tracer.View) erro
 		fmt.Fprintf(bw, "%s %d\n", stack, sums[stack])
 	}
 	return bw.Flush()
+}
+
+// foldedRows yields the rows of view v in a report with the bytes that
+// value v gives each.
+func foldedRows(r profiler.Report, v Value, view tracer.View) iter.Seq2[*profiler.Row, uint64] {
+	return func(yield func(*profiler.Row, uint64) bool) {
+		if v == Peak {
+			for i := range r.Peaks {
+				if r.Peaks[i].View != view {
+					continue
+				}
+				for j := range r.Peaks[i].Rows {
+					if row := &r.Peaks[i].Rows[j]; !yield(row, row.LiveBytes()) {
+						return
+					}
+				}
+			}
+			return
+		}
+		for i := range r.Rows {
+			row := &r.Rows[i]
+			if row.Kind.View() != view {
+				continue
+			}
+			bytes := row.LiveBytes()
+			if v == Allocated {
+				bytes = row.AllocBytes
+			}
+			if !yield(row, bytes) {
+				return
+			}
+		}
+	}
 }

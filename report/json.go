@@ -16,6 +16,7 @@ type jsonReport struct {
 	Stacks    []jsonStack          `json:"stacks"`
 	Failures  []jsonFailure        `json:"failures"`
 	OOMs      []jsonOOM            `json:"out_of_memory"`
+	Peaks     []jsonPeak           `json:"peaks"`
 	Losses    tracer.Losses        `json:"losses"`
 	Ledger    accounting.Stats     `json:"ledger"`
 	Python    profiler.PythonStats `json:"python"`
@@ -74,6 +75,50 @@ type jsonOOM struct {
 	Held    []jsonStack `json:"held"` // by live bytes, both views
 }
 
+// jsonPeak is one process's most memory at once on one GPU in one view,
+// and the stacks that held it.
+type jsonPeak struct {
+	PID         uint32          `json:"pid"`
+	Comm        string          `json:"comm"`
+	GPU         string          `json:"gpu"`
+	GPUName     string          `json:"gpu_name,omitempty"`
+	GPUUUID     string          `json:"gpu_uuid,omitempty"`
+	GPUBus      string          `json:"gpu_bus,omitempty"`
+	Namespace   string          `json:"namespace,omitempty"`
+	Pod         string          `json:"pod,omitempty"`
+	Container   string          `json:"container,omitempty"`
+	PodUID      string          `json:"pod_uid,omitempty"`
+	ContainerID string          `json:"container_id,omitempty"`
+	View        string          `json:"view"` // driver or tensor
+	Time        time.Time       `json:"time"`
+	Bytes       uint64          `json:"bytes"`
+	Allocations uint64          `json:"allocations"`
+	Stacks      []jsonPeakStack `json:"stacks"` // by bytes, descending; they sum to bytes
+}
+
+// jsonPeakStack is one stack's share of a peak.
+type jsonPeakStack struct {
+	Kind        string      `json:"kind"`
+	Frames      []jsonFrame `json:"frames"` // innermost first
+	Bytes       uint64      `json:"bytes"`
+	Allocations uint64      `json:"allocations"`
+}
+
+func newJSONPeak(pk profiler.Peak) jsonPeak {
+	j := jsonPeak{
+		PID: pk.PID, Comm: pk.Comm, GPU: pk.GPU, GPUName: pk.Device.Name, GPUUUID: pk.Device.UUID, GPUBus: pk.Device.Bus,
+		PodUID: pk.Container.PodUID, ContainerID: pk.Container.ContainerID,
+		Namespace: pk.Container.Namespace, Pod: pk.Container.Pod, Container: pk.Container.Name,
+		View: pk.View.String(), Time: pk.Time, Bytes: pk.Bytes, Allocations: pk.Count,
+		Stacks: make([]jsonPeakStack, 0, len(pk.Rows)),
+	}
+	for _, row := range pk.Rows {
+		j.Stacks = append(j.Stacks, jsonPeakStack{Kind: row.Kind.String(), Frames: jsonFrames(row.Frames),
+			Bytes: row.LiveBytes(), Allocations: row.LiveCount()})
+	}
+	return j
+}
+
 func jsonFrames(frames []*symbolize.Frame) []jsonFrame {
 	out := make([]jsonFrame, len(frames))
 	for i, f := range frames {
@@ -83,7 +128,8 @@ func jsonFrames(frames []*symbolize.Frame) []jsonFrame {
 }
 
 // WriteJSON writes the whole report: every (process, stack, kind) with all
-// its counters, the failed allocations and the loss counters.
+// its counters, the failed allocations, each process's peak per GPU and
+// view with the stacks that held it, and the loss counters.
 func WriteJSON(w io.Writer, r profiler.Report) error {
 	out := jsonReport{
 		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Python: r.Python, Events: r.Events, Libraries: r.Libraries,
@@ -102,6 +148,10 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 			j.Held = append(j.Held, newJSONStack(row))
 		}
 		out.OOMs = append(out.OOMs, j)
+	}
+	out.Peaks = make([]jsonPeak, 0, len(r.Peaks))
+	for _, pk := range r.Peaks {
+		out.Peaks = append(out.Peaks, newJSONPeak(pk))
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

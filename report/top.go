@@ -97,7 +97,8 @@ func HottestFrame(frames []*symbolize.Frame) string {
 
 // WriteTop writes a status line, each view's total, the table of Top, at
 // most limit rows (all when limit <= 0), the three stacks that grew most
-// over the window g follows, and the latest out-of-memory.
+// over the window g follows, the table of peaks (at most limit rows a
+// view), and the latest out-of-memory.
 func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
 		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
@@ -120,6 +121,9 @@ func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 	for _, gr := range Growers(r, grew, 3) {
 		fmt.Fprintf(w, "growing: %s in %s to %s, pid %d (%s), %s, at %s\n", SignedBytes(gr.Growth), window,
 			HumanBytes(gr.LiveBytes()), gr.PID, gr.Comm, gr.Kind, HottestFrame(gr.Frames))
+	}
+	if err := writePeakTable(w, r, limit); err != nil {
+		return err
 	}
 	if len(r.OOMs) > 0 {
 		o := r.OOMs[len(r.OOMs)-1]
@@ -164,7 +168,8 @@ func HumanBytes(n uint64) string {
 }
 
 // WriteStacks writes, per view, the n stacks holding the most, each as a
-// backtrace (innermost first) under its live and allocated bytes, then the
+// backtrace (innermost first) under its live and allocated bytes, and the n
+// highest peaks of processes on GPUs beside what they hold now, then each
 // view's total; the tensor view only when tensors were traced.
 func WriteStacks(w io.Writer, r profiler.Report, n int) error {
 	for _, v := range tracer.Views {
@@ -184,6 +189,7 @@ func WriteStacks(w io.Writer, r profiler.Report, n int) error {
 				fmt.Fprintf(w, "    %s\n", f.Name())
 			}
 		}
+		writeViewPeaks(w, r, v, n)
 	}
 	writeViewTotals(w, r.Rows)
 	_, err := fmt.Fprintf(w, "events %d, losses %d, unknown frees %d\n", r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)

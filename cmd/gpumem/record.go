@@ -37,13 +37,16 @@ func newRecordCommand() *cobra.Command {
 		Short: "Record GPU memory per call stack to a pprof, folded, JSON or HTML file",
 		Long: `Record traces every process that uses the CUDA driver (or those of --pid, or
 COMMAND, which it starts) until --duration passes, COMMAND exits or Ctrl-C,
-then writes what each call stack allocated and still holds.
+then writes what each call stack allocated and still holds, and each
+process's peak per GPU and view: the most it held at once, when, and which
+stacks held it.
 
 Memory allocated before recording started is not seen, and is not invented:
 frees of it are counted as unknown frees.`,
 		Example: `  gpumem record --duration 30s -o gpu.pb.gz && go tool pprof -top gpu.pb.gz
   gpumem record --pid 4242 --format folded --value alloc -o gpu.folded
   gpumem record --format folded --view tensor -o tensors.folded   # PyTorch's tensors, not the GPU's memory
+  gpumem record --format folded --value peak -o peak.folded   # what held the memory at each process's peak
   gpumem record --duration 1m --format html -o gpu.html   # a flame graph to open in a browser
   gpumem record --library ./libcuda.so.1 -- python train.py
   gpumem record --on-oom oom/ -- python train.py   # what filled the GPU, at each out-of-memory`,
@@ -58,7 +61,7 @@ frees of it are counted as unknown frees.`,
 func (o *recordOptions) register(fs *pflag.FlagSet) {
 	o.target.register(fs)
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C or COMMAND exits)")
-	fs.StringVar(&o.value, "value", "inuse", "bytes in folded output: inuse (live) or alloc (allocated)")
+	fs.StringVar(&o.value, "value", "inuse", "bytes in folded output: inuse (live), alloc (allocated) or peak (each stack's share of its process's peak on its GPU)")
 	fs.StringVar(&o.view, "view", "driver", "view in folded output: driver (what the GPU holds) or tensor (PyTorch's tensors, inside the driver's segments)")
 	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded, json or html (a flame graph)")
 	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, .folded, .json or .html)")
