@@ -80,6 +80,7 @@ type Ledger struct {
 	groups   map[PeakKey]*group // each row's, for peaks
 	failures map[FailureKey]*Failures
 	stats    Stats
+	timeline *timeline // nil unless StartTimeline
 }
 
 type process struct {
@@ -124,10 +125,11 @@ func (l *Ledger) process(pid uint32) *process {
 	return p
 }
 
-func (l *Ledger) row(k Key) *row {
+// row returns the row of k, created at time ts if new.
+func (l *Ledger) row(k Key, ts uint64) *row {
 	r, ok := l.rows[k]
 	if !ok {
-		g := l.group(peakKey(k))
+		g := l.group(peakKey(k), ts)
 		r = &row{key: k, group: g}
 		g.rows = append(g.rows, r)
 		l.rows[k] = r
@@ -144,9 +146,9 @@ func (l *Ledger) Alloc(k Key, addr uint64, space tracer.Space, bytes, ts uint64)
 		// allocation first: it holds no memory any more, though its free
 		// event is still to come.
 		p.superseded[a] = append(p.superseded[a], old)
-		old.row.unhold(old.bytes)
+		old.row.unhold(old.bytes, ts)
 	}
-	row := l.row(k)
+	row := l.row(k, ts)
 	row.AllocBytes += bytes
 	row.AllocCount++
 	row.hold(bytes, ts)
@@ -170,7 +172,7 @@ func (l *Ledger) Free(pid uint32, op tracer.Op, addr uint64, ts uint64) {
 		}
 		delete(p.live, a)
 		release(cur)
-		cur.row.unhold(cur.bytes)
+		cur.row.unhold(cur.bytes, ts)
 		return
 	}
 	if older := p.superseded[a]; len(older) > 0 {
@@ -226,8 +228,9 @@ func (l *Ledger) Fail(k Key, op tracer.Op, result int32, bytes uint64) {
 	f.Bytes += bytes
 }
 
-// Exit releases everything the process still held, as implicit frees.
-func (l *Ledger) Exit(pid uint32) {
+// Exit releases everything the process still held, as implicit frees, at
+// time ts (the timeline's).
+func (l *Ledger) Exit(pid uint32, ts uint64) {
 	p, ok := l.procs[pid]
 	if !ok {
 		l.exited[pid] = true // it may have failed allocations only
@@ -235,7 +238,7 @@ func (l *Ledger) Exit(pid uint32) {
 	}
 	for _, a := range p.live {
 		releaseImplicitly(a)
-		a.row.unhold(a.bytes)
+		a.row.unhold(a.bytes, ts)
 	}
 	for _, older := range p.superseded {
 		for _, a := range older {

@@ -91,7 +91,7 @@ func TestExitReleasesImplicitly(t *testing.T) {
 	l.Alloc(weights, 0x2000, tracer.SpacePointer, 50, 2)
 	l.Alloc(other, 0x1000, tracer.SpacePointer, 7, 3)
 	l.Free(10, cuMemFree, 0x2000, 4)
-	l.Exit(10)
+	l.Exit(10, 5)
 	s := l.Snapshot()
 	want := Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 50, FreeCount: 1, ImplicitFreeBytes: 100, ImplicitFreeCount: 1}
 	if s.Rows[weights] != want || s.Rows[weights].LiveBytes() != 0 {
@@ -127,7 +127,7 @@ func TestDropExited(t *testing.T) {
 	// A live process whose only calls failed is not dropped.
 	failedOnly := Key{PID: 12, Stack: 1, Kind: tracer.KindDevice}
 	l.Fail(failedOnly, 1, tracer.CUDAOutOfMemory, 9)
-	l.Exit(11)
+	l.Exit(11, 3)
 	// A process kept (its last numbers not yet exported) stays until a
 	// later call.
 	if dropped := l.DropExited(func(pid uint32) bool { return pid == 11 }); len(dropped) != 0 || len(l.Snapshot().Rows) != 2 {

@@ -1,14 +1,19 @@
 package accounting
 
-import "github.com/gpu-mem/gpu-mem/tracer"
+import (
+	"math"
+
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
 
 // Peaks.
 //
 // Every row belongs to one group: a process's memory in one view
 // (tracer.View: the driver's and the tensors' overlap, so each has peaks of
 // its own) on one GPU as rows label it. A group keeps its live total as
-// allocations enter and leave the live map, and two trackers of the highest
-// total: one over the whole run, one over the agent's interval.
+// allocations enter and leave the live map, and three trackers of the
+// highest total: one over the whole run, one over the agent's interval, one
+// over the timeline's open bucket (timeline.go; dormant without one).
 //
 // No event copies rows. A new high only notes the total and the time: the
 // peak stays open, the rows as they stand being the peak's, until the first
@@ -20,9 +25,9 @@ import "github.com/gpu-mem/gpu-mem/tracer"
 // most one copy of 16 bytes into the row. Reading a peak costs O(rows of
 // its group): 1.3 ms for 100,000 rows (BenchmarkTakeIntervalPeaks). Memory: per row, its held memory and, per tracker, its share
 // and the seal it was kept at, with its key and group and its place in the
-// group's list: 104 bytes (measured with its allocation: 279 bytes a live
-// row, from 174); per group, two trackers. So a peak's copy lives in its
-// rows, one per tracker: one for the run, one for the interval.
+// group's list: 128 bytes (measured with its allocation: 311 bytes a live
+// row, from 174; 279 with two trackers); per group, three trackers. So a
+// peak's copy lives in its rows, one per tracker.
 //
 // Order. A peak is the highest total in the order the books take events,
 // the ring buffer's. A free racing with a reuse of its address on another
@@ -93,22 +98,33 @@ type row struct {
 const (
 	run = iota
 	interval
+	bucketPeak // the timeline's open bucket's (timeline.go)
 	trackers
 )
+
+// dormant is a tracker that never moves: without a timeline, bucketPeak.
+// Its peak is never exceeded, and it is sealed at seal 0, the seal rows
+// start at, so no row ever keeps a share for it.
+var dormant = tracker{peak: Amount{Bytes: math.MaxUint64}}
 
 // group keeps the peaks of one PeakKey.
 type group struct {
 	live     Amount // its rows' held memory
 	rows     []*row
 	trackers [trackers]tracker
+	series   *series // its timeline, if the ledger keeps one
 }
 
-func (l *Ledger) group(k PeakKey) *group {
+// group returns the group of k, created at time ts if new.
+func (l *Ledger) group(k PeakKey, ts uint64) *group {
 	g, ok := l.groups[k]
 	if !ok {
 		// Open at zero: the rows as they stand, none, are the peak's. A
 		// sealed tracker's seal is never 0, the seal a new row is at.
-		g = &group{trackers: [trackers]tracker{{open: true}, {open: true}}}
+		g = &group{trackers: [trackers]tracker{{open: true}, {open: true}, dormant}}
+		if l.timeline != nil {
+			l.timeline.follow(g, ts)
+		}
 		l.groups[k] = g
 	}
 	return g
@@ -117,6 +133,7 @@ func (l *Ledger) group(k PeakKey) *group {
 // hold counts an allocation entering the live map at time ts.
 func (r *row) hold(bytes, ts uint64) {
 	g := r.group
+	at := g.advance(ts)
 	for i := range g.trackers {
 		g.trackers[i].keep(r, i)
 	}
@@ -127,13 +144,15 @@ func (r *row) hold(bytes, ts uint64) {
 	for i := range g.trackers {
 		g.trackers[i].grew(g.live, ts)
 	}
+	g.note(at)
 }
 
-// unhold counts an allocation leaving the live map: a free, an exit, or a
-// reuse of its address. It seals an open peak: the rows as they stand are
-// the peak's.
-func (r *row) unhold(bytes uint64) {
+// unhold counts an allocation leaving the live map at time ts: a free, an
+// exit, or a reuse of its address. It seals an open peak: the rows as they
+// stand are the peak's.
+func (r *row) unhold(bytes, ts uint64) {
 	g := r.group
+	at := g.advance(ts)
 	for i := range g.trackers {
 		t := &g.trackers[i]
 		t.close()
@@ -143,6 +162,23 @@ func (r *row) unhold(bytes uint64) {
 	r.held.Count--
 	g.live.Bytes -= bytes
 	g.live.Count--
+	g.note(at)
+}
+
+// advance moves the group's timeline, if any, to time ts before its total
+// changes, and returns the time the change counts at there.
+func (g *group) advance(ts uint64) uint64 {
+	if g.series == nil {
+		return ts
+	}
+	return g.series.advance(g, ts)
+}
+
+// note counts the group's new total, changed at time at, in its timeline.
+func (g *group) note(at uint64) {
+	if g.series != nil {
+		g.series.note(g.live.Bytes, at)
+	}
 }
 
 // tracker follows the highest live total of a group.

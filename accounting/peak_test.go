@@ -137,7 +137,7 @@ func TestPeakOutlivesExit(t *testing.T) {
 	l.Alloc(gpu0Weights, 0x100, tracer.SpacePointer, 100, 1)
 	l.Alloc(gpu1Spike, 0x200, tracer.SpacePointer, 200, 2)
 	l.Alloc(gpu1Spike, 0x300, tracer.SpacePointer, 300, 3) // a growth: not copied yet
-	l.Exit(10)
+	l.Exit(10, 4)
 	want := map[PeakKey]peakWant{
 		driverOn("0"): {Amount{100, 1}, 1, map[Key]Amount{gpu0Weights: {100, 1}}},
 		driverOn("1"): {Amount{500, 2}, 3, map[Key]Amount{gpu1Spike: {500, 2}}},
@@ -167,7 +167,7 @@ func TestPeakWithFreeRacingReuse(t *testing.T) {
 				l.Free(10, cuMemFree, 0x1000, 4) // entered at 4
 			}
 			l.Alloc(cache, 0x2000, tracer.SpacePointer, 10, 6)
-			l.Exit(10)
+			l.Exit(10, 7)
 			checkPeaks(t, "run", l.Peaks(), map[PeakKey]peakWant{
 				{PID: 10, GPU: "0"}: {Amount{310, 2}, 6, map[Key]Amount{cache: {310, 2}}},
 			})
@@ -301,7 +301,7 @@ func TestPeaksMatchFullRecount(t *testing.T) {
 		case n < 93:
 			l.Retain(pid, addr)
 		case n < 95:
-			l.Exit(pid)
+			l.Exit(pid, ts)
 		case n < 97:
 			l.DropExited(func(uint32) bool { return false })
 			for k := range run {

@@ -298,7 +298,7 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	defer p.mu.Unlock()
 	p.events++
 	if ev.Exit {
-		p.forget(ev.PID)
+		p.forget(ev.PID, ev.Timestamp)
 		return false
 	}
 	if _, seen := p.comms[ev.PID]; !seen {
@@ -404,11 +404,11 @@ func (p *Profiler) addPython(pid int) bool {
 	return true
 }
 
-// forget releases what a process that exited held, and what is kept to
-// walk its Python frames. Its mappings stay until DropExited: its stacks
-// are symbolized at the next report.
-func (p *Profiler) forget(pid uint32) {
-	p.ledger.Exit(pid)
+// forget releases what a process that exited at time ts held, and what is
+// kept to walk its Python frames. Its mappings stay until DropExited: its
+// stacks are symbolized at the next report.
+func (p *Profiler) forget(pid uint32, ts uint64) {
+	p.ledger.Exit(pid, ts)
 	delete(p.lastOOM, pid)
 	if p.py.Has(pid) {
 		p.py.Forget(pid)
@@ -561,7 +561,7 @@ func (p *Profiler) releaseVanished() {
 	}
 	for _, pid := range pids {
 		if _, err := os.Stat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(int(pid)))); errors.Is(err, os.ErrNotExist) {
-			p.forget(pid)
+			p.forget(pid, bpfNow()) // seen gone now
 		}
 	}
 }

@@ -54,7 +54,7 @@ func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
 		t.Error("naming not asked for")
 	}
 	p.ledger.Alloc(key, 0x2000, tracer.SpacePointer, 50, 2)
-	p.ledger.Exit(42)
+	p.ledger.Exit(42, 3)
 	p.DropExited()
 	if len(p.pidStacks[42]) != 1 {
 		t.Fatal("process dropped before its rows were listed")
