@@ -33,12 +33,18 @@ const (
 	peakSpace
 )
 
+// NewValues are the values of memory allocated, live and held at a peak.
+func NewValues(alloc, live, peak accounting.Amount) Values {
+	return Values{allocObjects: int64(alloc.Count), allocSpace: int64(alloc.Bytes), inuseObjects: int64(live.Count),
+		inuseSpace: int64(live.Bytes), peakObjects: int64(peak.Count), peakSpace: int64(peak.Bytes)}
+}
+
 // Totals are a row's values since tracing began: what it allocated, what it
 // still holds, and peak, its share of its process's peak on its GPU in its
 // view (PeakShares).
 func Totals(row profiler.Row, peak accounting.Amount) Values {
-	return Values{allocObjects: int64(row.AllocCount), allocSpace: int64(row.AllocBytes), inuseObjects: int64(row.LiveCount()),
-		inuseSpace: int64(row.LiveBytes()), peakObjects: int64(peak.Count), peakSpace: int64(peak.Bytes)}
+	return NewValues(accounting.Amount{Bytes: row.AllocBytes, Count: row.AllocCount},
+		accounting.Amount{Bytes: row.LiveBytes(), Count: row.LiveCount()}, peak)
 }
 
 // PeakShares are each row's share of its process's peak (on its GPU, in

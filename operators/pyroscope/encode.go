@@ -266,20 +266,23 @@ func (s *seriesProfile) begin(row *profiler.Row, interval uint64) {
 }
 
 // add encodes a row's sample, unless its values are all zero, and keeps
-// its counters for the next interval.
-func (s *seriesProfile) add(row *profiler.Row, interval uint64) {
+// its counters for the next interval: what it allocated during the
+// interval, what it holds at its end, and peak, its share of the
+// interval's peak of its process on its GPU (pprof.PeakShares).
+func (s *seriesProfile) add(row *profiler.Row, peak accounting.Amount, interval uint64) {
 	rs := s.sample(row)
 	rs.seen = interval
-	v := [4]uint64{row.AllocCount - rs.prevAllocCount, row.AllocBytes - rs.prevAllocBytes, row.LiveCount(), row.LiveBytes()}
+	v := pprof.NewValues(accounting.Amount{Bytes: row.AllocBytes - rs.prevAllocBytes, Count: row.AllocCount - rs.prevAllocCount},
+		accounting.Amount{Bytes: row.LiveBytes(), Count: row.LiveCount()}, peak)
 	rs.prevAllocCount, rs.prevAllocBytes = row.AllocCount, row.AllocBytes
-	if v == [4]uint64{} {
+	if v == (pprof.Values{}) {
 		return
 	}
 	s.n++
-	var buf [4 * binary.MaxVarintLen64]byte
+	var buf [len(v) * binary.MaxVarintLen64]byte
 	packed := buf[:0]
 	for _, x := range v {
-		packed = protowire.AppendVarint(packed, x)
+		packed = protowire.AppendVarint(packed, uint64(x))
 	}
 	size := protowire.SizeTag(sampleLocationID) + protowire.SizeBytes(len(rs.locations)) +
 		protowire.SizeTag(sampleValue) + protowire.SizeBytes(len(packed)) + len(s.labels)

@@ -54,8 +54,9 @@ func samples(t *testing.T, p *profile.Profile) []string {
 
 // TestEncodeAsPprofBuilds: the exporter's profile of a series, interval
 // after interval, is what the pprof package builds from the same rows, in
-// the series' view: samples, frames (native and Python), labels, values,
-// and the view's own sample types (tensor_* for a tensor series).
+// the series' view: samples, frames (native and Python), labels, values
+// with each row's share of the interval's peak, and the view's own sample
+// types (tensor_* for a tensor series).
 func TestEncodeAsPprofBuilds(t *testing.T) {
 	for _, kind := range []tracer.Kind{tracer.KindDevice, tracer.KindTensor} {
 		t.Run(kind.String(), func(t *testing.T) { testEncodeAsPprofBuilds(t, kind) })
@@ -90,6 +91,13 @@ func testEncodeAsPprofBuilds(t *testing.T, kind tracer.Kind) {
 			row(3, []*symbolize.Frame{driver, unnamed}, accounting.Counters{AllocBytes: 1, AllocCount: 1, FreeBytes: 1, FreeCount: 1}),
 		},
 	}
+	// Each interval's peak: its shares, by stack (a stack freed by the
+	// interval's end held memory at its peak).
+	peaks := []map[accounting.StackID]accounting.Amount{
+		{1: {Bytes: 100, Count: 1}, 2: {Bytes: 8, Count: 2}, 3: {Bytes: 1, Count: 1}},
+		{1: {Bytes: 300, Count: 3}},
+		{},
+	}
 	s := newSeriesProfile(kind.View())
 	var enc encoder
 	prev := map[accounting.Key]accounting.Counters{}
@@ -98,7 +106,7 @@ func testEncodeAsPprofBuilds(t *testing.T, kind tracer.Kind) {
 		at := t0.Add(time.Duration(i+1) * time.Second)
 		s.begin(&rows[0], uint64(i+1))
 		for j := range rows {
-			s.add(&rows[j], uint64(i+1))
+			s.add(&rows[j], peaks[i][rows[j].Stack], uint64(i+1))
 		}
 		raw := enc.finish(s, at, time.Second)
 		got, err := profile.ParseData(raw)
@@ -108,7 +116,8 @@ func testEncodeAsPprofBuilds(t *testing.T, kind tracer.Kind) {
 		before := prev
 		want := pprof.BuildRows(rows, at, time.Second, func(row profiler.Row) pprof.Values {
 			b := before[row.Key]
-			return pprof.Values{int64(row.AllocCount - b.AllocCount), int64(row.AllocBytes - b.AllocBytes), int64(row.LiveCount()), int64(row.LiveBytes())}
+			return pprof.NewValues(accounting.Amount{Bytes: row.AllocBytes - b.AllocBytes, Count: row.AllocCount - b.AllocCount},
+				accounting.Amount{Bytes: row.LiveBytes(), Count: row.LiveCount()}, peaks[i][row.Stack])
 		}, kind.View())
 		prev = map[accounting.Key]accounting.Counters{}
 		for _, row := range rows {

@@ -4,7 +4,9 @@
 // tracer. The tensor view's series carry sample types of their own
 // (tensor_inuse_space, ...): Pyroscope makes them profile types of their
 // own, so that memory:inuse_space is the driver view alone, what the GPUs
-// hold, with no label filter. Only what the server takes is sent: no interval without series,
+// hold, with no label filter. Each series also carries the interval's peak
+// (peak_space, tensor_peak_space): each stack's share of its process's
+// most memory at once on its GPU during the interval. Only what the server takes is sent: no interval without series,
 // none older than the server accepts, and a request the server refuses for
 // its content is dropped, not retried (refusal.go).
 package pyroscope
@@ -32,6 +34,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -203,25 +206,28 @@ func authInterceptor(cfg Config) grpc.UnaryClientInterceptor {
 }
 
 // Export queues the interval ending with the report: per process and kind,
-// what was allocated since the previous export and what is live now. When
-// the queue is full, the oldest interval is dropped and counted. An
-// interval without series (no process held or allocated memory) is not
-// queued: Pyroscope refuses a push without series.
+// what was allocated since the previous export, what is live now and, if
+// the report has peaks, each stack's share of them: the report's peaks are
+// taken as the interval's (Profiler.IntervalPeaks). When the queue is full,
+// the oldest interval is dropped and counted. An interval without series
+// (no process held or allocated memory) is not queued: Pyroscope refuses a
+// push without series.
 func (e *Exporter) Export(r profiler.Report) {
 	e.ExportRows(func(add func(*profiler.Row)) time.Time {
 		for i := range r.Rows {
 			add(&r.Rows[i])
 		}
 		return r.Time
-	})
+	}, r.Peaks)
 }
 
 // ExportRows is Export of the rows that each hands to add, one at a time,
-// of the interval ending at the time it returns. add keeps nothing of a
-// row, so that rows can be read one by one (Profiler.EachRow) rather than
-// gathered in a report.
-func (e *Exporter) ExportRows(each func(add func(*profiler.Row)) time.Time) {
-	req, end := e.request(each)
+// of the interval ending at the time it returns, whose peaks are peaks
+// (Profiler.IntervalPeaks, whose rows each must list: taken first, they
+// are). add keeps nothing of a row, so that rows can be read one by one
+// (Profiler.EachRow) rather than gathered in a report.
+func (e *Exporter) ExportRows(each func(add func(*profiler.Row)) time.Time, peaks []profiler.Peak) {
+	req, end := e.request(each, peaks)
 	if len(req.Series) == 0 {
 		// Pyroscope answers InvalidArgument "no profiles received"
 		// (Distributor.PushBatch): nothing to send.
@@ -250,8 +256,9 @@ type seriesKey struct {
 }
 
 // request builds the interval's push and returns it with the interval's end.
-func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time) (*pushv1.PushRequest, time.Time) {
+func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time, peaks []profiler.Peak) (*pushv1.PushRequest, time.Time) {
 	e.interval++
+	shares := pprof.PeakShares(peaks)
 	t := each(func(row *profiler.Row) {
 		k := seriesKey{row.PID, row.Kind, row.GPU()}
 		s := e.series[k]
@@ -263,7 +270,7 @@ func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time) (*pushv
 			s.begin(row, e.interval)
 			s.pushLabels = e.labels(*row)
 		}
-		s.add(row, e.interval)
+		s.add(row, shares[row.Key], e.interval)
 	})
 	start := e.last
 	e.last = t

@@ -311,19 +311,34 @@ func TestReceiverDownThenUp(t *testing.T) {
 // TestTensorViewHasItsOwnProfileTypes: a process's driver rows and tensor
 // rows go to series of their own, the tensor series with the tensor_*
 // sample types, so that Pyroscope's memory:inuse_space (any label) is the
-// driver view alone and memory:tensor_inuse_space the tensor view alone.
+// driver view alone and memory:tensor_inuse_space the tensor view alone;
+// likewise the interval's peaks, memory:peak_space and
+// memory:tensor_peak_space, with the share of a stack freed before the
+// interval's end.
 func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 	lis := listen(t)
 	r := &receiver{}
 	serve(t, r, lis)
 	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
-	e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{
-		// The allocator's 20 MiB segment, the 12 MiB tensor inside it, and
-		// a pinned buffer.
+	rows := []profiler.Row{
+		// The allocator's 20 MiB segment, the 12 MiB tensor inside it, a
+		// pinned buffer, and a 30 MiB spike freed since.
 		row(10, 1, tracer.KindDevice, "load_weights", accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
 		row(10, 2, tracer.KindTensor, "load_weights", accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
 		row(10, 3, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
-	}})
+		row(10, 4, tracer.KindDevice, "forward_activation", accounting.Counters{AllocBytes: 30 << 20, AllocCount: 3, FreeBytes: 30 << 20, FreeCount: 3}),
+	}
+	share := func(r profiler.Row, bytes, count uint64) profiler.Row {
+		r.Counters = accounting.Counters{AllocBytes: bytes, AllocCount: count}
+		return r
+	}
+	peaks := []profiler.Peak{
+		{PID: 10, GPU: "0", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4},
+			Rows: []profiler.Row{share(rows[3], 30<<20, 3), share(rows[0], 20<<20, 1)}},
+		{PID: 10, GPU: "host", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 4096, Count: 1}, Rows: []profiler.Row{share(rows[2], 4096, 1)}},
+		{PID: 10, GPU: "0", View: tracer.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}, Rows: []profiler.Row{share(rows[1], 16<<20, 2)}},
+	}
+	e.Export(profiler.Report{Time: time.Now(), Rows: rows, Peaks: peaks})
 	waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
 	push := r.Received()[0]
 	types := map[string][]string{} // by kind
@@ -336,8 +351,10 @@ func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 			t.Errorf("tensor series' default sample type %q", p.DefaultSampleType)
 		}
 	}
-	driver := "memory:alloc_objects:count:space:bytes memory:alloc_space:bytes:space:bytes memory:inuse_objects:count:space:bytes memory:inuse_space:bytes:space:bytes"
-	tensor := "memory:tensor_alloc_objects:count:space:bytes memory:tensor_alloc_space:bytes:space:bytes memory:tensor_inuse_objects:count:space:bytes memory:tensor_inuse_space:bytes:space:bytes"
+	driver := "memory:alloc_objects:count:space:bytes memory:alloc_space:bytes:space:bytes memory:inuse_objects:count:space:bytes memory:inuse_space:bytes:space:bytes " +
+		"memory:peak_objects:count:space:bytes memory:peak_space:bytes:space:bytes"
+	tensor := "memory:tensor_alloc_objects:count:space:bytes memory:tensor_alloc_space:bytes:space:bytes memory:tensor_inuse_objects:count:space:bytes memory:tensor_inuse_space:bytes:space:bytes " +
+		"memory:tensor_peak_objects:count:space:bytes memory:tensor_peak_space:bytes:space:bytes"
 	for kind, want := range map[string]string{"device": driver, "host-pinned": driver, "tensor": tensor} {
 		if got := strings.Join(types[kind], " "); got != want {
 			t.Errorf("%s series' profile types %s, want %s", kind, got, want)
@@ -352,10 +369,18 @@ func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 		"memory:tensor_inuse_space:bytes:space:bytes": 12 << 20,
 		"memory:tensor_alloc_space:bytes:space:bytes": 16 << 20,
 		"memory:inuse_objects:count:space:bytes":      2,
+		// Two peaks, on GPU 0 and on the host: a query of one process's
+		// GPU is its peak there.
+		"memory:peak_space:bytes:space:bytes":        50<<20 + 4096,
+		"memory:peak_objects:count:space:bytes":      5,
+		"memory:tensor_peak_space:bytes:space:bytes": 16 << 20,
 	} {
 		if totals[id] != want {
 			t.Errorf("%s: %d with no label filter, want %d", id, totals[id], want)
 		}
+	}
+	if refused := r.Refused(); len(refused) != 0 {
+		t.Errorf("refused: %v", refused)
 	}
 }
 
