@@ -1,13 +1,16 @@
 // Package metrics exposes gpu-mem's books to Prometheus: live bytes,
 // allocated bytes, allocation, free and failure counts per process, memory
-// kind and GPU, and the tracer's loss counters, read at each scrape. The
-// tensor view has metrics of its own (gpumem_tensor_*): a tensor's bytes
-// are also in the driver's segment that holds it, so that
-// sum(gpumem_live_bytes) is the driver view alone, what the GPUs hold.
+// kind and GPU, the tracer's loss counters, read at each scrape, and each
+// process's peak per GPU of the agent's last interval. The tensor view has
+// metrics of its own (gpumem_tensor_*): a tensor's bytes are also in the
+// driver's segment that holds it, so that sum(gpumem_live_bytes) is the
+// driver view alone, what the GPUs hold.
 package metrics
 
 import (
+	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -21,11 +24,21 @@ type Source interface {
 	Totals() (profiler.Totals, error)
 }
 
+// PeakSource is what the peak gauges read: each process's peaks of the
+// agent's last interval.
+type PeakSource interface {
+	Peaks() []profiler.Peak
+}
+
 var labels = []string{"pid", "comm", "kind", "gpu", "namespace", "pod", "container", "pod_uid", "container_id"}
+
+// peakLabels are the peak gauges' labels: a peak is of a view, not of a
+// kind (on a GPU, the driver view's device and VMM memory together).
+var peakLabels = slices.DeleteFunc(slices.Clone(labels), func(l string) bool { return l == "kind" })
 
 // viewMetrics are the metrics of one view's series.
 type viewMetrics struct {
-	liveBytes, allocatedBytes, allocations, frees *prometheus.Desc
+	liveBytes, allocatedBytes, allocations, frees, peakBytes *prometheus.Desc
 }
 
 // newViewMetrics names a view's metrics with prefix, in whose words their
@@ -36,6 +49,8 @@ func newViewMetrics(prefix, what string) viewMetrics {
 		allocatedBytes: prometheus.NewDesc(prefix+"allocated_bytes_total", what+": bytes allocated.", labels, nil),
 		allocations:    prometheus.NewDesc(prefix+"allocations_total", what+": allocations.", labels, nil),
 		frees:          prometheus.NewDesc(prefix+"frees_total", what+": frees, explicit and at process exit.", labels, nil),
+		peakBytes: prometheus.NewDesc(prefix+"peak_bytes", what+": the most bytes the process held at once on the GPU "+
+			"during the agent's last interval (--pyroscope-interval), however briefly.", peakLabels, nil),
 	}
 }
 
@@ -51,9 +66,11 @@ var (
 	unknownFrees = prometheus.NewDesc("gpumem_unknown_frees_total", "Frees of memory allocated before tracing began.", nil, nil)
 )
 
-// Collector is a prometheus.Collector over a Source.
+// Collector is a prometheus.Collector over a Source and, if any, a
+// PeakSource.
 type Collector struct {
 	Source Source
+	Peaks  PeakSource
 }
 
 // Describe sends the metrics' descriptions.
@@ -63,6 +80,9 @@ func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- v.allocatedBytes
 		ch <- v.allocations
 		ch <- v.frees
+		if c.Peaks != nil {
+			ch <- v.peakBytes
+		}
 	}
 	for _, d := range []*prometheus.Desc{failures, losses, unknownFrees} {
 		ch <- d
@@ -97,6 +117,44 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(losses, prometheus.CounterValue, float64(n), reason)
 	}
 	ch <- prometheus.MustNewConstMetric(unknownFrees, prometheus.CounterValue, float64(t.UnknownFrees))
+	if c.Peaks != nil {
+		collectPeaks(ch, c.Peaks.Peaks())
+	}
+}
+
+// collectPeaks sends one gauge per peak: a process's on one GPU in one view.
+func collectPeaks(ch chan<- prometheus.Metric, peaks []profiler.Peak) {
+	for _, pk := range peaks {
+		values := append([]string{strconv.FormatUint(uint64(pk.PID), 10), pk.Comm, pk.GPU}, containerLabels(pk.Container)...)
+		ch <- prometheus.MustNewConstMetric(views[pk.View].peakBytes, prometheus.GaugeValue, float64(pk.Bytes), values...)
+	}
+}
+
+// LastPeaks keeps the peaks of the interval that ended last, without their
+// rows, for the gauges: the agent sets them once per interval, and scrapes
+// read them meanwhile. Safe for concurrent use.
+type LastPeaks struct {
+	mu    sync.Mutex
+	peaks []profiler.Peak
+}
+
+// Set keeps peaks, an interval's (Profiler.IntervalPeaks).
+func (l *LastPeaks) Set(peaks []profiler.Peak) {
+	kept := make([]profiler.Peak, len(peaks))
+	for i, pk := range peaks {
+		kept[i] = pk
+		kept[i].Rows = nil // only totals are exposed
+	}
+	l.mu.Lock()
+	l.peaks = kept
+	l.mu.Unlock()
+}
+
+// Peaks are the peaks kept; the caller must not change them.
+func (l *LastPeaks) Peaks() []profiler.Peak {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.peaks
 }
 
 func containerLabels(c k8smeta.Container) []string {

@@ -32,6 +32,7 @@ type agentOptions struct {
 	pyroscope    pyroscope.Config
 	passwordFile string
 	tokenFile    string
+	peaks        metrics.LastPeaks // the last interval's, for the gauges
 
 	// The exporter's rejections at the last status line, and the last
 	// reason logged: a reason is logged once, not on every line while
@@ -48,8 +49,10 @@ func newAgentCommand() *cobra.Command {
 		Long: `Agent is the always-on mode for hosts and DaemonSets. It traces every process
 that uses the CUDA driver and, every interval, logs one status line and, with
 --pyroscope-url, pushes one profile per process and memory kind to Grafana
-Pyroscope: the bytes allocated during the interval and the bytes live at its
-end. Pushes go through a bounded queue, retried with backoff; when the queue is
+Pyroscope: the bytes allocated during the interval, the bytes live at its
+end, and what held the memory at the interval's peak (the most each process
+held at once on a GPU, per view; also the gauges gpumem_peak_bytes and
+gpumem_tensor_peak_bytes). Pushes go through a bounded queue, retried with backoff; when the queue is
 full the oldest interval is dropped and counted. An interval without any
 process is not pushed; a push the server refuses for its content (gRPC
 InvalidArgument, FailedPrecondition, OutOfRange; HTTP 400, 413, 422) is
@@ -174,7 +177,7 @@ func (o *agentOptions) run(ctx context.Context) error {
 		logf("exporting to %s every %v", o.pyroscope.URL, o.interval)
 	}
 	if o.metricsAddr != "" {
-		if err := serveMetrics(ctx, o.metricsAddr, p, exp); err != nil {
+		if err := serveMetrics(ctx, o.metricsAddr, metrics.Collector{Source: p, Peaks: &o.peaks}, exp); err != nil {
 			return err
 		}
 	}
@@ -195,8 +198,11 @@ func (o *agentOptions) run(ctx context.Context) error {
 
 // export pushes one interval and logs the status line. The status line
 // needs the totals per process; the exporter reads the rows one by one,
-// keeping only what changes in its profiles: no report of every row.
+// keeping only what changes in its profiles: no report of every row. The
+// interval's peaks, taken once, go to the push and to the gauges.
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
+	peaks := p.IntervalPeaks()
+	o.peaks.Set(peaks)
 	t, err := p.Totals()
 	if err != nil {
 		logf("reading loss counters: %v", err)
@@ -209,7 +215,7 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees, symbol tables %d (%.1f MiB)",
 		len(pids), t.Events, t.Losses.Total(), t.UnknownFrees, sym.Tables, float64(sym.IndexBytes+sym.NameBytes)/(1<<20))
 	if exp != nil {
-		exp.ExportRows(p.EachRow)
+		exp.ExportRows(p.EachRow, peaks)
 		line += o.pushStatus(exp.Stats())
 	}
 	logf("%s", line)
@@ -237,13 +243,13 @@ func (o *agentOptions) pushStatus(s pyroscope.Stats) string {
 
 // serveMetrics serves /metrics until ctx is done. A busy address is an error
 // at start. exp, when there is one, adds the push counts.
-func serveMetrics(ctx context.Context, addr string, p *profiler.Profiler, exp *pyroscope.Exporter) error {
+func serveMetrics(ctx context.Context, addr string, books metrics.Collector, exp *pyroscope.Exporter) error {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics address: %w", err)
 	}
 	registry := prometheus.NewRegistry()
-	registry.MustRegister(metrics.Collector{Source: p})
+	registry.MustRegister(books)
 	if exp != nil {
 		registry.MustRegister(pushCollector{exp})
 	}

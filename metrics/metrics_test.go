@@ -1,0 +1,71 @@
+package metrics
+
+import (
+	"maps"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+type noTotals struct{}
+
+func (noTotals) Totals() (profiler.Totals, error) { return profiler.Totals{}, nil }
+
+// TestPeakGauges: each view's peak per process and GPU under its own
+// gauge, labelled as the live bytes are but for kind; the rows of the
+// peaks are not kept.
+func TestPeakGauges(t *testing.T) {
+	pod := k8smeta.Container{Namespace: "ml", Pod: "trainer-1", Name: "trainer", PodUID: "uid", ContainerID: "cid"}
+	held := profiler.Row{Frames: []*symbolize.Frame{{Function: "forward"}}}
+	var last LastPeaks
+	last.Set([]profiler.Peak{
+		{PID: 7, Comm: "python3", GPU: "0", View: tracer.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4}, Rows: []profiler.Row{held}},
+		{PID: 7, Comm: "python3", GPU: "0", View: tracer.ViewTensor, Container: pod, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}},
+		{PID: 7, Comm: "python3", GPU: "1", View: tracer.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 2 << 20, Count: 1}},
+	})
+	if rows := last.Peaks()[0].Rows; rows != nil {
+		t.Errorf("rows kept: %v", rows)
+	}
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(Collector{Source: noTotals{}, Peaks: &last})
+	families, err := registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]map[string]float64{} // by metric, by gpu
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := labelMap(m)
+			if f.GetName() == "gpumem_peak_bytes" || f.GetName() == "gpumem_tensor_peak_bytes" {
+				want := map[string]string{"pid": "7", "comm": "python3", "gpu": labels["gpu"], "namespace": "ml", "pod": "trainer-1",
+					"container": "trainer", "pod_uid": "uid", "container_id": "cid"}
+				if !maps.Equal(labels, want) {
+					t.Errorf("%s labels %v, want %v", f.GetName(), labels, want)
+				}
+				if got[f.GetName()] == nil {
+					got[f.GetName()] = map[string]float64{}
+				}
+				got[f.GetName()][labels["gpu"]] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if !maps.Equal(got["gpumem_peak_bytes"], map[string]float64{"0": 50 << 20, "1": 2 << 20}) ||
+		!maps.Equal(got["gpumem_tensor_peak_bytes"], map[string]float64{"0": 16 << 20}) {
+		t.Errorf("peaks %v", got)
+	}
+}
+
+func labelMap(m *dto.Metric) map[string]string {
+	labels := map[string]string{}
+	for _, l := range m.GetLabel() {
+		labels[l.GetName()] = l.GetValue()
+	}
+	return labels
+}
