@@ -19,8 +19,9 @@ import (
 
 // TestDashboardQueriesWhatIsPushed: the dashboard's Pyroscope queries name
 // the profile types and labels the exporter sends, with a flame graph of
-// live and of allocated bytes per view; its Prometheus panels query
-// gpu-mem's metrics, live bytes per view, never both views in one query.
+// live bytes, of allocated bytes and of the interval's peak per view; its
+// Prometheus panels query gpu-mem's metrics, live bytes and peaks per view,
+// never both views in one query.
 func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	data, err := os.ReadFile("../../dashboards/gpu-mem.json")
 	if err != nil {
@@ -50,9 +51,9 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	// metadata (empty, and matched by "All", elsewhere).
 	labels := map[string]bool{LabelService: true, LabelPID: true, LabelComm: true, LabelKind: true, LabelNode: true, LabelGPU: true, "namespace": true, "pod": true}
 	matcher := regexp.MustCompile(`([a-z_]+)=~?"`)
-	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|allocated_bytes_total|failures_total)\{`)
-	flames := map[string]int{} // by profile type
-	live := map[string]bool{}  // live bytes metrics queried
+	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|peak_bytes|allocated_bytes_total|failures_total)\{`)
+	flames := map[string]int{}   // by profile type
+	queried := map[string]bool{} // live bytes and peak metrics queried
 	for _, p := range d.Panels {
 		for _, target := range p.Targets {
 			if p.Type != "flamegraph" {
@@ -62,8 +63,8 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 					t.Errorf("query %q: want one of gpu-mem's metrics, by pod", target.Expr)
 				}
 				for _, m := range names {
-					if m[2] == "live_bytes" {
-						live[m[0]] = true
+					if m[2] == "live_bytes" || m[2] == "peak_bytes" {
+						queried[m[0]] = true
 					}
 				}
 				continue
@@ -84,8 +85,10 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 			t.Errorf("%d flame graph panels of %s, want one", flames[id], id)
 		}
 	}
-	if !live["gpumem_live_bytes{"] || !live["gpumem_tensor_live_bytes{"] {
-		t.Errorf("live bytes panels %v, want one per view", live)
+	for _, name := range []string{"gpumem_live_bytes{", "gpumem_tensor_live_bytes{", "gpumem_peak_bytes{", "gpumem_tensor_peak_bytes{"} {
+		if !queried[name] {
+			t.Errorf("no panel of %s: want live bytes and peaks per view (%v)", name, queried)
+		}
 	}
 	vars := map[string]bool{}
 	for _, v := range d.Templating.List {
@@ -108,7 +111,7 @@ func pushedProfileTypes(t *testing.T) map[string]bool {
 			add(&profiler.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",
 				Frames: []*symbolize.Frame{{Function: "f"}}, Counters: accounting.Counters{AllocBytes: 1, AllocCount: 1}})
 			return time.Now()
-		})
+		}, nil)
 		for _, s := range req.Series {
 			p, err := profile.ParseData(s.Samples[0].RawProfile)
 			if err != nil {
@@ -119,7 +122,7 @@ func pushedProfileTypes(t *testing.T) map[string]bool {
 			}
 		}
 	}
-	if len(types) != 8 {
+	if len(types) != 12 {
 		t.Fatalf("profile types pushed: %v", types)
 	}
 	return types
