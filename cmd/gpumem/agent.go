@@ -52,8 +52,8 @@ that uses the CUDA driver and, every interval, logs one status line and, with
 Pyroscope: the bytes allocated during the interval, the bytes live at its
 end, and what held the memory at the interval's peak (the most each process
 held at once on a GPU, per view; also the gauges gpumem_peak_bytes and
-gpumem_tensor_peak_bytes). Pushes go through a bounded queue, retried with backoff; when the queue is
-full the oldest interval is dropped and counted. An interval without any
+gpumem_tensor_peak_bytes). Pushes go through a bounded queue, retried with
+backoff; when the queue is full the oldest interval is dropped and counted. An interval without any
 process is not pushed; a push the server refuses for its content (gRPC
 InvalidArgument, FailedPrecondition, OutOfRange; HTTP 400, 413, 422) is
 dropped at once and counted as rejected, with its reason logged once; an

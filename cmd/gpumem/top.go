@@ -33,8 +33,10 @@ tensors (the tensor view, inside the driver's segments: never added to it),
 with the function that called the driver on the
 stack holding the most, and how much its live bytes grew over the last
 minute (--growth-window), with the three stacks that grew most below: a leak
-grows window after window. The latest out-of-memory, if any, is the last
-line. On a terminal the screen is redrawn; otherwise each refresh prints
+grows window after window. Below them, each process's peak per GPU and view
+since top started: the most it held at once, when, and the function that
+held the most then, beside what it holds now. The latest out-of-memory, if
+any, is the last line. On a terminal the screen is redrawn; otherwise each refresh prints
 plain lines.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
