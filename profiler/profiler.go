@@ -63,6 +63,10 @@ type Config struct {
 	// OnOOM, when set, receives each out-of-memory snapshot as it is taken,
 	// from the goroutine that reads events: it should not block for long.
 	OnOOM func(OOM)
+	// Timeline keeps each process's live bytes per GPU and view over time,
+	// for Report.Timeline (gpumem record's HTML report): bounded memory
+	// (accounting.TimelineBuckets), a few comparisons per event.
+	Timeline bool
 }
 
 // Profiler is safe for concurrent use: Run in one goroutine, Report and
@@ -156,6 +160,9 @@ func New(cfg Config) (*Profiler, error) {
 		containers: map[uint32]k8smeta.Container{},
 	}
 	p.flushed = sync.NewCond(&p.mu)
+	if cfg.Timeline {
+		p.ledger.StartTimeline(bpfNow())
+	}
 	if cfg.Library != "" {
 		if err := p.attach(discover.Library{Path: cfg.Library}); err != nil {
 			tr.Close()

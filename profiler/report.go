@@ -21,6 +21,7 @@ type Report struct {
 	Failures  []Failure // by count, descending
 	OOMs      []OOM     // out-of-memory snapshots, oldest first, the latest MaxOOMs
 	Peaks     []Peak    // each process's per GPU and view over the run (exited ones until DropExited), by PID, GPU, view
+	Timeline  *Timeline // live bytes over time per process, GPU and view; nil without Config.Timeline
 	Losses    tracer.Losses
 	Ledger    accounting.Stats
 	Python    PythonStats
@@ -105,6 +106,7 @@ func (p *Profiler) ReportTo(r *Report) error {
 		return cmp.Compare(a.PID, b.PID)
 	})
 	r.Peaks = p.peaks(p.ledger.Peaks(), named)
+	r.Timeline = p.timeline()
 	p.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
 		if p.onGPU(k.Key) {
 			r.Failures = append(r.Failures, Failure{FailureKey: k, Comm: p.comms[k.PID], Frames: p.frames(k.Stack), Failures: f})
