@@ -14,7 +14,7 @@ setup:
 
 build: bin/gpumem bin/gpumem-lean
 
-GO_SOURCES = $(shell find . -name '*.go' -not -path './build/*') tracer/gpumem_x86_bpfel.o go.mod go.sum
+GO_SOURCES = $(shell find . -name '*.go' -not -path './build/*') tracer/gpumem_x86_bpfel.o report/flamegraph.html go.mod go.sum
 
 bin/gpumem: $(GO_SOURCES)
 	$(GO) build -o $@ ./cmd/gpumem

@@ -58,8 +58,9 @@ func where(f symbolize.Frame) string {
 // flamePage is what the page draws: a tree per view, by view name, and
 // the views side by side per process and GPU.
 type flamePage struct {
-	Views   map[string]*flameNode `json:"views"`
-	Summary []summaryRow          `json:"summary"`
+	Views    map[string]*flameNode `json:"views"`
+	Summary  []summaryRow          `json:"summary"`
+	Timeline *timelinePage         `json:"timeline"` // null without one
 }
 
 // summaryRow is a ProcessGPU for the page; Cache is null where it means
@@ -79,9 +80,11 @@ type summaryRow struct {
 // memory") first: a tree per view, never one of both, whose root is every
 // process, then one bar per process, one per device, then the frames from
 // the outermost; live and allocated bytes can be switched. Above it, each
-// process's memory per GPU in both views and the allocator's cache.
+// process's memory per GPU in both views and the allocator's cache, and,
+// with r.Timeline, each process's live bytes per GPU over time in the view
+// shown, a click on a moment showing its flame graph.
 func WriteHTML(w io.Writer, r profiler.Report) error {
-	page := flamePage{Views: map[string]*flameNode{}, Summary: []summaryRow{}}
+	page := flamePage{Views: map[string]*flameNode{}, Summary: []summaryRow{}, Timeline: newTimelinePage(r)}
 	for _, v := range tracer.Views {
 		page.Views[v.String()] = flameTree(r.Rows, v)
 	}

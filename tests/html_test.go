@@ -9,11 +9,12 @@ import (
 	"testing"
 )
 
-// dumpDOM opens a page in headless Chromium and returns the DOM once its
-// scripts ran.
-func dumpDOM(t *testing.T, url string) string {
+// dumpDOM opens a page in headless Chromium, with any more flags (a
+// window size), and returns the DOM once its scripts ran.
+func dumpDOM(t *testing.T, url string, flags ...string) string {
 	t.Helper()
-	out, err := exec.Command("chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", url).Output()
+	args := append([]string{"--headless", "--no-sandbox", "--disable-gpu"}, flags...)
+	out, err := exec.Command("chromium", append(args, "--dump-dom", url)...).Output()
 	if err != nil {
 		t.Fatalf("chromium: %v", err)
 	}

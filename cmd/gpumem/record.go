@@ -63,7 +63,7 @@ func (o *recordOptions) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C or COMMAND exits)")
 	fs.StringVar(&o.value, "value", "inuse", "bytes in folded output: inuse (live), alloc (allocated) or peak (each stack's share of its process's peak on its GPU)")
 	fs.StringVar(&o.view, "view", "driver", "view in folded output: driver (what the GPU holds) or tensor (PyTorch's tensors, inside the driver's segments)")
-	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded, json or html (a flame graph)")
+	fs.StringVar(&o.format, "format", "pprof", "output format: pprof, folded, json or html (a flame graph and a timeline)")
 	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, .folded, .json or .html)")
 	fs.IntVar(&o.top, "top", 5, "print the N stacks holding the most to stderr when done (0: none)")
 	fs.StringVar(&o.onOOM, "on-oom", "", "at each out-of-memory failure, write what the process held (pprof and folded) into this directory")
@@ -96,6 +96,7 @@ func (o *recordOptions) validate() error {
 // config is the profiler's configuration for these flags.
 func (o *recordOptions) config() profiler.Config {
 	cfg := o.target.config()
+	cfg.Timeline = o.format == "html" // the report's timeline; the other formats have none
 	if o.onOOM != "" {
 		cfg.OnOOM = (&oomWriter{dir: o.onOOM}).write
 	}
