@@ -28,6 +28,10 @@
  *                  its peaks
  *   demo           a small model's weights, activations and a leak; with
  *                  SIMWORK_NOWAIT it then holds its memory for a minute
+ *   train          a training loop over 1.4 s (the README's timeline): weights
+ *                  and optimizer state held, each step's activations kept
+ *                  for the backward pass, its gradients' temporaries and the
+ *                  optimizer's scratch; step 11's batch is twice as large
  */
 #include "../simcuda/cuda.h"
 
@@ -507,12 +511,70 @@ static void demo(void)
 		sleep(60);
 }
 
+/* ---- train ---- */
+
+NOINLINE static void load_model(CUdeviceptr *weights, int n)
+{
+	for (int i = 0; i < n; i++)
+		CHECK(cuMemAlloc_v2(&weights[i], 64 * MiB));
+}
+
+NOINLINE static void init_optimizer(CUdeviceptr *state)
+{
+	CHECK(cuMemAlloc_v2(state, 256 * MiB)); /* Adam's moments */
+}
+
+/* layer_forward keeps its activation for the backward pass. */
+NOINLINE static CUdeviceptr layer_forward(size_t bytes)
+{
+	CUdeviceptr p;
+	CHECK(cuMemAllocAsync(&p, bytes, NULL));
+	return p;
+}
+
+NOINLINE static void layer_backward(CUdeviceptr activation, size_t bytes)
+{
+	CUdeviceptr grad;
+	CHECK(cuMemAllocAsync(&grad, bytes / 2, NULL));
+	CHECK(cuMemFreeAsync(activation, NULL));
+	CHECK(cuMemFreeAsync(grad, NULL));
+}
+
+NOINLINE static void optimizer_step(void)
+{
+	CUdeviceptr scratch;
+	CHECK(cuMemAlloc_v2(&scratch, 128 * MiB));
+	usleep(5000);
+	CHECK(cuMemFree_v2(scratch));
+}
+
+static void train(void)
+{
+	CUdeviceptr weights[8], state, activations[12];
+	load_model(weights, 8);
+	init_optimizer(&state);
+	for (int step = 0; step < 16; step++) {
+		size_t batch = (step == 11 ? 48 : 24) * MiB;
+		for (int l = 0; l < 12; l++) {
+			activations[l] = layer_forward(batch);
+			usleep(3000);
+		}
+		for (int l = 11; l >= 0; l--) {
+			layer_backward(activations[l], batch);
+			usleep(2000);
+		}
+		optimizer_step();
+		usleep(20000);
+	}
+	printf("done\nexpect\n");
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N|devices|retain|demo\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N|devices|retain|spike|demo|train\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -544,6 +606,8 @@ int main(int argc, char **argv)
 		spike_scenario();
 	else if (!strcmp(scenario, "demo"))
 		demo();
+	else if (!strcmp(scenario, "train"))
+		train();
 	else {
 		fprintf(stderr, "simwork: unknown scenario %s\n", scenario);
 		return 2;
