@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,7 +72,8 @@ type process struct {
 
 type mapping struct {
 	discover.Mapping
-	failed bool // its file could not be read: frames stay module+offset
+	failed bool   // its file could not be read: frames stay module+offset
+	table  *table // its file's, once found: held while the process is
 }
 
 // DefaultMaxTableBytes bounds the heap the tables hold (indexes and names)
@@ -136,9 +138,9 @@ func (s *Symbolizer) Stats() Stats {
 // Files are opened and indexes built without holding the lock Track and
 // Forget take.
 func (s *Symbolizer) Frames(pid uint32, addrs []uint64) []Frame {
-	maps := s.mappingsOf(pid, addrs)
+	var buf [8]*table // the tables of a stack: a handful
+	maps, pinned := s.mappingsOf(pid, addrs, buf[:0])
 	frames := make([]Frame, len(maps))
-	var pinned []*table
 	for i, m := range maps {
 		var t *table
 		frames[i], t = s.frame(pid, m, addrs[i]-1)
@@ -177,8 +179,9 @@ func (s *Symbolizer) Forget(pid uint32) {
 }
 
 // mappingsOf finds the mapping of each address, up to the first outside
-// executable memory (nil entries: the maps could not be read).
-func (s *Symbolizer) mappingsOf(pid uint32, addrs []uint64) []*mapping {
+// executable memory (nil entries: the maps could not be read), and pins the
+// tables already found for them, each once, appending them to pinned.
+func (s *Symbolizer) mappingsOf(pid uint32, addrs []uint64, pinned []*table) ([]*mapping, []*table) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	maps := make([]*mapping, 0, len(addrs))
@@ -194,9 +197,12 @@ func (s *Symbolizer) mappingsOf(pid uint32, addrs []uint64) []*mapping {
 		if m == nil && s.procs[pid] != nil && len(s.procs[pid].maps) > 0 {
 			break
 		}
+		if m != nil && m.table != nil && !slices.Contains(pinned, m.table) {
+			pinned = append(pinned, s.use(pid, m.table))
+		}
 		maps = append(maps, m)
 	}
-	return maps
+	return maps, pinned
 }
 
 // frame names one address; it returns the table it pinned, if any.
@@ -209,7 +215,11 @@ func (s *Symbolizer) frame(pid uint32, m *mapping, addr uint64) (Frame, *table) 
 		return Frame{Module: cmp.Or(m.Path, "[anon]"), Address: addr - m.Start}, nil
 	}
 	f := Frame{Module: m.Path, Address: addr - m.Start + m.Offset}
-	t := s.tableOf(pid, m)
+	t, pinned := m.table, (*table)(nil) // pinned by mappingsOf when found before
+	if t == nil {
+		t = s.tableOf(pid, m)
+		pinned = t
+	}
 	if t == nil {
 		return f, nil
 	}
@@ -217,7 +227,7 @@ func (s *Symbolizer) frame(pid uint32, m *mapping, addr uint64) (Frame, *table) 
 		f.Address = vaddr
 		f.Function = t.name(vaddr)
 	}
-	return f, t
+	return f, pinned
 }
 
 func (s *Symbolizer) lookupMapping(pid uint32, addr uint64) *mapping {
@@ -271,6 +281,7 @@ func (s *Symbolizer) tableOf(pid uint32, m *mapping) *table {
 	t := s.files[id]
 	if t != nil || m.failed {
 		defer s.mu.Unlock()
+		m.table = t
 		return s.use(pid, t)
 	}
 	s.mu.Unlock()
@@ -282,7 +293,8 @@ func (s *Symbolizer) tableOf(pid uint32, m *mapping) *table {
 		m.failed = true
 		return nil
 	}
-	return s.use(pid, s.add(id, opened))
+	m.table = s.add(id, opened)
+	return s.use(pid, m.table)
 }
 
 // open maps a mapping's file, through /proc/PID/map_files, which reaches

@@ -150,6 +150,17 @@ func (t *table) name(vaddr uint64) (name string) {
 	if t.broken {
 		return ""
 	}
+	// Most frames are of functions named before: found in the index and the
+	// cache, on the heap, with no read of the mapped file to guard.
+	if t.indexed {
+		i, ok := t.index.find(vaddr)
+		if !ok {
+			return ""
+		}
+		if name, ok := t.names[int32(i)]; ok {
+			return name
+		}
+	}
 	err := guard(func() error {
 		name = t.nameLocked(vaddr)
 		return nil
