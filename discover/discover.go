@@ -108,6 +108,13 @@ func scanProcess(procRoot string, pid int) (libs []Library, python bool) {
 	if err != nil {
 		return nil, false
 	}
+	return librariesIn(data, filepath.Join(procRoot, strconv.Itoa(pid), "root"))
+}
+
+// librariesIn reads the contents of a process's maps: the driver and
+// allocator libraries it maps, at their paths under root (the process's
+// root directory), and whether it maps a CPython interpreter.
+func librariesIn(data []byte, root string) (libs []Library, python bool) {
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		m, ok := ParseMapsLine(sc.Text())
@@ -124,11 +131,18 @@ func scanProcess(procRoot string, pid int) (libs []Library, python bool) {
 		libs = append(libs, Library{
 			Dev:       m.Dev,
 			Inode:     m.Inode,
-			Path:      filepath.Join(procRoot, strconv.Itoa(pid), "root", m.Path),
+			Path:      underRoot(root, m.Path),
 			Allocator: allocator,
 		})
 	}
 	return libs, python
+}
+
+// underRoot is path as the process sees it, opened through its root
+// directory: always under root, whatever ".." the path holds (the kernel
+// writes none, but the path is read, not trusted).
+func underRoot(root, path string) string {
+	return filepath.Join(root, filepath.Clean("/"+path))
 }
 
 // Mapping is one line of /proc/PID/maps.
