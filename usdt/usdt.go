@@ -44,6 +44,11 @@ type Arg struct {
 // stapsdt is the note type of SDT probe descriptors.
 const stapsdt = 3
 
+// maxNotes bounds the SDT notes read from one file. Real ones take a few
+// kilobytes (CPython's 3.11 has 22 probes in 2 KiB); the file is untrusted,
+// and a compressed section may claim any size once inflated.
+const maxNotes = 1 << 20
+
 // Read returns the probes of the file at path, in note order. A file
 // without SDT notes has none; a note that cannot be parsed is an error.
 func Read(path string) ([]Probe, error) {
@@ -52,16 +57,28 @@ func Read(path string) ([]Probe, error) {
 		return nil, err
 	}
 	defer f.Close()
+	probes, err := readFile(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return probes, nil
+}
+
+// readFile is Read of an opened file.
+func readFile(f *elf.File) ([]Probe, error) {
 	if f.Class != elf.ELFCLASS64 || f.Machine != elf.EM_X86_64 {
-		return nil, fmt.Errorf("%s: USDT arguments are read for x86-64 only", path)
+		return nil, errors.New("USDT arguments are read for x86-64 only")
 	}
 	notes := f.Section(".note.stapsdt")
 	if notes == nil {
 		return nil, nil
 	}
+	if notes.Size > maxNotes {
+		return nil, fmt.Errorf(".note.stapsdt: %d bytes, more than %d", notes.Size, maxNotes)
+	}
 	data, err := notes.Data()
 	if err != nil {
-		return nil, fmt.Errorf("%s: read .note.stapsdt: %w", path, err)
+		return nil, fmt.Errorf("read .note.stapsdt: %w", err)
 	}
 	// Addresses in notes are relative to .stapsdt.base as linked; the
 	// section's address now says by how much a prelinker moved them.
@@ -69,45 +86,58 @@ func Read(path string) ([]Probe, error) {
 	if base := f.Section(".stapsdt.base"); base != nil {
 		shift = base.Addr
 	}
+	var loads []elf.ProgHeader
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD {
+			loads = append(loads, p.ProgHeader)
+		}
+	}
+	return parseNotes(data, loads, shift)
+}
+
+// parseNotes reads the probes of a .note.stapsdt section, in a file whose
+// loadable segments are loads and whose .stapsdt.base is at shift.
+func parseNotes(data []byte, loads []elf.ProgHeader, shift uint64) ([]Probe, error) {
 	var probes []Probe
 	for len(data) > 0 {
 		desc, typ, rest, err := nextNote(data)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+			return nil, err
 		}
 		data = rest
 		if typ != stapsdt {
 			continue
 		}
-		p, err := parseProbe(f, desc, shift)
+		p, err := parseProbe(loads, desc, shift)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+			return nil, err
 		}
 		probes = append(probes, p)
 	}
 	return probes, nil
 }
 
-// nextNote splits off one ELF note: its descriptor and type.
+// nextNote splits off one ELF note: its descriptor and type. Sizes are
+// taken in 64 bits: a size near 4 GiB must not wrap around to a small one.
 func nextNote(data []byte) (desc []byte, typ uint32, rest []byte, err error) {
 	if len(data) < 12 {
 		return nil, 0, nil, errors.New("truncated note header")
 	}
-	namesz, descsz := binary.LittleEndian.Uint32(data), binary.LittleEndian.Uint32(data[4:])
+	namesz, descsz := uint64(binary.LittleEndian.Uint32(data)), uint64(binary.LittleEndian.Uint32(data[4:]))
 	typ = binary.LittleEndian.Uint32(data[8:])
 	descAt := 12 + align4(namesz)
 	end := descAt + align4(descsz)
-	if uint64(end) > uint64(len(data)) {
+	if end > uint64(len(data)) {
 		return nil, 0, nil, errors.New("truncated note")
 	}
 	return data[descAt : descAt+descsz], typ, data[end:], nil
 }
 
-func align4(n uint32) uint32 { return (n + 3) &^ 3 }
+func align4(n uint64) uint64 { return (n + 3) &^ 3 }
 
 // parseProbe reads a stapsdt descriptor: the site's address, the base's,
 // the semaphore's, then provider, name and arguments as C strings.
-func parseProbe(f *elf.File, desc []byte, base uint64) (Probe, error) {
+func parseProbe(loads []elf.ProgHeader, desc []byte, base uint64) (Probe, error) {
 	if len(desc) < 24 {
 		return Probe{}, errors.New("truncated stapsdt note")
 	}
@@ -124,11 +154,11 @@ func parseProbe(f *elf.File, desc []byte, base uint64) (Probe, error) {
 		}
 	}
 	var err error
-	if p.Offset, err = fileOffset(f, pc); err != nil {
+	if p.Offset, err = fileOffset(loads, pc); err != nil {
 		return p, fmt.Errorf("probe %s:%s: %w", p.Provider, p.Name, err)
 	}
 	if sem != 0 {
-		if p.SemaphoreOffset, err = fileOffset(f, sem); err != nil {
+		if p.SemaphoreOffset, err = fileOffset(loads, sem); err != nil {
 			return p, fmt.Errorf("probe %s:%s semaphore: %w", p.Provider, p.Name, err)
 		}
 	}
@@ -143,10 +173,10 @@ func parseProbe(f *elf.File, desc []byte, base uint64) (Probe, error) {
 }
 
 // fileOffset converts a virtual address to its offset in the file, through
-// the loadable segment that holds it.
-func fileOffset(f *elf.File, addr uint64) (uint64, error) {
-	for _, prog := range f.Progs {
-		if prog.Type == elf.PT_LOAD && addr >= prog.Vaddr && addr < prog.Vaddr+prog.Memsz {
+// the loadable segment whose bytes in the file hold it.
+func fileOffset(loads []elf.ProgHeader, addr uint64) (uint64, error) {
+	for _, prog := range loads {
+		if addr >= prog.Vaddr && addr-prog.Vaddr < prog.Filesz {
 			return addr - prog.Vaddr + prog.Off, nil
 		}
 	}
