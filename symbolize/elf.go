@@ -165,15 +165,22 @@ func (sym elfSymbol) isFunction() bool {
 	return elf.ST_TYPE(sym.info) == elf.STT_FUNC && sym.value != 0
 }
 
+// maxRawName bounds a symbol's name as the file holds it: a real mangled
+// name takes up to tens of kilobytes, and one without an end in a string
+// table of gigabytes must not be copied whole.
+const maxRawName = 1 << 20
+
 // name reads the NUL-terminated string at off, as debug/elf does: empty
-// when off is outside the table or the string has no end.
+// when off is outside the table or the string has no end within
+// maxRawName bytes.
 func (st symbolSection) name(off uint32) string {
 	if uint64(off) >= uint64(len(st.strs)) {
 		return ""
 	}
-	end := bytes.IndexByte(st.strs[off:], 0)
+	strs := st.strs[off:]
+	end := bytes.IndexByte(strs[:min(len(strs), maxRawName)], 0)
 	if end < 0 {
 		return ""
 	}
-	return string(st.strs[off : int(off)+end])
+	return string(strs[:end])
 }

@@ -189,10 +189,26 @@ func (t *table) nameLocked(vaddr uint64) string {
 		return name
 	}
 	e := t.index[i]
-	name := demangle.Filter(t.elf.symtabs[e.name/nameTable].name(e.name%nameTable), demangle.NoParams)
+	name := demangleName(t.elf.symtabs[e.name/nameTable].name(e.name%nameTable))
 	t.names[int32(i)] = name
 	t.nameBytes.Add(int64(len(name)) + nameEntryBytes)
 	return name
+}
+
+// maxNameBytes bounds a demangled name (2^maxNameLog2 bytes). Real names
+// without their parameters take hundreds of bytes, the longest template
+// kernels a few thousand; a mangled name's back references can double the
+// demangled text with every few bytes (300 bytes of name demangle to
+// gigabytes), and the file is untrusted.
+const (
+	maxNameLog2  = 16
+	maxNameBytes = 1 << maxNameLog2
+)
+
+// demangleName is a symbol's name as frames show it: demangled, without
+// the function's parameters, cut at maxNameBytes.
+func demangleName(raw string) string {
+	return demangle.Filter(raw, demangle.NoParams, demangle.MaxLength(maxNameLog2))
 }
 
 // buildIndex reads the function symbols of .symtab, then .dynsym, sorted by
