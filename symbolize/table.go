@@ -189,7 +189,7 @@ func (t *table) nameLocked(vaddr uint64) string {
 		return name
 	}
 	e := t.index[i]
-	name := demangleName(t.elf.symtabs[e.name/nameTable].name(e.name%nameTable))
+	name := demangleName(t.elf.symtabs[e.name/nameTable].name(e.name % nameTable))
 	t.names[int32(i)] = name
 	t.nameBytes.Add(int64(len(name)) + nameEntryBytes)
 	return name
