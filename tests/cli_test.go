@@ -281,7 +281,7 @@ func TestClearErrors(t *testing.T) {
 		{"user namespace", []string{"unshare", "--user", "--map-root-user", gpumem, "record"}, "needs root"},
 		{"no such pid", []string{gpumem, "record", "--pid", "999999999"}, "no process with pid 999999999"},
 		{"bad format", []string{gpumem, "record", "--format", "xml"}, `unknown --format "xml"`},
-		{"bad value", []string{gpumem, "record", "--value", "peak"}, `unknown value "peak"`},
+		{"bad value", []string{gpumem, "record", "--value", "max"}, `unknown value "max": want inuse, alloc or peak`},
 		{"bad view", []string{gpumem, "record", "--format", "folded", "--view", "both"}, `--view: unknown view "both": want driver or tensor`},
 		{"bad flag", []string{gpumem, "record", "--bogus"}, "unknown flag: --bogus"},
 		{"bad pyroscope url", []string{gpumem, "agent", "--pyroscope-url", "pyroscope:4040"}, `bad pyroscope URL "pyroscope:4040"`},
