@@ -24,7 +24,7 @@ import (
 // pushes to the strict receiver, which refuses what Pyroscope v2.2.1
 // refuses. Intervals without a process are not pushed at all (Pyroscope
 // refuses a push without series); once the workload runs, the pushed
-// profiles carry exactly its bytes per function, the four sample types,
+// profiles carry exactly its bytes per function, the six sample types,
 // __delta__="false" and the labels, and nothing is ever refused.
 func TestAgentStartedBeforeTheWorkload(t *testing.T) {
 	r := &pyroscopetest.Receiver{}
@@ -141,7 +141,7 @@ func checkSeries(t *testing.T, pushes []*pushv1.PushRequest, pid int) {
 			for _, st := range p.SampleType {
 				types = append(types, st.Type)
 			}
-			if strings.Join(types, ",") != "alloc_objects,alloc_space,inuse_objects,inuse_space" {
+			if strings.Join(types, ",") != "alloc_objects,alloc_space,inuse_objects,inuse_space,peak_objects,peak_space" {
 				t.Fatalf("sample types %v", types)
 			}
 			for _, s := range p.Sample {

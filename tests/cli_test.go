@@ -134,9 +134,11 @@ func TestRecordPprof(t *testing.T) {
 		types = append(types, st.Type+"/"+st.Unit)
 	}
 	// The driver view under Go heap profiles' types (inuse_space the
-	// default), the tensor view under its own, empty without PyTorch.
+	// default) and its peak's, the tensor view under its own, empty
+	// without PyTorch.
 	if got := strings.Join(types, " "); got != "alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes "+
-		"tensor_alloc_objects/count tensor_alloc_space/bytes tensor_inuse_objects/count tensor_inuse_space/bytes" || p.DefaultSampleType != "inuse_space" {
+		"peak_objects/count peak_space/bytes tensor_alloc_objects/count tensor_alloc_space/bytes tensor_inuse_objects/count "+
+		"tensor_inuse_space/bytes tensor_peak_objects/count tensor_peak_space/bytes" || p.DefaultSampleType != "inuse_space" {
 		t.Errorf("sample types %s, default %s", got, p.DefaultSampleType)
 	}
 	inuse := map[string]int64{}
