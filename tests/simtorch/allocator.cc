@@ -13,9 +13,14 @@
 //   size_t simtorch_memory_allocated(int device)  bytes of live blocks, as torch.cuda.memory_allocated()
 //   size_t simtorch_memory_requested(int device)  bytes live tensors asked for, as memory_stats()'s
 //                                                 requested_bytes.all.current: the tensor view
+//   size_t simtorch_max_memory_reserved(int device)   the most of each since the start or the
+//   size_t simtorch_max_memory_allocated(int device)  last reset, as torch.cuda.max_memory_reserved(),
+//   size_t simtorch_max_memory_requested(int device)  max_memory_allocated() and requested_bytes.all.peak
+//   void simtorch_reset_peak_memory_stats(int device) as torch.cuda.reset_peak_memory_stats()
 #define _SDT_HAS_SEMAPHORES 1
 #include <sys/sdt.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -57,6 +62,22 @@ struct Stats {
 	size_t reserved;   // segments from the driver
 	size_t allocated;  // blocks given to tensors, rounded
 	size_t requested;  // what those tensors asked for
+	// The most of each since the start or the last reset.
+	size_t peak_reserved, peak_allocated, peak_requested;
+
+	void note_peaks()
+	{
+		peak_reserved = std::max(peak_reserved, reserved);
+		peak_allocated = std::max(peak_allocated, allocated);
+		peak_requested = std::max(peak_requested, requested);
+	}
+
+	void reset_peaks()
+	{
+		peak_reserved = reserved;
+		peak_allocated = allocated;
+		peak_requested = requested;
+	}
 };
 
 class DeviceCachingAllocator {
@@ -80,6 +101,7 @@ public:
 		b->requested = requested;
 		stats_.allocated += b->size;
 		stats_.requested += requested;
+		stats_.note_peaks();
 		if (pytorch_malloc_semaphore)
 			STAP_PROBE4(pytorch, malloc, b->ptr, (int8_t)device, requested, stream);
 		return b;
@@ -107,6 +129,12 @@ public:
 	{
 		std::lock_guard<std::mutex> lock(mu_);
 		return stats_;
+	}
+
+	void reset_peak_stats()
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		stats_.reset_peaks();
 	}
 
 	// empty_cache frees every segment no tensor uses.
@@ -151,6 +179,7 @@ private:
 				return nullptr;
 		}
 		stats_.reserved += bytes;
+		stats_.note_peaks();
 		auto [it, ok] = blocks_.emplace(ptr, Block{ptr, bytes, ptr, false, size <= kSmallSize, 0});
 		return &it->second;
 	}
@@ -280,4 +309,8 @@ void simtorch_empty_cache(void) { allocator.empty_cache(); }
 size_t simtorch_memory_reserved(int device) { return allocator.device(device).stats().reserved; }
 size_t simtorch_memory_allocated(int device) { return allocator.device(device).stats().allocated; }
 size_t simtorch_memory_requested(int device) { return allocator.device(device).stats().requested; }
+size_t simtorch_max_memory_reserved(int device) { return allocator.device(device).stats().peak_reserved; }
+size_t simtorch_max_memory_allocated(int device) { return allocator.device(device).stats().peak_allocated; }
+size_t simtorch_max_memory_requested(int device) { return allocator.device(device).stats().peak_requested; }
+void simtorch_reset_peak_memory_stats(int device) { allocator.device(device).reset_peak_stats(); }
 }

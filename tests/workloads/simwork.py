@@ -25,6 +25,14 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                allocated and tensor_live= the allocator's own account
                                (memory_reserved(), memory_allocated() and the requested
                                bytes of live tensors: the tensor view)
+    python3 simwork.py tensor_spike
+                               load_weights' tensors held (12 MiB), then a spike of
+                               tensors from activation_spike (5 x 6 MiB), all freed, and
+                               the allocator's cache emptied; expects the allocator's
+                               peaks since reset_peak_memory_stats (tensor_peak: the
+                               requested bytes', allocated_peak, reserved_peak), what
+                               each function held at the tensor view's peak
+                               (peak_FUNCTION), and what is left (tensor_live, reserved)
 
 The tensor scenarios call the allocator straight from the named functions,
 as PyTorch code calls torch.empty: those are the innermost Python frames.
@@ -50,8 +58,9 @@ def load_allocator():
     torch.simtorch_malloc.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
     torch.simtorch_free.argtypes = [ctypes.c_void_p]
     for stat in ("reserved", "allocated", "requested"):
-        f = getattr(torch, "simtorch_memory_" + stat)
-        f.argtypes, f.restype = [ctypes.c_int], ctypes.c_size_t
+        for f in (getattr(torch, "simtorch_memory_" + stat), getattr(torch, "simtorch_max_memory_" + stat)):
+            f.argtypes, f.restype = [ctypes.c_int], ctypes.c_size_t
+    torch.simtorch_reset_peak_memory_stats.argtypes = [ctypes.c_int]
 
 
 totals = {"allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0}
@@ -310,6 +319,30 @@ def views():
     totals["tensor_live"] = torch.simtorch_memory_requested(0)
 
 
+def activation_spike():
+    """Activations, all freed before the report: the first from the cached
+    rest of load_weights' segment, the others in two new 20 MiB segments."""
+    acts = []
+    for _ in range(5):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 6 << 20, ctypes.byref(ptr)):
+            raise MemoryError("activation_spike")
+        acts.append(ptr.value)
+    for ptr in acts:
+        torch.simtorch_free(ptr)
+
+
+def tensor_spike():
+    torch.simtorch_reset_peak_memory_stats(0)
+    load_weights(held_tensors)
+    activation_spike()
+    torch.simtorch_empty_cache()
+    totals.update(tensor_peak=torch.simtorch_max_memory_requested(0), allocated_peak=torch.simtorch_max_memory_allocated(0),
+                  reserved_peak=torch.simtorch_max_memory_reserved(0), peak_load_weights=3 * (4 << 20),
+                  peak_activation_spike=5 * (6 << 20), tensor_live=torch.simtorch_memory_requested(0),
+                  reserved=torch.simtorch_memory_reserved(0))
+
+
 def fill_cache(held):
     for _ in range(6):
         ptr = ctypes.c_void_p()
@@ -345,7 +378,8 @@ def tensor_oom():
 
 
 def main():
-    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views}
+    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views,
+                 "tensor_spike": tensor_spike}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
