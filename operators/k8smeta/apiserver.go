@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -54,7 +55,7 @@ func inCluster(dir string) (*APIServer, error) {
 	if host == "" || port == "" {
 		return nil, nil
 	}
-	pool, err := certPool(filepath.Join(dir, "ca.crt"), "")
+	pool, err := certPool(readFileLimited, filepath.Join(dir, "ca.crt"), "")
 	if err != nil {
 		return nil, err
 	}
@@ -126,15 +127,24 @@ type execConfig struct {
 // credential plugin. Relative paths are relative to the file, as kubectl
 // has them.
 func fromKubeconfig(path string) (*APIServer, error) {
-	data, err := os.ReadFile(path)
+	data, err := readFileLimited(path)
 	if err != nil {
 		return nil, err
 	}
-	var kc kubeconfig
-	if err := yaml.Unmarshal(data, &kc); err != nil {
+	s, err := parseKubeconfig(data, filepath.Dir(path), readFileLimited)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	dir := filepath.Dir(path)
+	return s, nil
+}
+
+// parseKubeconfig reads a kubeconfig file's contents; relative paths are
+// relative to dir, and the files they name are read with readFile.
+func parseKubeconfig(data []byte, dir string, readFile func(string) ([]byte, error)) (*APIServer, error) {
+	var kc kubeconfig
+	if err := yaml.Unmarshal(data, &kc); err != nil {
+		return nil, err
+	}
 	rel := func(p string) string {
 		if p == "" || filepath.IsAbs(p) {
 			return p
@@ -148,7 +158,7 @@ func fromKubeconfig(path string) (*APIServer, error) {
 		}
 	}
 	if clusterName == "" {
-		return nil, fmt.Errorf("%s: no context %q", path, kc.CurrentContext)
+		return nil, fmt.Errorf("no context %q", kc.CurrentContext)
 	}
 	s := &APIServer{TLS: &tls.Config{MinVersion: tls.VersionTLS12}}
 	found := false
@@ -161,32 +171,33 @@ func fromKubeconfig(path string) (*APIServer, error) {
 		s.TLS.ServerName = c.Cluster.TLSServerName
 		s.TLS.InsecureSkipVerify = c.Cluster.InsecureSkipTLSVerify
 		if c.Cluster.CertificateAuthority != "" || c.Cluster.CertificateAuthorityData != "" {
-			if s.TLS.RootCAs, err = certPool(rel(c.Cluster.CertificateAuthority), c.Cluster.CertificateAuthorityData); err != nil {
-				return nil, fmt.Errorf("%s: cluster %s: %w", path, clusterName, err)
+			var err error
+			if s.TLS.RootCAs, err = certPool(readFile, rel(c.Cluster.CertificateAuthority), c.Cluster.CertificateAuthorityData); err != nil {
+				return nil, fmt.Errorf("cluster %s: %w", clusterName, err)
 			}
 		}
 	}
 	if !found || s.Host == "" {
-		return nil, fmt.Errorf("%s: no server for cluster %q", path, clusterName)
+		return nil, fmt.Errorf("no server for cluster %q", clusterName)
 	}
 	for _, u := range kc.Users {
 		if u.Name != userName {
 			continue
 		}
-		if err := s.setUser(u.User, rel); err != nil {
-			return nil, fmt.Errorf("%s: user %s: %w", path, userName, err)
+		if err := s.setUser(u.User, rel, readFile); err != nil {
+			return nil, fmt.Errorf("user %s: %w", userName, err)
 		}
 	}
 	return s, nil
 }
 
-func (s *APIServer) setUser(u kubeUser, rel func(string) string) error {
+func (s *APIServer) setUser(u kubeUser, rel func(string) string, readFile func(string) ([]byte, error)) error {
 	if u.ClientCertificate != "" || u.ClientCertificateData != "" {
-		cert, err := readPEM(rel(u.ClientCertificate), u.ClientCertificateData)
+		cert, err := readPEM(readFile, rel(u.ClientCertificate), u.ClientCertificateData)
 		if err != nil {
 			return err
 		}
-		key, err := readPEM(rel(u.ClientKey), u.ClientKeyData)
+		key, err := readPEM(readFile, rel(u.ClientKey), u.ClientKeyData)
 		if err != nil {
 			return err
 		}
@@ -212,15 +223,36 @@ func (s *APIServer) setUser(u kubeUser, rel func(string) string) error {
 	return nil
 }
 
-func readPEM(file, data string) ([]byte, error) {
+func readPEM(readFile func(string) ([]byte, error), file, data string) ([]byte, error) {
 	if data != "" {
 		return base64.StdEncoding.DecodeString(data)
 	}
-	return os.ReadFile(file)
+	return readFile(file)
 }
 
-func certPool(file, data string) (*x509.CertPool, error) {
-	pem, err := readPEM(file, data)
+// maxConfigFile bounds a kubeconfig file and the certificate, key and CA
+// files it names: a path such as /dev/zero must not be read for ever.
+const maxConfigFile = 4 << 20
+
+// readFileLimited reads a configuration file of at most maxConfigFile bytes.
+func readFileLimited(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigFile {
+		return nil, fmt.Errorf("%s: more than %d bytes", path, maxConfigFile)
+	}
+	return data, nil
+}
+
+func certPool(readFile func(string) ([]byte, error), file, data string) (*x509.CertPool, error) {
+	pem, err := readPEM(readFile, file, data)
 	if err != nil {
 		return nil, fmt.Errorf("certificate authority: %w", err)
 	}

@@ -45,7 +45,8 @@ var (
 )
 
 // FromCgroupFile reads the contents of /proc/PID/cgroup: the first line
-// naming a pod gives the pod UID, and its last path element the container.
+// naming a pod gives the pod UID, and the path element under the pod's the
+// container.
 func FromCgroupFile(data []byte) Container {
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
@@ -61,17 +62,27 @@ func FromCgroupFile(data []byte) Container {
 	return Container{}
 }
 
+// fromPath reads a cgroup path: the first element naming a pod, the one
+// kubelet made, and the container's cgroup right under it. A process that
+// may create cgroups under its own (a container given cgroup delegation)
+// can name them as it likes: what it makes below its container's cgroup
+// must not pass it off as another pod or container.
 func fromPath(path string) Container {
-	var c Container
-	for _, elem := range strings.Split(path, "/") {
-		if m := podUID.FindStringSubmatch(elem); m != nil {
-			c.PodUID = strings.ReplaceAll(m[1], "_", "-")
+	elems := strings.Split(path, "/")
+	for i, elem := range elems {
+		m := podUID.FindStringSubmatch(elem)
+		if m == nil {
+			continue
 		}
-		if m := containerID.FindStringSubmatch(elem); m != nil && c.PodUID != "" {
-			c.ContainerID = m[1]
+		c := Container{PodUID: strings.ReplaceAll(m[1], "_", "-")}
+		if i+1 < len(elems) {
+			if m := containerID.FindStringSubmatch(elems[i+1]); m != nil {
+				c.ContainerID = m[1]
+			}
 		}
+		return c
 	}
-	return c
+	return Container{}
 }
 
 // ForProcess reads a process's cgroup; empty when it cannot be read or the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -112,31 +113,24 @@ func (w *watcher) run(ctx context.Context) {
 func (w *watcher) list(ctx context.Context) (string, error) {
 	pods := map[string]Pod{}
 	var version, next string
+	pages := 0
 	for {
 		q := url.Values{"fieldSelector": {w.selector}, "limit": {"500"}}
 		if next != "" {
 			q.Set("continue", next)
 		}
+		if pages++; pages > maxPages {
+			return "", fmt.Errorf("list pods: more than %d pages", maxPages)
+		}
 		resp, err := w.server.get(ctx, w.client, "/api/v1/pods?"+q.Encode())
 		if err != nil {
 			return "", err
 		}
-		var page struct {
-			Metadata struct {
-				ResourceVersion string
-				Continue        string
-			}
-			Items []apiPod
-		}
-		err = json.NewDecoder(resp.Body).Decode(&page)
+		version, next, err = decodePage(resp.Body, pods)
 		resp.Body.Close()
 		if err != nil {
 			return "", err
 		}
-		for _, pod := range page.Items {
-			pods[pod.Metadata.UID] = pod.info()
-		}
-		version, next = page.Metadata.ResourceVersion, page.Metadata.Continue
 		if next == "" {
 			break
 		}
@@ -146,6 +140,30 @@ func (w *watcher) list(ctx context.Context) (string, error) {
 	w.pods.mu.Unlock()
 	w.once.Do(func() { close(w.synced) })
 	return version, nil
+}
+
+// maxPages bounds the pages of one list: a node's pods fit in one (500 a
+// page), and a server that keeps answering with a continue token must not
+// keep the agent listing.
+const maxPages = 1000
+
+// decodePage reads one page of a list of pods into pods and returns the
+// list's version and the token of the next page ("" for the last).
+func decodePage(r io.Reader, pods map[string]Pod) (version, next string, err error) {
+	var page struct {
+		Metadata struct {
+			ResourceVersion string
+			Continue        string
+		}
+		Items []apiPod
+	}
+	if err := json.NewDecoder(r).Decode(&page); err != nil {
+		return "", "", err
+	}
+	for _, pod := range page.Items {
+		pods[pod.Metadata.UID] = pod.info()
+	}
+	return page.Metadata.ResourceVersion, page.Metadata.Continue, nil
 }
 
 // watch applies the server's changes from version until the watch ends,
@@ -158,7 +176,13 @@ func (w *watcher) watch(ctx context.Context, version string) (string, error) {
 		return version, err
 	}
 	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
+	return w.apply(resp.Body, version)
+}
+
+// apply applies the events of a watch's response body from version until
+// it ends, and returns the version to go on from.
+func (w *watcher) apply(body io.Reader, version string) (string, error) {
+	dec := json.NewDecoder(body)
 	for {
 		var ev struct {
 			Type   string
@@ -199,7 +223,7 @@ func (pod *apiPod) info() Pod {
 		Labels: pod.Metadata.Labels, Containers: map[string]string{}}
 	for _, s := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
 		// containerd://ID, cri-o://ID, docker://ID
-		if _, id, ok := strings.Cut(s.ContainerID, "://"); ok {
+		if _, id, ok := strings.Cut(s.ContainerID, "://"); ok && id != "" {
 			info.Containers[id] = s.Name
 		}
 	}
