@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -288,10 +289,19 @@ func TestClearErrors(t *testing.T) {
 		{"bad flag", []string{gpumem, "record", "--bogus"}, "unknown flag: --bogus"},
 		{"bad pyroscope url", []string{gpumem, "agent", "--pyroscope-url", "pyroscope:4040"}, `bad pyroscope URL "pyroscope:4040"`},
 		{"missing password file", []string{gpumem, "agent", "--pyroscope-url", "http://localhost:4040", "--pyroscope-password-file", "/nonexistent"}, "read credential"},
+		// -o is checked before recording, not after: a recording is not
+		// lost for want of a place to write it.
+		{"output folder missing", []string{gpumem, "record", "-o", "missing/gpu.pb.gz"}, "-o missing/gpu.pb.gz: folder missing does not exist"},
+		{"output folder read-only", append(chartCaps(), gpumem, "record", "-o", "read-only/gpu.pb.gz"),
+			"-o read-only/gpu.pb.gz: cannot write in folder read-only: permission denied"},
+		{"output a folder", []string{gpumem, "record", "--format", "json", "-o", "read-only"}, "-o read-only: a folder, not a file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(tc.argv[0], tc.argv[1:]...)
 			cmd.Dir = t.TempDir()
+			if err := os.Mkdir(filepath.Join(cmd.Dir, "read-only"), 0o555); err != nil {
+				t.Fatal(err)
+			}
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) || exit.ExitCode() != 2 {
@@ -300,6 +310,77 @@ func TestClearErrors(t *testing.T) {
 			first, _, _ := strings.Cut(string(out), "\n")
 			if !strings.HasPrefix(first, "gpumem: ") || !strings.Contains(first, tc.want) {
 				t.Errorf("first line %q, want gpumem: ...%s...", first, tc.want)
+			}
+		})
+	}
+}
+
+// chartCaps is setpriv as the chart's DaemonSet runs gpumem: root with the
+// chart's capabilities only (without CAP_DAC_OVERRIDE, a folder's mode
+// holds for root too).
+func chartCaps() []string {
+	return []string{"setpriv", "--bounding-set", "-all,+bpf,+perfmon,+sys_ptrace,+checkpoint_restore", "--inh-caps", "-all", "--no-new-privs"}
+}
+
+// TestRecordKeepsTheReport: when -o cannot be written at the end (its
+// folder removed during the recording, or its file system full), the
+// report is kept in the temporary folder, under a name that says whose and
+// when, and gpumem says where, exiting 1.
+func TestRecordKeepsTheReport(t *testing.T) {
+	for _, tc := range []struct{ name, output, want string }{
+		{"folder removed", "out/gpu.json", "create %s: no such file or directory; the report is kept in "},
+		{"file system full", "/dev/full", "write %s: no space left on device; the report is kept in "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, kept := t.TempDir(), t.TempDir()
+			t.Setenv("TMPDIR", kept)
+			output := tc.output
+			if !filepath.IsAbs(output) {
+				output = filepath.Join(dir, output)
+				if err := os.Mkdir(filepath.Dir(output), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w := startWorkload(t, nil, simwork, "kinds")
+			c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--format", "json", "-o", output)
+			c.waitStderr("attached to")
+			w.run()
+			if err := os.RemoveAll(filepath.Join(dir, "out")); err != nil {
+				t.Fatal(err)
+			}
+			c.cmd.Process.Signal(os.Interrupt)
+			var exit *exec.ExitError
+			if err := c.cmd.Wait(); !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("gpumem: %v, want exit code 1", err)
+			}
+			w.exit()
+			want := fmt.Sprintf(tc.want, output)
+			line := c.stderr.wait(t, want)[0]
+			_, path, _ := strings.Cut(line, want)
+			if dir, name := filepath.Split(path); filepath.Clean(dir) != kept || !matchLine(name, fmt.Sprintf(`^gpumem-%d-\d{8}T\d{6}\.json$`, c.cmd.Process.Pid)) {
+				t.Errorf("kept in %s, want %s/gpumem-PID-TIME.json", path, kept)
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r struct {
+				Stacks []struct {
+					LiveBytes uint64 `json:"live_bytes"`
+				}
+			}
+			if err := json.Unmarshal(data, &r); err != nil {
+				t.Fatalf("kept report: %v", err)
+			}
+			var live uint64
+			for _, s := range r.Stacks {
+				live += s.LiveBytes
+			}
+			if live != 8620032 {
+				t.Errorf("kept report: %d bytes live, want 8620032", live)
+			}
+			if info, err := os.Stat("/dev/full"); err != nil || info.Mode()&os.ModeDevice == 0 {
+				t.Errorf("/dev/full: %v %v", info, err)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
 
@@ -111,6 +112,11 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	if err != nil {
 		return err
 	}
+	// After New, which says first if gpumem may trace at all; before
+	// anything is recorded that a bad -o would lose.
+	if err := checkOutput(o.output); err != nil {
+		return usageError{err}
+	}
 	ctx, stop := untilStopped(ctx, o.duration)
 	defer stop()
 	var child *exec.Cmd
@@ -154,34 +160,24 @@ func startCommand(command []string) (*exec.Cmd, error) {
 }
 
 func (o *recordOptions) write(r profiler.Report) error {
-	var w io.Writer = os.Stdout
-	if o.output != "-" {
-		f, err := os.Create(o.output)
-		if err != nil {
-			return fmt.Errorf("create output: %w", err)
+	ext := strings.TrimPrefix(defaultOutputs[o.format], "gpumem") // .pb.gz, .folded, ...
+	written, err := writeReport(o.output, ext, func(w io.Writer) error {
+		switch o.format {
+		case "pprof":
+			prof := pprof.Build(r)
+			prof.Comments = pprof.Comment(r)
+			return prof.Write(w)
+		case "folded":
+			view, _ := report.ParseView(o.view) // checked by validate
+			return report.WriteFolded(w, r, report.Value(o.value), view)
+		case "json":
+			return report.WriteJSON(w, r)
+		default: // html, checked by validate
+			return report.WriteHTML(w, r)
 		}
-		defer f.Close()
-		w = f
+	})
+	if written != "-" && written != "" {
+		logf("wrote %s (%d stacks)", written, len(r.Rows))
 	}
-	var err error
-	switch o.format {
-	case "pprof":
-		prof := pprof.Build(r)
-		prof.Comments = pprof.Comment(r)
-		err = prof.Write(w)
-	case "folded":
-		view, _ := report.ParseView(o.view) // checked by validate
-		err = report.WriteFolded(w, r, report.Value(o.value), view)
-	case "json":
-		err = report.WriteJSON(w, r)
-	case "html":
-		err = report.WriteHTML(w, r)
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", o.output, err)
-	}
-	if o.output != "-" {
-		logf("wrote %s (%d stacks)", o.output, len(r.Rows))
-	}
-	return nil
+	return err
 }
