@@ -54,7 +54,9 @@ class TorchModel:
         self.blocks = torch.nn.ModuleList(
             torch.nn.ModuleDict({"up": torch.nn.Linear(HIDDEN, WIDE, bias=False), "down": torch.nn.Linear(WIDE, HIDDEN, bias=False)})
             for _ in range(BLOCKS)).cuda()
-        self.opt = torch.optim.Adam(self.blocks.parameters(), lr=1e-3)
+        # foreach, not fused: its step counts stay on the CPU (a fused
+        # Adam's are 4-byte tensors on the GPU, 512-byte blocks).
+        self.opt = torch.optim.Adam(self.blocks.parameters(), lr=1e-3, foreach=True)
 
     def warm_up(self):
         torch = self.torch
