@@ -81,6 +81,11 @@ func detectIn(procDir string, m discover.Mapping, version string) (*Process, err
 		}
 	}
 	defer f.Close()
+	return detectFile(f, m.Start, version)
+}
+
+// detectFile is detectIn of the file opened, mapped at start.
+func detectFile(f *elf.File, start uint64, version string) (*Process, error) {
 	sym, ok := lookupSymbol(f, "_PyRuntime")
 	if !ok {
 		return nil, nil
@@ -90,11 +95,12 @@ func detectIn(procDir string, m discover.Mapping, version string) (*Process, err
 		return nil, fmt.Errorf("Python %s is not supported (3.10 to 3.13 are)", version)
 	}
 	if version == "3.13" {
+		var err error
 		if layout, err = debugOffsets(f, sym, layout); err != nil {
 			return nil, err
 		}
 	}
-	bias, err := loadBias(f, m.Start)
+	bias, err := loadBias(f, start)
 	if err != nil {
 		return nil, err
 	}

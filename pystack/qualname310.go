@@ -73,12 +73,24 @@ func lookup[K comparable, V any](p *process, c *dictCache[K, V], dict uint64, ke
 		return v, true
 	}
 	version, err := p.mem.pointer(dict + uint64(p.Layout.Names310.DictVersion))
-	if err == nil && (c.m == nil || version != c.version) {
-		c.version, c.m = version, compute(dict)
+	if err != nil || c.m != nil && version == c.version {
+		return v0[V](), false
 	}
-	v, ok := c.m[key]
+	m := compute(dict)
+	if !p.mem.spent() { // a map cut short by the budget is used once, not kept
+		c.version, c.m = version, m
+		for k := range m {
+			p.cacheBytes += cacheEntryBytes
+			if s, ok := any(k).(string); ok {
+				p.cacheBytes += len(s)
+			}
+		}
+	}
+	v, ok := m[key]
 	return v, ok
 }
+
+func v0[V any]() (v V) { return v }
 
 // name310 names a 3.10 frame of code c (at code) as 3.11+ name it; class is
 // the class of the frame's first argument, 0 if none.
@@ -108,7 +120,10 @@ func (p *process) name310(code uint64, c *code, class uint64) string {
 			}
 		}
 	}
-	p.n310.names[key] = name
+	if !p.mem.spent() {
+		p.n310.names[key] = name
+		p.cacheBytes += len(name) + cacheEntryBytes
+	}
 	return name
 }
 
@@ -153,6 +168,7 @@ func (p *process) inModule(code uint64, c *code) string {
 	if index == nil {
 		index = &dictCache[uint64, uint64]{}
 		p.n310.modules[dict] = index
+		p.cacheBytes += cacheEntryBytes
 	}
 	fn, ok := lookup(p, index, dict, code, p.classFunctions)
 	if !ok {
@@ -299,7 +315,10 @@ func (p *process) kindOf(obj uint64) kind {
 			}
 		}
 	}
-	p.n310.kinds[typ] = k
+	if !p.mem.spent() {
+		p.n310.kinds[typ] = k
+		p.cacheBytes += cacheEntryBytes
+	}
 	return k
 }
 
@@ -317,7 +336,10 @@ func (p *process) className(class uint64) string {
 		name, _ = p.typeName(class)
 		name = name[strings.LastIndexByte(name, '.')+1:]
 	}
-	p.classes[class] = name
+	if !p.mem.spent() {
+		p.classes[class] = name
+		p.cacheBytes += len(name) + cacheEntryBytes
+	}
 	return name
 }
 

@@ -1,6 +1,7 @@
 package pystack
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -27,6 +28,9 @@ type process struct {
 	codes   map[uint64]*code
 	classes map[uint64]string // 3.10: class -> qualified name
 	n310    *names310         // 3.10: what names are found with
+	// cacheBytes is about what codes, classes and n310 hold; bound drops
+	// them past maxCacheBytes.
+	cacheBytes int
 }
 
 type code struct {
@@ -74,11 +78,18 @@ func (r *Resolver) Forget(pid uint32) {
 }
 
 // Frames names captured frames, innermost first. A frame whose code object
-// cannot be read is named as such.
+// cannot be read is named as such. The process's memory is read within
+// budget per call: a process that fills its objects with loops or garbage
+// costs a bounded time and memory per stack, its frames then named as
+// unreadable or by their code's name.
 func (r *Resolver) Frames(pid uint32, frames []tracer.PyFrame) []Frame {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.procs[pid]
+	if p != nil {
+		p.mem.setBudget(budget.reads, budget.bytes)
+		p.bound()
+	}
 	out := make([]Frame, len(frames))
 	for i, f := range frames {
 		out[i].Entry = f.Entry
@@ -119,8 +130,27 @@ func (p *process) code(addr uint64) *code {
 		return c
 	}
 	c := p.readCode(addr)
-	p.codes[addr] = c
+	if !errors.Is(c.err, errBudget) { // read again next time
+		p.codes[addr] = c
+		p.cacheBytes += len(c.qualname) + len(c.filename) + len(c.linetable) + len(c.firstArg) + cacheEntryBytes
+	}
 	return c
+}
+
+// Bounds on what is cached per process: a process can make up any number
+// of code objects and classes, and strings of up to 256 KiB each.
+const (
+	maxCacheBytes   = 64 << 20
+	cacheEntryBytes = 128 // an entry's own cost, beyond its strings
+)
+
+// bound drops what is cached of the process's objects past maxCacheBytes;
+// it is read again as frames need it.
+func (p *process) bound() {
+	if p.cacheBytes <= maxCacheBytes {
+		return
+	}
+	p.codes, p.classes, p.n310, p.cacheBytes = map[uint64]*code{}, map[uint64]string{}, nil, 0
 }
 
 func (p *process) readCode(addr uint64) *code {

@@ -1,0 +1,445 @@
+package pystack
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpu-mem/gpu-mem/internal/fuzzseed"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// segment is bytes of a process's memory at an address.
+type segment struct {
+	addr uint64
+	data []byte
+}
+
+// segmentMemory is a process's memory made of segments; an address in none
+// reads as the fill pattern (repeated, from address 0) when there is one:
+// then every pointer leads somewhere and every count may be large. It
+// counts the reads.
+type segmentMemory struct {
+	segs         []segment // by address
+	fill         []byte
+	reads, bytes int
+}
+
+// parseSegments reads fuzzed memory: segments of an 8-byte address, a
+// 4-byte length and the bytes, one after the other.
+func parseSegments(b []byte) []segment {
+	var segs []segment
+	for len(b) >= 12 {
+		addr, n := binary.LittleEndian.Uint64(b), int(binary.LittleEndian.Uint32(b[8:]))
+		b = b[12:]
+		n = min(n, len(b))
+		segs = append(segs, segment{addr, b[:n]})
+		b = b[n:]
+	}
+	slices.SortStableFunc(segs, func(a, b segment) int { return cmp.Compare(a.addr, b.addr) })
+	return segs
+}
+
+func encodeSegments(segs []segment) []byte {
+	var out []byte
+	for _, s := range segs {
+		out = binary.LittleEndian.AppendUint64(out, s.addr)
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(s.data)))
+		out = append(out, s.data...)
+	}
+	return out
+}
+
+func (m *segmentMemory) ReadAt(buf []byte, off int64) (int, error) {
+	m.reads++
+	m.bytes += len(buf)
+	addr := uint64(off)
+	n := 0
+	if i := sort(m.segs, addr); i >= 0 && addr-m.segs[i].addr < uint64(len(m.segs[i].data)) {
+		n = copy(buf, m.segs[i].data[addr-m.segs[i].addr:])
+	}
+	if n == len(buf) {
+		return n, nil
+	}
+	if len(m.fill) == 0 {
+		return n, io.EOF
+	}
+	for j := n; j < len(buf); j++ {
+		buf[j] = m.fill[(addr+uint64(j))%uint64(len(m.fill))]
+	}
+	return len(buf), nil
+}
+
+// sort is the last segment at or below addr, -1 if none.
+func sort(segs []segment, addr uint64) int {
+	i, _ := slices.BinarySearchFunc(segs, addr+1, func(s segment, a uint64) int { return cmp.Compare(s.addr, a) })
+	return i - 1
+}
+
+// recorder records what is read through it: the memory a resolver needs to
+// name frames again without the process.
+type recorder struct {
+	r    io.ReaderAt
+	segs []segment
+}
+
+func (rec *recorder) ReadAt(buf []byte, off int64) (int, error) {
+	n, err := rec.r.ReadAt(buf, off)
+	if n > 0 {
+		rec.segs = append(rec.segs, segment{uint64(off), bytes.Clone(buf[:n])})
+	}
+	return n, err
+}
+
+// merged are the recorded segments, overlapping and adjacent ones joined.
+func (rec *recorder) merged() []segment {
+	segs := slices.Clone(rec.segs)
+	slices.SortFunc(segs, func(a, b segment) int { return cmp.Compare(a.addr, b.addr) })
+	var out []segment
+	for _, s := range segs {
+		if len(out) > 0 {
+			last := &out[len(out)-1]
+			if end := last.addr + uint64(len(last.data)); s.addr <= end {
+				if tail := s.addr + uint64(len(s.data)); tail > end {
+					last.data = append(last.data, s.data[end-s.addr:]...)
+				}
+				continue
+			}
+		}
+		out = append(out, segment{s.addr, bytes.Clone(s.data)})
+	}
+	return out
+}
+
+var fuzzVersions = []string{"3.10", "3.11", "3.12", "3.13"}
+
+// fuzzLayout is the layout a fuzzed process has: a version's, or for a
+// version past those, the fuzzed bytes (3.13 reads its layout from the
+// interpreter's file, which is untrusted).
+func fuzzLayout(version uint8, raw []byte) Layout {
+	if int(version) < len(fuzzVersions) {
+		return layouts[fuzzVersions[version]]
+	}
+	var l Layout
+	raw = append(slices.Clone(raw), make([]byte, binary.Size(l))...)
+	binary.Decode(raw, binary.LittleEndian, &l)
+	return l
+}
+
+func encodeFrames(frames []tracer.PyFrame) []byte {
+	var out []byte
+	for _, f := range frames {
+		out = binary.LittleEndian.AppendUint64(out, f.Code)
+		out = binary.LittleEndian.AppendUint64(out, f.Instr)
+		out = binary.LittleEndian.AppendUint64(out, f.Class)
+	}
+	return out
+}
+
+func decodeFrames(b []byte) []tracer.PyFrame {
+	var frames []tracer.PyFrame
+	for len(b) >= 24 && len(frames) < 16 {
+		frames = append(frames, tracer.PyFrame{Code: binary.LittleEndian.Uint64(b), Instr: binary.LittleEndian.Uint64(b[8:]), Class: binary.LittleEndian.Uint64(b[16:])})
+		b = b[24:]
+	}
+	return frames
+}
+
+// FuzzFrames names frames in a process whose memory, layout, runtime
+// address and frames are fuzzed: no panic, every Frames call within its
+// budget of reads and bytes, names of bounded length. The fuzzer runs with
+// a budget smaller than the agent's, to run fast; TestHostileMemory checks
+// the agent's.
+func FuzzFrames(f *testing.F) {
+	saved := budget
+	budget.reads, budget.bytes = 1<<14, 16<<20
+	f.Cleanup(func() { budget = saved })
+	f.Fuzz(func(t *testing.T, mem, frames, layout []byte, version uint8, runtime uint64, fill []byte) {
+		m := &segmentMemory{segs: parseSegments(mem), fill: fill[:min(len(fill), 64)]}
+		r := resolverOver(m, fuzzLayout(version, layout), runtime)
+		fs := decodeFrames(frames)
+		for round := range 2 { // the second from the caches
+			reads, bytes := m.reads, m.bytes
+			out := r.Frames(1, fs)
+			if m.reads-reads > budget.reads || m.bytes-bytes > budget.bytes {
+				t.Fatalf("round %d: %d reads of %d bytes, budget %d of %d", round, m.reads-reads, m.bytes-bytes, budget.reads, budget.bytes)
+			}
+			for _, fr := range out {
+				if len(fr.Function) > 1<<20 || len(fr.File) > 1<<20 {
+					t.Fatalf("a name of %d bytes, a file of %d", len(fr.Function), len(fr.File))
+				}
+			}
+		}
+	})
+}
+
+// resolverOver is a Resolver of one process (PID 1) whose memory is r.
+func resolverOver(r io.ReaderAt, l Layout, runtime uint64) *Resolver {
+	res := NewResolver()
+	res.procs[1] = &process{Process: &Process{PID: 1, Runtime: runtime, Layout: l}, mem: newMemory(r, nil),
+		codes: map[uint64]*code{}, classes: map[uint64]string{}}
+	return res
+}
+
+// modulesLoop is a 3.10 process whose sys.modules holds 16384 entries,
+// each a module whose dict is sys.modules itself, none with a __file__:
+// naming a frame of a function in a file reads every module's dict, 16384
+// entries of 16384 (800 million reads, 6 GB). The dicts' entries are the
+// fill pattern, not segments: a few hundred bytes describe it all.
+func modulesLoop() (mem, frames []byte, runtime uint64, fill []byte) {
+	const (
+		rt, interp, modules, keys = 0x10000, 0x20000, 0x30000, 0x40000
+		module, moduleType, str   = 0x1000000, 0x1001000, 0x1002000
+		typeName, code, fileName  = 0x1003000, 0x1004000, 0x1005000
+		size, entries             = 1 << 16, 1 << 14
+	)
+	word := func(v uint64) []byte { return binary.LittleEndian.AppendUint64(nil, v) }
+	at := func(off int, b []byte) []byte { return append(make([]byte, off), b...) }
+	object := func(fields map[int]uint64, n int) []byte {
+		b := make([]byte, n)
+		for off, v := range fields {
+			binary.LittleEndian.PutUint64(b[off:], v)
+		}
+		return b
+	}
+	ascii := func(s string) []byte { // a compact ASCII str
+		b := object(map[int]uint64{16: uint64(len(s)), 32: 0x64}, 48)
+		return append(b, s...)
+	}
+	l := layouts["3.10"].Names310
+	segs := []segment{
+		{rt, at(32, word(interp))},
+		{interp, at(int(l.InterpModules), word(modules))},
+		{modules, object(map[int]uint64{int(l.DictVersion): 1, int(l.DictKeys): keys}, 48)},
+		{keys, object(map[int]uint64{keysSize: size, keysNentries: entries}, keysIndices)},
+		{module, object(map[int]uint64{obType: moduleType, int(l.ModuleDict): modules}, 24)},
+		{moduleType, object(map[int]uint64{24: typeName}, 176)},
+		{typeName, []byte("module\x00")},
+		{str, ascii("__nope__")},
+		{fileName, ascii("/srv/model.py")},
+		{code, object(map[int]uint64{104: fileName, 112: str, 120: str, 72: 0}, 128)},
+	}
+	// The entries (hash, key, value) start at keys + 40 + 4*size, a
+	// multiple of 24: the pattern lines up with them.
+	if (keys+keysIndices+4*size)%keyEntrySize != 0 {
+		panic("entries not aligned with the fill pattern")
+	}
+	fill = slices.Concat(word(1), word(str), word(module))
+	return encodeSegments(segs), encodeFrames([]tracer.PyFrame{{Code: code, Instr: 2}}), rt, fill
+}
+
+// TestHostileMemory: with the agent's budget, memory built to make naming
+// one frame read for hours (modulesLoop), and memory where every pointer
+// leads somewhere, cost one Frames call its budget and no more, and what
+// is cached stays bounded.
+func TestHostileMemory(t *testing.T) {
+	mem, frames, runtime, fill := modulesLoop()
+	cases := map[string]struct {
+		m       *segmentMemory
+		layout  Layout
+		runtime uint64
+		frames  []tracer.PyFrame
+	}{
+		"sys.modules loop": {&segmentMemory{segs: parseSegments(mem), fill: fill}, layouts["3.10"], runtime, decodeFrames(frames)},
+	}
+	for _, v := range fuzzVersions {
+		cases[v+" filled"] = struct {
+			m       *segmentMemory
+			layout  Layout
+			runtime uint64
+			frames  []tracer.PyFrame
+		}{&segmentMemory{fill: []byte{0x64, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0, 0, 0, 0}}, layouts[v], 0x1000,
+			[]tracer.PyFrame{{Code: 0x2000, Instr: 0x2100, Class: 0x3000}, {Code: 0x4000, Class: 0x5000}}}
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := resolverOver(c.m, c.layout, c.runtime)
+			start := time.Now()
+			for i := range 3 {
+				reads, bytes := c.m.reads, c.m.bytes
+				r.Frames(1, c.frames)
+				if c.m.reads-reads > budget.reads || c.m.bytes-bytes > budget.bytes {
+					t.Fatalf("call %d: %d reads of %d bytes", i, c.m.reads-reads, c.m.bytes-bytes)
+				}
+				for j := range c.frames {
+					c.frames[j].Code += 0x10 // new code objects: no cache
+				}
+			}
+			p := r.procs[1]
+			t.Logf("%d reads, %d bytes in %v; %d bytes cached", c.m.reads, c.m.bytes, time.Since(start), p.cacheBytes)
+			if p.cacheBytes > maxCacheBytes+2*budget.bytes {
+				t.Errorf("%d bytes cached", p.cacheBytes)
+			}
+		})
+	}
+}
+
+// TestWriteFramesRegressions writes modulesLoop as a seed.
+func TestWriteFramesRegressions(t *testing.T) {
+	mem, frames, runtime, fill := modulesLoop()
+	fuzzseed.Write(t, "FuzzFrames", []fuzzseed.Seed{
+		fuzzseed.Of("regression-sys-modules-loop", mem, frames, []byte{}, uint8(0), runtime, fill),
+	})
+}
+
+// FuzzLineTable: any line table gives a line or 0, reading no byte past
+// its end.
+func FuzzLineTable(f *testing.F) {
+	f.Fuzz(func(t *testing.T, table []byte, firstLine int, index int) {
+		line310(table, firstLine, index)
+		line311(table, firstLine, index)
+	})
+}
+
+// framesScript prints, for each case, a code object's address and the
+// class of self or cls (3.10 names methods from it), then waits: methods,
+// class and static methods, properties, nested classes and functions,
+// lambdas, comprehensions, a decorated function and names beyond ASCII.
+const framesScript = `
+import functools, sys
+
+class Loader:
+    class Shard:
+        def pin(self): pass
+        @classmethod
+        def open(cls): pass
+        @staticmethod
+        def size(): pass
+        @property
+        def nbytes(self): pass
+
+def outer():
+    def inner(): pass
+    return inner
+
+def deco(f):
+    @functools.wraps(f)
+    def wrapper(*args): return f(*args)
+    return wrapper
+
+@deco
+def decorated(): pass
+
+def größe(): pass
+def 加载(): pass
+square = lambda x: x * x
+listcomp = compile("[x for x in range(3)]", "<listcomp>", "eval")
+
+def case(code, cls=None):
+    print(id(code), id(cls) if cls else 0)
+
+shard = Loader.Shard
+case(shard.pin.__code__, shard)
+case(shard.open.__code__, shard)
+case(shard.size.__code__)
+case(shard.nbytes.fget.__code__, shard)
+case(outer().__code__)
+case(decorated.__code__)
+case(größe.__code__)
+case(加载.__code__)
+case(square.__code__)
+case(listcomp)
+print("end", flush=True)
+sys.stdin.readline()
+`
+
+// TestWriteFramesSeeds runs each interpreter, names its frames through a
+// recorder and writes what was read: real code objects, strings, line
+// tables, and for 3.10 sys.modules, modules, classes and their dicts.
+func TestWriteFramesSeeds(t *testing.T) {
+	if os.Getenv("GPUMEM_WRITE_SEEDS") != "1" {
+		t.Skip("GPUMEM_WRITE_SEEDS=1 writes the seed corpora")
+	}
+	var seeds, tables []fuzzseed.Seed
+	for vi, v := range fuzzVersions {
+		segs, frames, p := recordFrames(t, v)
+		layout, err := binary.Append(nil, binary.LittleEndian, p.Layout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, fs := encodeSegments(segs), encodeFrames(frames)
+		seeds = append(seeds,
+			fuzzseed.Of("python"+v, mem, fs, layout, uint8(vi), p.Runtime, []byte{}),
+			fuzzseed.Of("python"+v+"-filled", mem, fs, layout, uint8(vi), p.Runtime, []byte{0x40}))
+		if v != "3.10" { // 3.10's memory is large (sys.modules); its layout is in the others'
+			seeds = append(seeds, fuzzseed.Of("python"+v+"-layout-from-file", mem, fs, layout, uint8(len(fuzzVersions)), p.Runtime, []byte{}))
+		}
+		r := resolverOver(&segmentMemory{segs: segs}, p.Layout, p.Runtime)
+		for i, f := range frames {
+			if c := r.procs[1].code(f.Code); c.err == nil && i < 4 {
+				tables = append(tables, fuzzseed.Of(fmt.Sprintf("python%s-%d", v, i), c.linetable, c.firstLine, i*3))
+			}
+		}
+	}
+	fuzzseed.Write(t, "FuzzFrames", seeds)
+	fuzzseed.Write(t, "FuzzLineTable", tables)
+}
+
+// recordFrames names framesScript's cases in a live interpreter of version
+// v and returns the memory read, the frames and the process.
+func recordFrames(t *testing.T, v string) ([]segment, []tracer.PyFrame, *Process) {
+	python := filepath.Join(pyenvVersions[v], "bin/python"+v)
+	script := filepath.Join(t.TempDir(), "frames.py")
+	if err := os.WriteFile(script, []byte(framesScript), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(python, "-S", script) // without site: fewer modules for 3.10 to read
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	var frames []tracer.PyFrame
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if f[0] == "end" {
+			break
+		}
+		code, _ := strconv.ParseUint(f[0], 10, 64)
+		class, _ := strconv.ParseUint(f[1], 10, 64)
+		frames = append(frames, tracer.PyFrame{Code: code, Class: class})
+	}
+	p, err := Detect("/proc", cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An instruction a few in: f_lasti for 3.10, a pointer into the code
+	// for 3.11+.
+	for i := range frames {
+		frames[i].Instr = 4
+		if p.Layout.InstrSize == 8 {
+			frames[i].Instr = frames[i].Code + uint64(p.Layout.CodeAdaptive) + 8
+		}
+	}
+	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(p.PID), "mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rec := &recorder{r: f}
+	r := resolverOver(rec, p.Layout, p.Runtime)
+	out := r.Frames(1, frames)
+	want := []string{"Loader.Shard.pin", "Loader.Shard.open", "Loader.Shard.size", "Loader.Shard.nbytes", "outer.<locals>.inner",
+		"deco.<locals>.wrapper", "größe", "加载", "<lambda>", "<listcomp>"}
+	for i, fr := range out {
+		if w := want[i]; fr.Function != w && !(v == "3.10" && strings.HasSuffix(w, "."+fr.Function)) && fr.Function != "<module>" {
+			t.Errorf("%s: frame %d named %q, want %q", v, i, fr.Function, w)
+		}
+	}
+	return rec.merged(), frames, p
+}
