@@ -55,12 +55,15 @@ func TestChartRenders(t *testing.T) {
 	if dig(pod, "hostPID") != true {
 		t.Error("not hostPID")
 	}
+	// Least privilege: named capabilities only (TestEachCapabilityIsNeeded
+	// shows what each is for), no escalation, the runtime's seccomp profile.
 	sc := dig(pod, "containers", 0, "securityContext")
-	if dig(sc, "privileged") != false || dig(sc, "readOnlyRootFilesystem") != true {
+	if dig(sc, "privileged") != false || dig(sc, "readOnlyRootFilesystem") != true || dig(sc, "allowPrivilegeEscalation") != false ||
+		dig(sc, "seccompProfile", "type") != "RuntimeDefault" {
 		t.Errorf("security context %v", sc)
 	}
-	caps := dig(sc, "capabilities", "add").([]any)
-	if len(caps) != 5 || dig(sc, "capabilities", "drop", 0) != "ALL" {
+	caps := strings.Join(toStrings(dig(sc, "capabilities", "add")), ",")
+	if caps != "BPF,PERFMON,SYS_PTRACE,CHECKPOINT_RESTORE" || strings.Join(toStrings(dig(sc, "capabilities", "drop")), ",") != "ALL" {
 		t.Errorf("capabilities %v", dig(sc, "capabilities"))
 	}
 	if dig(pod, "nodeSelector", "nvidia.com/gpu.present") != "true" {
