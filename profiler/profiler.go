@@ -160,6 +160,7 @@ func New(cfg Config) (*Profiler, error) {
 		containers: map[uint32]k8smeta.Container{},
 	}
 	p.flushed = sync.NewCond(&p.mu)
+	p.sayMissingCapabilities()
 	if cfg.Timeline {
 		p.ledger.StartTimeline(bpfNow())
 	}

@@ -21,7 +21,7 @@ import (
 )
 
 // ErrPermission is returned by New when the kernel refuses to load BPF.
-var ErrPermission = errors.New("loading BPF programs needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")
+var ErrPermission = errors.New("loading BPF programs needs root (CAP_BPF and CAP_PERFMON)")
 
 // Options configure a Tracer.
 type Options struct {
