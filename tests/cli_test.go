@@ -30,7 +30,14 @@ type cli struct {
 
 func startCLI(t *testing.T, args ...string) *cli {
 	t.Helper()
-	c := &cli{t: t, cmd: exec.Command(gpumem, args...), stderr: newLogBook(), lines: make(chan string, 1<<16)}
+	return startCommandLine(t, exec.Command(gpumem, args...))
+}
+
+// startCommandLine starts cmd, a gpumem command line (run through another
+// command, such as setpriv).
+func startCommandLine(t *testing.T, cmd *exec.Cmd) *cli {
+	t.Helper()
+	c := &cli{t: t, cmd: cmd, stderr: newLogBook(), lines: make(chan string, 1<<16)}
 	c.cmd.Stdout = &c.stdout
 	stderr, err := c.cmd.StderrPipe()
 	if err != nil {

@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -69,6 +71,16 @@ type process struct {
 	lines chan string
 	stdin io.WriteCloser
 	out   *bufio.Scanner
+
+	mu  sync.Mutex
+	log []string // every line of stderr so far
+}
+
+// said is every line of stderr so far.
+func (p *process) said() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.log)
 }
 
 func start(t *testing.T, env []string, name string, args ...string) *process {
@@ -85,6 +97,9 @@ func start(t *testing.T, env []string, name string, args ...string) *process {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			t.Log(sc.Text())
+			p.mu.Lock()
+			p.log = append(p.log, sc.Text())
+			p.mu.Unlock()
 			p.lines <- sc.Text()
 		}
 		close(p.lines)

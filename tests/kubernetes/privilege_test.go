@@ -1,0 +1,212 @@
+package kubernetes
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
+	"github.com/gpu-mem/gpu-mem/tests/podsecurity"
+)
+
+// TestAgentWithTheChartsPrivileges: the agent run as the chart's
+// DaemonSet runs it (root with the capabilities the chart adds and no
+// other, in every set; no_new_privs; a read-only root file system), its
+// sets read back from /proc. It attaches to the driver of a Python
+// process in a pod's cgroup, reads its Python frames and its tensors
+// (the allocator's USDT probes), and names its pod from the API server:
+// on its metrics and in its pushes to Pyroscope, exactly. It says no
+// capability is missing.
+func TestAgentWithTheChartsPrivileges(t *testing.T) {
+	sc, err := podsecurity.FromChart(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Privileged || sc.AllowPrivilegeEscalation || !sc.ReadOnlyRootFilesystem || sc.Seccomp != "RuntimeDefault" {
+		t.Fatalf("the chart's securityContext: %+v", sc)
+	}
+	want, err := podsecurity.Mask(sc.Add)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c := startCluster(t)
+	pod := trainerPod(t, c)
+	w := startPython(t)
+	cgrouptest.InContainer(t, w.cmd.Process.Pid, string(pod.UID), containerID)
+	pid := w.cmd.Process.Pid
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver := &pyroscopetest.Receiver{}
+	pyroscopetest.Serve(t, receiver, lis)
+	agent := startAs(t, sc, "agent", "--pid", strconv.Itoa(pid), "--kubeconfig", c.kubeconfig, "--node-name", "node-1",
+		"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
+	url := agent.waitLine(t, "serving metrics at ")
+	agent.waitLine(t, fmt.Sprintf("pid %d: Python 3.12 frames", pid))
+	agent.waitLine(t, "PyTorch allocator probes")
+
+	// What the kernel holds for the agent: the chart's capabilities, in
+	// the bounding, permitted and effective sets, and nothing to pass on.
+	status, err := podsecurity.Status(agent.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for set, mask := range map[string]uint64{"CapBnd": want, "CapPrm": want, "CapEff": want, "CapInh": 0, "CapAmb": 0} {
+		if got, err := podsecurity.Set(status, set); err != nil || got != mask {
+			t.Errorf("%s %016x (%v), want %016x (%s)", set, got, err, mask, strings.Join(sc.Add, ", "))
+		}
+	}
+	t.Logf("agent: CapBnd %s CapPrm %s CapEff %s CapInh %s CapAmb %s NoNewPrivs %s", status["CapBnd"], status["CapPrm"],
+		status["CapEff"], status["CapInh"], status["CapAmb"], status["NoNewPrivs"])
+	if status["NoNewPrivs"] != "1" || status["Name"] != "gpumem" {
+		t.Errorf("agent %s: NoNewPrivs %s", status["Name"], status["NoNewPrivs"])
+	}
+
+	expect := w.runPython(t)
+	tensors := expect["tensor_load_weights"] + expect["tensor_kv_cache"] + expect["tensor_activations"]
+	names := map[string]string{"namespace": "ml", "pod": "trainer-5d9f8-x2x7z", "container": "trainer", "pod_uid": string(pod.UID)}
+	families := metricstest.ScrapeUntil(t, url, hangLimit, func(f map[string]*dto.MetricFamily) bool {
+		return namedLive(f["gpumem_tensor_live_bytes"], pid, names) == tensors && namedLive(f["gpumem_live_bytes"], pid, names) == 36<<20
+	})
+	if n := len(families["gpumem_live_bytes"].GetMetric()); n != 1 {
+		t.Errorf("%d driver series, want 1", n)
+	}
+
+	// In Pyroscope: the tensors by the Python function that asked for them.
+	byFunction := func() map[string]int64 {
+		for i := len(receiver.Received()) - 1; i >= 0; i-- {
+			for _, s := range receiver.Received()[i].Series {
+				if l := pyroscopetest.Labels(s); l["pid"] == strconv.Itoa(pid) && l["kind"] == "tensor" && l["pod"] == names["pod"] {
+					return liveByPythonFunction(t, s.Samples[0].RawProfile)
+				}
+			}
+		}
+		return nil
+	}
+	wantFunctions := map[string]int64{"load_weights": int64(expect["tensor_load_weights"]), "kv_cache": int64(expect["tensor_kv_cache"]),
+		"activations": int64(expect["tensor_activations"])}
+	deadline := time.Now().Add(hangLimit)
+	for got := byFunction(); fmt.Sprint(got) != fmt.Sprint(wantFunctions); got = byFunction() {
+		if time.Now().After(deadline) {
+			t.Fatalf("tensors pushed by Python function %v, want %v", got, wantFunctions)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, err := range receiver.Refused() {
+		t.Errorf("receiver refused: %v", err)
+	}
+	agent.stop(t)
+	for _, line := range agent.said() {
+		if strings.Contains(line, "without CAP_") {
+			t.Errorf("with the chart's capabilities: %s", line)
+		}
+	}
+}
+
+// namedLive is the value of pid's series of family whose labels include
+// names; 0 without one.
+func namedLive(family *dto.MetricFamily, pid int, names map[string]string) uint64 {
+	for _, m := range family.GetMetric() {
+		l := metricstest.Labels(m)
+		named := l["pid"] == strconv.Itoa(pid)
+		for k, v := range names {
+			named = named && l[k] == v
+		}
+		if named {
+			return uint64(m.GetGauge().GetValue())
+		}
+	}
+	return 0
+}
+
+// liveByPythonFunction sums the live tensor bytes of a pushed profile by
+// the function of simwork.py's tensor scenario on each stack.
+func liveByPythonFunction(t *testing.T, raw []byte) map[string]int64 {
+	t.Helper()
+	p, err := profile.ParseData(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inuse := -1
+	for i, st := range p.SampleType {
+		if st.Type == "tensor_inuse_space" {
+			inuse = i
+		}
+	}
+	if inuse < 0 {
+		t.Fatalf("tensor series without tensor_inuse_space: %v", p.SampleType)
+	}
+	live := map[string]int64{}
+	for _, s := range p.Sample {
+		for _, loc := range s.Location {
+			if fn := loc.Line[0].Function.Name; fn == "load_weights" || fn == "kv_cache" || fn == "activations" {
+				live[fn] += s.Value[inuse]
+				break
+			}
+		}
+	}
+	return live
+}
+
+// startPython starts simwork.py's tensor scenario under CPython 3.12 with
+// the simulated driver and PyTorch allocator.
+func startPython(t *testing.T) *process {
+	w := start(t, []string{"SIMCUDA_LIB=" + filepath.Join(root, "build/sim/libcuda.so.1"), "SIMTORCH_LIB=" + filepath.Join(root, "build/sim/libc10_cuda.so")},
+		"/root/.pyenv/versions/3.12.1/bin/python3.12", filepath.Join(root, "tests/workloads/simwork.py"), "tensors")
+	if !w.out.Scan() || !strings.HasPrefix(w.out.Text(), "ready ") {
+		t.Fatal("workload did not start")
+	}
+	return w
+}
+
+// runPython runs the scenario and returns its expect values.
+func (p *process) runPython(t *testing.T) map[string]uint64 {
+	t.Helper()
+	fmt.Fprintln(p.stdin)
+	if !p.out.Scan() || p.out.Text() != "done" {
+		t.Fatal("workload did not run")
+	}
+	if !p.out.Scan() || !strings.HasPrefix(p.out.Text(), "expect ") {
+		t.Fatal("workload said no expect line")
+	}
+	expect := map[string]uint64{}
+	for _, kv := range strings.Fields(strings.TrimPrefix(p.out.Text(), "expect ")) {
+		k, v, _ := strings.Cut(kv, "=")
+		expect[k], _ = strconv.ParseUint(v, 10, 64)
+	}
+	return expect
+}
+
+// startAs starts gpumem with args under the securityContext sc.
+func startAs(t *testing.T, sc podsecurity.Context, args ...string) *process {
+	t.Helper()
+	cmd, err := sc.Command(filepath.Join(root, "bin/gpumem"), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, nil, cmd.Path, cmd.Args[1:]...)
+}
+
+// stop interrupts the process and waits for it and its last lines.
+func (p *process) stop(t *testing.T) {
+	t.Helper()
+	p.cmd.Process.Signal(os.Interrupt)
+	for range p.lines {
+	}
+	if err := p.cmd.Wait(); err != nil {
+		t.Errorf("%s: %v", p.cmd.Path, err)
+	}
+}
