@@ -305,7 +305,10 @@ func FuzzTop(f *testing.F) {
 		}{
 			{"top", func(b *bytes.Buffer, r profiler.Report) error { return WriteTop(b, r, 0, &Growth{Window: time.Minute}) }},
 			{"stacks", func(b *bytes.Buffer, r profiler.Report) error { return WriteStacks(b, r, 5) }},
-			{"oom", func(b *bytes.Buffer, r profiler.Report) error { _, err := b.WriteString(DescribeOOM(r.OOMs[0]) + "\n"); return err }},
+			{"oom", func(b *bytes.Buffer, r profiler.Report) error {
+				_, err := b.WriteString(DescribeOOM(r.OOMs[0]) + "\n")
+				return err
+			}},
 			{"peak", func(b *bytes.Buffer, r profiler.Report) error {
 				_, err := b.WriteString(DescribePeak(r.Peaks[0], 0) + "\n")
 				return err
