@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,8 +22,9 @@ import (
 
 // TestAgentWithTheChartsPrivileges: the agent run as the chart's
 // DaemonSet runs it (root with the capabilities the chart adds and no
-// other, in every set; no_new_privs; a read-only root file system), its
-// sets read back from /proc. It attaches to the driver of a Python
+// other, in every set; no_new_privs; a read-only root file system;
+// containerd's RuntimeDefault seccomp filter), its sets read back from
+// /proc. It attaches to the driver of a Python
 // process in a pod's cgroup, reads its Python frames and its tensors
 // (the allocator's USDT probes), and names its pod from the API server:
 // on its metrics and in its pushes to Pyroscope, exactly. It says no
@@ -55,8 +57,7 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 	agent := startAs(t, sc, "agent", "--pid", strconv.Itoa(pid), "--kubeconfig", c.kubeconfig, "--node-name", "node-1",
 		"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
 	url := agent.waitLine(t, "serving metrics at ")
-	agent.waitLine(t, fmt.Sprintf("pid %d: Python 3.12 frames", pid))
-	agent.waitLine(t, "PyTorch allocator probes")
+	agent.waitSaid(t, fmt.Sprintf("pid %d: Python 3.12 frames", pid), "libcuda.so.1: 24 driver functions", "libc10_cuda.so: 2 PyTorch allocator probes")
 
 	// What the kernel holds for the agent: the chart's capabilities, in
 	// the bounding, permitted and effective sets, and nothing to pass on.
@@ -69,10 +70,12 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 			t.Errorf("%s %016x (%v), want %016x (%s)", set, got, err, mask, strings.Join(sc.Add, ", "))
 		}
 	}
-	t.Logf("agent: CapBnd %s CapPrm %s CapEff %s CapInh %s CapAmb %s NoNewPrivs %s", status["CapBnd"], status["CapPrm"],
-		status["CapEff"], status["CapInh"], status["CapAmb"], status["NoNewPrivs"])
-	if status["NoNewPrivs"] != "1" || status["Name"] != "gpumem" {
-		t.Errorf("agent %s: NoNewPrivs %s", status["Name"], status["NoNewPrivs"])
+	t.Logf("agent: CapBnd %s CapPrm %s CapEff %s CapInh %s CapAmb %s NoNewPrivs %s Seccomp %s", status["CapBnd"], status["CapPrm"],
+		status["CapEff"], status["CapInh"], status["CapAmb"], status["NoNewPrivs"], status["Seccomp"])
+	// Seccomp 2: a filter (containerd's RuntimeDefault for these
+	// capabilities), one only.
+	if status["NoNewPrivs"] != "1" || status["Seccomp"] != "2" || status["Seccomp_filters"] != "1" || status["Name"] != "gpumem" {
+		t.Errorf("agent %s: NoNewPrivs %s, Seccomp %s, %s filters", status["Name"], status["NoNewPrivs"], status["Seccomp"], status["Seccomp_filters"])
 	}
 
 	expect := w.runPython(t)
@@ -197,7 +200,24 @@ func startAs(t *testing.T, sc podsecurity.Context, args ...string) *process {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return start(t, nil, cmd.Path, cmd.Args[1:]...)
+	return start(t, cmd.Env, cmd.Path, cmd.Args[1:]...)
+}
+
+// waitSaid waits until the process has said a line containing each of
+// wants, in any order.
+func (p *process) waitSaid(t *testing.T, wants ...string) {
+	t.Helper()
+	for deadline := time.Now().Add(hangLimit); ; time.Sleep(20 * time.Millisecond) {
+		missing := slices.DeleteFunc(slices.Clone(wants), func(want string) bool {
+			return slices.ContainsFunc(p.said(), func(line string) bool { return strings.Contains(line, want) })
+		})
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("did not say %q", missing)
+		}
+	}
 }
 
 // stop interrupts the process and waits for it and its last lines.

@@ -2,9 +2,10 @@
 // securityContext in the chart's DaemonSet would have it run, for tests:
 // root with the chart's added capabilities only (bounding, permitted and
 // effective sets; inheritable and ambient empty, as container runtimes set
-// them), no_new_privs (allowPrivilegeEscalation: false) and a read-only
-// root file system (readOnlyRootFilesystem: true), in a mount namespace of
-// its own.
+// them), no_new_privs (allowPrivilegeEscalation: false), a read-only root
+// file system (readOnlyRootFilesystem: true), in a mount namespace of its
+// own, and, for seccompProfile RuntimeDefault, the seccomp filter
+// containerd makes for those capabilities.
 package podsecurity
 
 import (
@@ -104,10 +105,32 @@ func (c Context) Without(name string) Context {
 
 // Command is name run with args under c. Only what the chart asks for is
 // modelled: drop ALL, the added capabilities, no privilege escalation, a
-// read-only root file system; privileged is refused.
+// read-only root file system, RuntimeDefault seccomp; privileged is
+// refused.
 func (c Context) Command(name string, args ...string) (*exec.Cmd, error) {
 	if c.Privileged || !slices.Contains(c.Drop, "ALL") {
 		return nil, fmt.Errorf("securityContext %+v: not privileged and drop ALL are modelled only", c)
+	}
+	var env []string
+	switch c.Seccomp {
+	case "", "Unconfined":
+	case "RuntimeDefault":
+		// This test binary, run again, installs the filter and runs the
+		// command (init, in seccomp.go): the last step before it, after
+		// the capabilities are dropped, as runc does.
+		filter, err := compile(RuntimeDefault(c.Add))
+		if err != nil {
+			return nil, fmt.Errorf("seccomp RuntimeDefault: %w", err)
+		}
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		env = []string{filterEnv + "=" + encodeFilter(filter)}
+		args = append([]string{name}, args...)
+		name = self
+	default:
+		return nil, fmt.Errorf("seccompProfile %s: not modelled", c.Seccomp)
 	}
 	caps := "-all"
 	for _, n := range c.Add {
@@ -131,7 +154,9 @@ func (c Context) Command(name string, args ...string) (*exec.Cmd, error) {
 		argv = append([]string{"unshare", "--mount", "--propagation", "private", "sh", "-c",
 			`mount -o remount,bind,ro / && mount -o remount,bind,ro /sys && exec "$@"`, "sh"}, argv...)
 	}
-	return exec.Command(argv[0], argv[1:]...), nil
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
+	return cmd, nil
 }
 
 // Status is the fields of /proc/PID/status by name.
