@@ -143,7 +143,7 @@ func (l *LastPeaks) Set(peaks []profiler.Peak) {
 	kept := make([]profiler.Peak, len(peaks))
 	for i, pk := range peaks {
 		kept[i] = pk
-		kept[i].Rows = nil // only totals are exposed
+		kept[i].Shares, kept[i].Rows = nil, nil // only totals are exposed
 	}
 	l.mu.Lock()
 	l.peaks = kept

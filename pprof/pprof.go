@@ -52,8 +52,8 @@ func Totals(row profiler.Row, peak accounting.Amount) Values {
 func PeakShares(peaks []profiler.Peak) map[accounting.Key]accounting.Amount {
 	shares := map[accounting.Key]accounting.Amount{}
 	for _, pk := range peaks {
-		for _, row := range pk.Rows {
-			shares[row.Key] = accounting.Amount{Bytes: row.LiveBytes(), Count: row.LiveCount()}
+		for _, s := range pk.Shares {
+			shares[s.Key] = s.Amount
 		}
 	}
 	return shares

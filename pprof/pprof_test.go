@@ -33,9 +33,9 @@ func TestViewsAreSampleTypes(t *testing.T) {
 	// host row nothing.
 	peaks := []profiler.Peak{
 		{PID: 7, GPU: "0", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 20 << 20, Count: 1},
-			Rows: []profiler.Row{{Key: rows[0].Key, Counters: accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}}}},
+			Shares: []accounting.PeakRow{{Key: rows[0].Key, Amount: accounting.Amount{Bytes: 20 << 20, Count: 1}}}},
 		{PID: 7, GPU: "0", View: tracer.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2},
-			Rows: []profiler.Row{{Key: rows[1].Key, Counters: accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2}}}},
+			Shares: []accounting.PeakRow{{Key: rows[1].Key, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}}}},
 	}
 	p := Build(profiler.Report{Time: time.Unix(1700000000, 0), Rows: rows, Peaks: peaks})
 	var buf bytes.Buffer

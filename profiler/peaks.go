@@ -36,10 +36,14 @@ type Peak struct {
 	Time      time.Time
 	// Amount is the memory held at the peak: Bytes, and Count allocations.
 	accounting.Amount
-	// Rows are the rows holding memory at the peak, by bytes, descending,
-	// with their frames. A row's LiveBytes and LiveCount are its share of
-	// the peak, and its Counters say only that: AllocBytes and AllocCount
-	// are the share, nothing is freed. They sum to Amount.
+	// Shares are the rows holding memory at the peak, by key, with their
+	// shares of it: what an exporter of the rows EachRow lists needs. They
+	// sum to Amount.
+	Shares []accounting.PeakRow
+	// Rows are the same rows named, by bytes, descending, with their
+	// frames (Report's peaks only). A row's LiveBytes and LiveCount are its
+	// share of the peak, and its Counters say only that: AllocBytes and
+	// AllocCount are the share, nothing is freed.
 	Rows []Row
 }
 
@@ -49,28 +53,24 @@ type Peak struct {
 // DropExited, so that a process that exited during the interval has its
 // peak. An interval's peak is at least what the process held when the
 // interval began; a process holding nothing all along has none. Peaks
-// come by PID, GPU and view. Stacks not yet named are named first, as
-// Report does (the first stack through a large library waits for its
-// symbols); the events flow meanwhile, but not while the books' peaks are
-// read (about 13 ns a row of the books) nor while their rows are named.
-// The rows are new at each call, frames shared with the profiler.
+// come by PID, GPU and view, with their Shares and no Rows: an interval's
+// peaks are read every interval, and naming their rows would wait for
+// symbols and copy every row of the books; an exporter finds each share's
+// row, named, among those EachRow lists. The events do not flow while the
+// books' peaks are read (about 13 ns a row of the books).
 func (p *Profiler) IntervalPeaks() []Peak {
 	p.mu.Lock()
-	peaks := p.ledger.TakeIntervalPeaks(bpfNow())
-	p.mu.Unlock()
-	p.resolve()
-	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.peaks(peaks, map[uint32]k8smeta.Container{})
+	return p.peaks(p.ledger.TakeIntervalPeaks(bpfNow()), map[uint32]k8smeta.Container{}, false)
 }
 
-// peaks names the books' peaks, on the GPUs the reports are limited to.
-// The caller holds p.mu.
-func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]k8smeta.Container) []Peak {
+// peaks are the books' peaks, on the GPUs the reports are limited to, with
+// their rows named if withRows. The caller holds p.mu.
+func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]k8smeta.Container, withRows bool) []Peak {
 	out := make([]Peak, 0, len(peaks))
 	for _, pk := range peaks {
 		if p.peakOnGPU(pk.PeakKey) {
-			out = append(out, p.peak(pk, named))
+			out = append(out, p.peak(pk, named, withRows))
 		}
 	}
 	slices.SortFunc(out, func(a, b Peak) int {
@@ -79,11 +79,16 @@ func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]k8smeta.Conta
 	return out
 }
 
-// peak names one peak's rows. The caller holds p.mu.
-func (p *Profiler) peak(pk accounting.Peak, named map[uint32]k8smeta.Container) Peak {
+// peak is one of the books' peaks, its rows named if withRows. The caller
+// holds p.mu.
+func (p *Profiler) peak(pk accounting.Peak, named map[uint32]k8smeta.Container, withRows bool) Peak {
 	out := Peak{PID: pk.PID, Comm: p.comms[pk.PID], GPU: pk.GPU, Device: p.peakDevice(pk.PeakKey),
 		Container: p.container(pk.PID, named), View: pk.View, Timestamp: pk.Time, Time: wallTime(pk.Time),
-		Amount: pk.Amount, Rows: make([]Row, 0, len(pk.Rows))}
+		Amount: pk.Amount, Shares: pk.Rows}
+	if !withRows {
+		return out
+	}
+	out.Rows = make([]Row, 0, len(pk.Rows))
 	for _, r := range pk.Rows {
 		share := accounting.Counters{AllocBytes: r.Bytes, AllocCount: r.Count}
 		out.Rows = append(out.Rows, p.row(r.Key, share, nil, named))

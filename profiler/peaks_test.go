@@ -22,17 +22,15 @@ func namedStack(p *Profiler, pid uint32, function string, pc uint64) accounting.
 }
 
 // peakShares are a peak's rows as function: bytes.
-func peakShares(t *testing.T, pk Peak) map[string]uint64 {
+func peakShares(t *testing.T, p *Profiler, pk Peak) map[string]uint64 {
 	t.Helper()
 	shares := map[string]uint64{}
-	for i, r := range pk.Rows {
-		if r.PID != pk.PID || r.GPU() != pk.GPU || r.Kind.View() != pk.View || len(r.Frames) != 2 {
-			t.Errorf("row %+v in peak %d %s %s", r, pk.PID, pk.GPU, pk.View)
+	for _, s := range pk.Shares {
+		frames := p.frames(s.Stack)
+		if s.PID != pk.PID || s.GPU() != pk.GPU || s.Kind.View() != pk.View || len(frames) != 2 {
+			t.Errorf("share %+v in peak %d %s %s", s, pk.PID, pk.GPU, pk.View)
 		}
-		if i > 0 && r.LiveBytes() > pk.Rows[i-1].LiveBytes() {
-			t.Errorf("rows not by bytes: %+v", pk.Rows)
-		}
-		shares[r.Frames[1].Function] += r.LiveBytes()
+		shares[frames[1].Function] += s.Bytes
 	}
 	return shares
 }
@@ -75,7 +73,10 @@ func TestPeaksNamed(t *testing.T) {
 		if pk.PID != 7 || pk.Comm != "train" || pk.GPU != w.gpu || pk.View != w.view || pk.Bytes != w.bytes || pk.Timestamp != w.ts {
 			t.Errorf("peak %d: %d %s %s %s %d bytes at %d, want %s %s %d at %d", i, pk.PID, pk.Comm, pk.GPU, pk.View, pk.Bytes, pk.Timestamp, w.gpu, w.view, w.bytes, w.ts)
 		}
-		if got := peakShares(t, pk); !maps.Equal(got, w.shares) {
+		if pk.Rows != nil {
+			t.Errorf("peak %d: an interval's peak with rows named: %+v", i, pk.Rows)
+		}
+		if got := peakShares(t, p, pk); !maps.Equal(got, w.shares) {
 			t.Errorf("peak %d: shares %v, want %v", i, got, w.shares)
 		}
 		if age := time.Since(pk.Time); age < 0 || age > time.Minute {

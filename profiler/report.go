@@ -105,7 +105,7 @@ func (p *Profiler) ReportTo(r *Report) error {
 		}
 		return cmp.Compare(a.PID, b.PID)
 	})
-	r.Peaks = p.peaks(p.ledger.Peaks(), named)
+	r.Peaks = p.peaks(p.ledger.Peaks(), named, true)
 	r.Timeline = p.timeline()
 	p.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
 		if p.onGPU(k.Key) {

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -59,7 +60,32 @@ func (s *session) intervalPeaks(pid int) map[string]profiler.Peak {
 	if err := s.p.Sync(); err != nil {
 		s.t.Fatal(err)
 	}
-	return peaksOf(s.t, s.p.IntervalPeaks(), pid)
+	peaks := peaksOf(s.t, s.p.IntervalPeaks(), pid)
+	named := map[accounting.Key]profiler.Row{}
+	for _, row := range s.report().Rows {
+		named[row.Key] = row
+	}
+	for gpu, pk := range peaks {
+		pk.Rows = namedShares(s.t, pk, named)
+		peaks[gpu] = pk
+	}
+	return peaks
+}
+
+// namedShares are an interval's peak's shares as rows with frames, from
+// the rows of a report: the exporter finds them so among EachRow's.
+func namedShares(t *testing.T, pk profiler.Peak, named map[accounting.Key]profiler.Row) []profiler.Row {
+	t.Helper()
+	rows := make([]profiler.Row, 0, len(pk.Shares))
+	for _, s := range pk.Shares {
+		row, ok := named[s.Key]
+		if !ok {
+			t.Fatalf("share %+v of no row", s)
+		}
+		row.Counters = accounting.Counters{AllocBytes: s.Bytes, AllocCount: s.Count}
+		rows = append(rows, row)
+	}
+	return rows
 }
 
 // peaksOf are the driver view's peaks of process pid, by GPU; it has no

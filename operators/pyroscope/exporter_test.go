@@ -328,15 +328,14 @@ func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 		row(10, 3, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
 		row(10, 4, tracer.KindDevice, "forward_activation", accounting.Counters{AllocBytes: 30 << 20, AllocCount: 3, FreeBytes: 30 << 20, FreeCount: 3}),
 	}
-	share := func(r profiler.Row, bytes, count uint64) profiler.Row {
-		r.Counters = accounting.Counters{AllocBytes: bytes, AllocCount: count}
-		return r
+	share := func(r profiler.Row, bytes, count uint64) accounting.PeakRow {
+		return accounting.PeakRow{Key: r.Key, Amount: accounting.Amount{Bytes: bytes, Count: count}}
 	}
 	peaks := []profiler.Peak{
 		{PID: 10, GPU: "0", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4},
-			Rows: []profiler.Row{share(rows[3], 30<<20, 3), share(rows[0], 20<<20, 1)}},
-		{PID: 10, GPU: "host", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 4096, Count: 1}, Rows: []profiler.Row{share(rows[2], 4096, 1)}},
-		{PID: 10, GPU: "0", View: tracer.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}, Rows: []profiler.Row{share(rows[1], 16<<20, 2)}},
+			Shares: []accounting.PeakRow{share(rows[3], 30<<20, 3), share(rows[0], 20<<20, 1)}},
+		{PID: 10, GPU: "host", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 4096, Count: 1}, Shares: []accounting.PeakRow{share(rows[2], 4096, 1)}},
+		{PID: 10, GPU: "0", View: tracer.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}, Shares: []accounting.PeakRow{share(rows[1], 16<<20, 2)}},
 	}
 	e.Export(profiler.Report{Time: time.Now(), Rows: rows, Peaks: peaks})
 	waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
