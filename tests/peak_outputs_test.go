@@ -106,7 +106,9 @@ func TestPeakInEveryOutput(t *testing.T) {
 
 	target := []string{"--pid", fmt.Sprintf("%d,%d", c.pid, py.pid), "--library", simLib}
 	file := func(name string) string { return filepath.Join(dir, name) }
-	record := func(args ...string) *cli { return startCLI(t, append(append([]string{"record"}, args...), target...)...) }
+	record := func(args ...string) *cli {
+		return startCLI(t, append(append([]string{"record"}, args...), target...)...)
+	}
 	clis := map[string]*cli{
 		"pprof":         record("--format", "pprof", "-o", file("gpu.pb.gz"), "--top", "5"),
 		"json":          record("--format", "json", "-o", file("gpu.json"), "--top", "0"),
