@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -135,7 +136,10 @@ func (s *seriesProfile) str(v string) uint64 {
 	if !ok {
 		i = uint64(len(s.stringList))
 		s.strings[v] = i
-		s.stringList = append(s.stringList, v)
+		// Pyroscope refuses a profile with a string that is not UTF-8
+		// (ValidateProfile): a process may name itself or its functions
+		// with any bytes.
+		s.stringList = append(s.stringList, strings.ToValidUTF8(v, "\uFFFD"))
 	}
 	return i
 }

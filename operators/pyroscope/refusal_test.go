@@ -350,6 +350,29 @@ func TestLabelsAreUTF8(t *testing.T) {
 	}
 }
 
+// TestNamesAreUTF8: a process and a function named with bytes that are not
+// UTF-8 are pushed, as U+FFFD, where Pyroscope would refuse the profile.
+func TestNamesAreUTF8(t *testing.T) {
+	lis := listen(t)
+	r := &receiver{}
+	serve(t, r, lis)
+	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
+	bad := row(1, 1, tracer.KindDevice, "load_\xe6\x97", accounting.Counters{AllocBytes: 10, AllocCount: 1})
+	bad.Comm = "trainer-\xe6\x97"
+	e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{bad}})
+	waitFor(t, "a push", func() bool { return e.Stats().Pushed+e.Stats().Rejected > 0 })
+	if s := e.Stats(); s.Pushed != 1 || s.Rejected != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	p, err := profile.ParseData(r.Received()[0].Series[0].Samples[0].RawProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fn := p.Sample[0].Location[1].Line[0].Function.Name; fn != "load_\uFFFD" {
+		t.Errorf("function %q", fn)
+	}
+}
+
 // TestDescribeLongMessage: a refusal quoting long values keeps what it
 // says about them.
 func TestDescribeLongMessage(t *testing.T) {
