@@ -23,20 +23,21 @@ import (
 // peak_space.
 type Values [6]int64
 
-// Where Values and SampleTypes hold what.
+// Where Values and SampleTypes hold what: SampleTypes(v)[InuseSpace] is
+// view v's live bytes.
 const (
-	allocObjects = iota
-	allocSpace
-	inuseObjects
-	inuseSpace
-	peakObjects
-	peakSpace
+	AllocObjects = iota
+	AllocSpace
+	InuseObjects
+	InuseSpace
+	PeakObjects
+	PeakSpace
 )
 
 // NewValues are the values of memory allocated, live and held at a peak.
 func NewValues(alloc, live, peak accounting.Amount) Values {
-	return Values{allocObjects: int64(alloc.Count), allocSpace: int64(alloc.Bytes), inuseObjects: int64(live.Count),
-		inuseSpace: int64(live.Bytes), peakObjects: int64(peak.Count), peakSpace: int64(peak.Bytes)}
+	return Values{AllocObjects: int64(alloc.Count), AllocSpace: int64(alloc.Bytes), InuseObjects: int64(live.Count),
+		InuseSpace: int64(live.Bytes), PeakObjects: int64(peak.Count), PeakSpace: int64(peak.Bytes)}
 }
 
 // Totals are a row's values since tracing began: what it allocated, what it
@@ -73,20 +74,27 @@ func SampleTypes(v tracer.View) []*profile.ValueType {
 		prefix = "tensor_"
 	}
 	return []*profile.ValueType{
-		allocObjects: {Type: prefix + "alloc_objects", Unit: "count"},
-		allocSpace:   {Type: prefix + "alloc_space", Unit: "bytes"},
-		inuseObjects: {Type: prefix + "inuse_objects", Unit: "count"},
-		inuseSpace:   {Type: prefix + "inuse_space", Unit: "bytes"},
-		peakObjects:  {Type: prefix + "peak_objects", Unit: "count"},
-		peakSpace:    {Type: prefix + "peak_space", Unit: "bytes"},
+		AllocObjects: {Type: prefix + "alloc_objects", Unit: "count"},
+		AllocSpace:   {Type: prefix + "alloc_space", Unit: "bytes"},
+		InuseObjects: {Type: prefix + "inuse_objects", Unit: "count"},
+		InuseSpace:   {Type: prefix + "inuse_space", Unit: "bytes"},
+		PeakObjects:  {Type: prefix + "peak_objects", Unit: "count"},
+		PeakSpace:    {Type: prefix + "peak_space", Unit: "bytes"},
 	}
 }
 
+// Every profile's period type: memory, by the byte. Pyroscope names a
+// profile type by it (name:sample type:unit:period type:period unit).
+const (
+	PeriodType = "space"
+	PeriodUnit = "bytes"
+)
+
 // DefaultSampleType is the sample type a profile of view v opens with.
-func DefaultSampleType(v tracer.View) string { return SampleTypes(v)[inuseSpace].Type }
+func DefaultSampleType(v tracer.View) string { return SampleTypes(v)[InuseSpace].Type }
 
 // PeakSampleType is the sample type of view v's peak bytes.
-func PeakSampleType(v tracer.View) string { return SampleTypes(v)[peakSpace].Type }
+func PeakSampleType(v tracer.View) string { return SampleTypes(v)[PeakSpace].Type }
 
 // Build makes a profile of the report's rows, one sample per (process,
 // stack, memory kind, device), labelled with pid, comm, kind and gpu, with
@@ -108,7 +116,7 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 			DefaultSampleType: DefaultSampleType(views[0]),
 			TimeNanos:         t.UnixNano(),
 			DurationNanos:     duration.Nanoseconds(),
-			PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
+			PeriodType:        &profile.ValueType{Type: PeriodType, Unit: PeriodUnit},
 			Period:            1,
 		},
 		mappings:  map[string]*profile.Mapping{},

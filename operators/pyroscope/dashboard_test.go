@@ -118,7 +118,11 @@ func pushedProfileTypes(t *testing.T) map[string]bool {
 				t.Fatal(err)
 			}
 			for _, st := range p.SampleType {
-				types[pyroscopetest.ProfileTypeID(s, p, st)] = true
+				id := pyroscopetest.ProfileTypeID(s, p, st)
+				if ProfileTypeID(st) != id {
+					t.Errorf("ProfileTypeID(%v) = %q, Pyroscope files it as %q", st, ProfileTypeID(st), id)
+				}
+				types[id] = true
 			}
 		}
 	}

@@ -324,7 +324,7 @@ func (e *encoder) finish(s *seriesProfile, t time.Time, duration time.Duration) 
 	raw = append(raw, s.tables...)
 	raw = varintField(raw, profTimeNanos, uint64(t.UnixNano()))
 	raw = varintField(raw, profDurationNanos, uint64(duration.Nanoseconds()))
-	raw = appendValueType(raw, profPeriodType, s.str("space"), s.str("bytes"))
+	raw = appendValueType(raw, profPeriodType, s.str(pprof.PeriodType), s.str(pprof.PeriodUnit))
 	raw = varintField(raw, profPeriod, 1)
 	raw = varintField(raw, profDefaultType, s.str(s.defaultType))
 	for _, v := range s.stringList {

@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/pprof/profile"
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	typesv1 "github.com/grafana/pyroscope/api/gen/proto/go/types/v1"
 	"google.golang.org/grpc"
@@ -56,6 +57,13 @@ const (
 	LabelContainer = "container_id"
 	ProfileName    = "memory"
 )
+
+// ProfileTypeID is the profile type Pyroscope files sample type st of a
+// pushed series under, by which queries name it (ProfileName, then st's
+// type and unit, then the period's: memory:inuse_space:bytes:space:bytes).
+func ProfileTypeID(st *profile.ValueType) string {
+	return ProfileName + ":" + st.Type + ":" + st.Unit + ":" + pprof.PeriodType + ":" + pprof.PeriodUnit
+}
 
 // Config says where and how to push.
 type Config struct {
