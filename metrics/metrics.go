@@ -30,40 +30,78 @@ type PeakSource interface {
 	Peaks() []profiler.Peak
 }
 
-var labels = []string{"pid", "comm", "kind", "gpu", "namespace", "pod", "container", "pod_uid", "container_id"}
+// Labels of the metrics, for queries (dashboards/).
+const (
+	LabelPID         = "pid"
+	LabelComm        = "comm"
+	LabelKind        = "kind"
+	LabelGPU         = "gpu"
+	LabelNamespace   = "namespace"
+	LabelPod         = "pod"
+	LabelContainer   = "container"
+	LabelPodUID      = "pod_uid"
+	LabelContainerID = "container_id"
+	LabelCode        = "code"   // gpumem_failures_total's CUresult
+	LabelReason      = "reason" // gpumem_losses_total's
+)
+
+var labels = []string{LabelPID, LabelComm, LabelKind, LabelGPU, LabelNamespace, LabelPod, LabelContainer, LabelPodUID, LabelContainerID}
 
 // peakLabels are the peak gauges' labels: a peak is of a view, not of a
 // kind (on a GPU, the driver view's device and VMM memory together).
-var peakLabels = slices.DeleteFunc(slices.Clone(labels), func(l string) bool { return l == "kind" })
+var peakLabels = slices.DeleteFunc(slices.Clone(labels), func(l string) bool { return l == LabelKind })
+
+// Names are the names of one view's metrics.
+type Names struct {
+	LiveBytes, AllocatedBytes, Allocations, Frees, PeakBytes string
+}
+
+// ViewNames are view v's metric names: gpumem_* for the driver view,
+// gpumem_tensor_* for the tensor view.
+func ViewNames(v tracer.View) Names { return viewNames[v] }
+
+func newNames(prefix string) Names {
+	return Names{LiveBytes: prefix + "live_bytes", AllocatedBytes: prefix + "allocated_bytes_total",
+		Allocations: prefix + "allocations_total", Frees: prefix + "frees_total", PeakBytes: prefix + "peak_bytes"}
+}
+
+var viewNames = [...]Names{tracer.ViewDriver: newNames("gpumem_"), tracer.ViewTensor: newNames("gpumem_tensor_")}
+
+// Names of the metrics of neither view.
+const (
+	FailuresName     = "gpumem_failures_total"
+	LossesName       = "gpumem_losses_total"
+	UnknownFreesName = "gpumem_unknown_frees_total"
+)
 
 // viewMetrics are the metrics of one view's series.
 type viewMetrics struct {
 	liveBytes, allocatedBytes, allocations, frees, peakBytes *prometheus.Desc
 }
 
-// newViewMetrics names a view's metrics with prefix, in whose words their
-// help says what is counted.
-func newViewMetrics(prefix, what string) viewMetrics {
+// newViewMetrics describes a view's metrics, in whose words their help
+// says what is counted.
+func newViewMetrics(n Names, what string) viewMetrics {
 	return viewMetrics{
-		liveBytes:      prometheus.NewDesc(prefix+"live_bytes", what+": bytes allocated and not freed.", labels, nil),
-		allocatedBytes: prometheus.NewDesc(prefix+"allocated_bytes_total", what+": bytes allocated.", labels, nil),
-		allocations:    prometheus.NewDesc(prefix+"allocations_total", what+": allocations.", labels, nil),
-		frees:          prometheus.NewDesc(prefix+"frees_total", what+": frees, explicit and at process exit.", labels, nil),
-		peakBytes: prometheus.NewDesc(prefix+"peak_bytes", what+": the most bytes the process held at once on the GPU "+
+		liveBytes:      prometheus.NewDesc(n.LiveBytes, what+": bytes allocated and not freed.", labels, nil),
+		allocatedBytes: prometheus.NewDesc(n.AllocatedBytes, what+": bytes allocated.", labels, nil),
+		allocations:    prometheus.NewDesc(n.Allocations, what+": allocations.", labels, nil),
+		frees:          prometheus.NewDesc(n.Frees, what+": frees, explicit and at process exit.", labels, nil),
+		peakBytes: prometheus.NewDesc(n.PeakBytes, what+": the most bytes the process held at once on the GPU "+
 			"during the agent's last interval (--pyroscope-interval), however briefly.", peakLabels, nil),
 	}
 }
 
 // views are each view's metrics, by tracer.View.
 var views = [...]viewMetrics{
-	tracer.ViewDriver: newViewMetrics("gpumem_", "Driver view (memory from the CUDA driver, what the GPU holds)"),
-	tracer.ViewTensor: newViewMetrics("gpumem_tensor_", "Tensor view (PyTorch's tensors, inside the driver view's segments: not to be added to it)"),
+	tracer.ViewDriver: newViewMetrics(viewNames[tracer.ViewDriver], "Driver view (memory from the CUDA driver, what the GPU holds)"),
+	tracer.ViewTensor: newViewMetrics(viewNames[tracer.ViewTensor], "Tensor view (PyTorch's tensors, inside the driver view's segments: not to be added to it)"),
 }
 
 var (
-	failures     = prometheus.NewDesc("gpumem_failures_total", "Allocations the driver refused, by CUresult code (2: out of memory).", append(labels, "code"), nil)
-	losses       = prometheus.NewDesc("gpumem_losses_total", "What the tracer could not deliver whole, by reason.", []string{"reason"}, nil)
-	unknownFrees = prometheus.NewDesc("gpumem_unknown_frees_total", "Frees of memory allocated before tracing began.", nil, nil)
+	failures     = prometheus.NewDesc(FailuresName, "Allocations the driver refused, by CUresult code (2: out of memory).", append(slices.Clone(labels), LabelCode), nil)
+	losses       = prometheus.NewDesc(LossesName, "What the tracer could not deliver whole, by reason.", []string{LabelReason}, nil)
+	unknownFrees = prometheus.NewDesc(UnknownFreesName, "Frees of memory allocated before tracing began.", nil, nil)
 )
 
 // Collector is a prometheus.Collector over a Source and, if any, a
