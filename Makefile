@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate check-generated sim demo image test bench bench-smoke clean
+.PHONY: setup build generate check-generated sim demo image test bench bench-smoke fuzz clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -71,6 +71,36 @@ test: setup check-generated build sim
 
 clean:
 	rm -rf bin build
+
+# Fuzz every parser of untrusted data and every output writer, one target
+# after another, FUZZTIME each (docs/fuzzing.md). Not part of test: there,
+# the seed corpora (testdata/fuzz) run as plain cases. A crash is written
+# to the package's testdata/fuzz/FuzzX/ and reported at the end.
+FUZZTIME ?= 30s
+FUZZMINIMIZETIME ?= 5s
+FUZZPARALLEL ?= 1
+FUZZ_TARGETS = \
+	tracer:FuzzDecode \
+	discover:FuzzParseMapsLine discover:FuzzLibrariesIn \
+	usdt:FuzzParseArg usdt:FuzzNotes usdt:FuzzRead \
+	symbolize:FuzzParseELF symbolize:FuzzSymbolTable \
+	operators/k8smeta:FuzzFromCgroupFile operators/k8smeta:FuzzKubeconfig \
+	operators/k8smeta:FuzzPodList operators/k8smeta:FuzzWatch \
+	pystack:FuzzFrames pystack:FuzzLineTable pystack:FuzzDetect \
+	report:FuzzHTML report:FuzzFolded report:FuzzJSON report:FuzzTop report:FuzzPprof
+fuzz:
+	@mkdir -p build/fuzz; failed=; start=$$(date +%s); \
+	for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t#*:}; log=build/fuzz/$$fn.log; \
+		if $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) \
+			-parallel $(FUZZPARALLEL) ./$$pkg > $$log 2>&1; then \
+			echo "ok    $$pkg $$fn: $$(grep '^fuzz: elapsed' $$log | tail -1 | sed 's/^fuzz: //')"; \
+		else \
+			echo "FAIL  $$pkg $$fn ($$log):"; grep -v '^fuzz: elapsed' $$log | tail -30; failed="$$failed $$t"; \
+		fi; \
+	done; \
+	echo "fuzz: $(words $(FUZZ_TARGETS)) targets, $(FUZZTIME) each, in $$(( $$(date +%s) - start )) s"; \
+	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed (inputs in each package's testdata/fuzz)"; exit 1; fi
 
 # Benchmarks, side by side in one run: writes BENCHMARKS.md (about 4 minutes).
 # The GPU section comes from bench/gpu/RESULTS.md, made on the GPU machine by
