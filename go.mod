@@ -9,6 +9,7 @@ replace go.opentelemetry.io/ebpf-profiler => go.opentelemetry.io/ebpf-profiler v
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
+	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	github.com/grafana/pyroscope/api v1.6.0
 	github.com/ianlancetaylor/demangle v0.0.0-20260724033716-83e58baca724
 	github.com/inspektor-gadget/inspektor-gadget v0.55.0

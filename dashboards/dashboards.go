@@ -1,0 +1,336 @@
+// Package dashboards builds gpu-mem's Grafana dashboard with the Grafana
+// Foundation SDK's typed builders: flame graphs of what the agent pushes to
+// Pyroscope and time series of the metrics it serves to Prometheus, every
+// profile type, metric and label named by the package that defines it
+// (pprof, operators/pyroscope, metrics), never copied.
+//
+// The JSON is generated, not edited: `go generate ./dashboards/...` writes
+// it to each of Outputs (TestOutputsAreGenerated fails on a hand edit).
+// The agent does not import this package.
+package dashboards
+
+//go:generate go run ./gen
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/common"
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/grafanapyroscope"
+	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
+	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
+	"github.com/grafana/grafana-foundation-sdk/go/units"
+
+	"github.com/gpu-mem/gpu-mem/metrics"
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+	"github.com/gpu-mem/gpu-mem/pprof"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// Outputs are where the generator writes the dashboard, relative to the
+// repository's root: beside the code, and inside the chart, which ships it
+// as a ConfigMap (Helm reads files from the chart's own folder only).
+var Outputs = []string{"dashboards/gpu-mem.json", "charts/gpu-mem/dashboards/gpu-mem.json"}
+
+// The dashboard's identity. Version goes up with each change of what the
+// dashboard shows, so that Grafana's history tells versions apart.
+const (
+	uid     = "gpu-mem"
+	title   = "gpu-mem: GPU memory by code and pod"
+	version = 4
+)
+
+// Data source plugins (the SDK names none).
+const (
+	pyroscopePlugin  = "grafana-pyroscope-datasource"
+	prometheusPlugin = "prometheus"
+)
+
+// Variables: the data sources, picked on import, and the label values
+// every panel filters by.
+const (
+	varPyroscope  = "pyroscope"
+	varPrometheus = "prometheus"
+	varNamespace  = "namespace"
+	varPod        = "pod"
+	varService    = "service"
+)
+
+// Panel sizes on Grafana's 24-column grid: flame graphs two to a row, the
+// Prometheus panels four (per pod) or two (per process and GPU) to a row.
+const (
+	flameHeight, flameWidth   = 14, 12
+	seriesHeight, seriesWidth = 8, 6
+	peakWidth                 = 12
+)
+
+// neverAdd ends the description of every panel of one view.
+const neverAdd = "The driver view and the tensor view are two accounts of the same memory " +
+	"(a tensor lies inside a segment of PyTorch's caching allocator): never add them."
+
+// peakRange says how a flame graph of peaks reads over a time range.
+const peakRange = "Each interval's profile is its peak's: zoom to one interval (--pyroscope-interval, 15 s by default) " +
+	"for one peak; over a longer range the peaks are summed, which weighs what fills memory at its worst moments. " +
+	"Peaks of two processes or GPUs came at different moments: filter by pod, pid and gpu for one."
+
+// flameGraph is one flame graph panel: a sample type of one view.
+type flameGraph struct {
+	id          uint32
+	title       string
+	description string
+	view        tracer.View
+	sampleType  int // where in pprof.SampleTypes(view)
+}
+
+// flameGraphs are the Pyroscope panels, row by row: live bytes, allocated
+// bytes and each interval's peak, the driver view left, the tensor view
+// right. The IDs are those the hand-written dashboard had, so that links to
+// a panel (viewPanel=ID) keep working.
+var flameGraphs = []flameGraph{
+	{1, "GPU memory held by function (driver view)",
+		"What the GPU holds: memory from the CUDA driver that each function holds at the end of each interval " +
+			"(summed over the time range). Under PyTorch's caching allocator, its segments, under the code whose " +
+			"tensor made it grow. Wide bars at the top are where memory is allocated. " + neverAdd,
+		tracer.ViewDriver, pprof.InuseSpace},
+	{2, "Live tensors by function (tensor view)",
+		"What PyTorch's tensors hold at the end of each interval, by the code that made them (the caching " +
+			"allocator's probes). The difference to the driver view is the allocator's cache. " + neverAdd,
+		tracer.ViewTensor, pprof.InuseSpace},
+	{3, "GPU memory allocated by function (driver view)",
+		"Bytes allocated from the CUDA driver during the time range, by the code that allocated them. " + neverAdd,
+		tracer.ViewDriver, pprof.AllocSpace},
+	{4, "Tensors allocated by function (tensor view)",
+		"Bytes of PyTorch tensors allocated during the time range, by the code that made them. " + neverAdd,
+		tracer.ViewTensor, pprof.AllocSpace},
+	{9, "GPU memory at each interval's peak, by function (driver view)",
+		"What held the GPU's memory at its worst moment: the most each process held at once on a GPU during " +
+			"each interval, however briefly, and each function's share of it (a spike of activations freed before " +
+			"the interval's end is here, not in the live bytes). " + peakRange + " " + neverAdd,
+		tracer.ViewDriver, pprof.PeakSpace},
+	{10, "Tensors at each interval's peak, by function (tensor view)",
+		"What PyTorch's tensors held at each process's peak of tensors on a GPU during each interval, by the " +
+			"code that made them. " + peakRange + " " + neverAdd,
+		tracer.ViewTensor, pprof.PeakSpace},
+}
+
+// series is one Prometheus time series panel.
+type series struct {
+	id          uint32
+	title       string
+	description string
+	width       uint32
+	unit        string
+	expr        string
+	legend      string
+}
+
+var (
+	driverMetrics = metrics.ViewNames(tracer.ViewDriver)
+	tensorMetrics = metrics.ViewNames(tracer.ViewTensor)
+	// perPod and perGPU are how panels sum series, and their legends.
+	perPod       = []string{metrics.LabelNamespace, metrics.LabelPod}
+	perGPU       = []string{metrics.LabelNamespace, metrics.LabelPod, metrics.LabelPID, metrics.LabelGPU}
+	perPodLegend = legend(metrics.LabelNamespace) + "/" + legend(metrics.LabelPod)
+	perGPULegend = perPodLegend + " pid " + legend(metrics.LabelPID) + " gpu " + legend(metrics.LabelGPU)
+)
+
+// seriesPanels are the Prometheus panels, row by row: per pod, live bytes
+// of each view, the allocation rate and out-of-memory failures; then each
+// process's peak per GPU in each view (a peak is never summed: peaks of two
+// processes came at different moments).
+var seriesPanels = []series{
+	{5, "GPU memory held per pod (driver view)",
+		"Bytes allocated through the CUDA driver and not yet freed: what the GPU holds.",
+		seriesWidth, units.BytesIEC, sumBy(perPod, selector(driverMetrics.LiveBytes)), perPodLegend},
+	{6, "Live tensors per pod (tensor view)",
+		"Bytes of PyTorch tensors not yet freed, inside the driver view's segments: not to be added to it.",
+		seriesWidth, units.BytesIEC, sumBy(perPod, selector(tensorMetrics.LiveBytes)), perPodLegend},
+	{7, "Allocation rate per pod (driver view)",
+		"Bytes per second allocated through the CUDA driver.",
+		seriesWidth, units.BytesPerSecondSI, sumBy(perPod, "rate("+selector(driverMetrics.AllocatedBytes)+"[5m])"), perPodLegend},
+	{8, "Out-of-memory failures per pod",
+		"Allocations the driver refused with CUDA_ERROR_OUT_OF_MEMORY.",
+		seriesWidth, units.Short,
+		sumBy(perPod, "increase("+selector(metrics.FailuresName, equal(metrics.LabelCode, strconv.Itoa(tracer.CUDAOutOfMemory)))+"[5m])"),
+		perPodLegend},
+	{11, "Peak GPU memory per process and GPU (driver view)",
+		"The most bytes each process held at once on each GPU during the agent's last interval, however briefly: " +
+			"what an out-of-memory error meets. One line per process and GPU: peaks of two came at different moments.",
+		peakWidth, units.BytesIEC, maxBy(perGPU, selector(driverMetrics.PeakBytes)), perGPULegend},
+	{12, "Peak of tensors per process and GPU (tensor view)",
+		"The most bytes each process's PyTorch tensors held at once on each GPU during the agent's last interval, " +
+			"inside the driver view's segments: not to be added to it.",
+		peakWidth, units.BytesIEC, maxBy(perGPU, selector(tensorMetrics.PeakBytes)), perGPULegend},
+}
+
+// GPUMem builds the dashboard, in Grafana's classic JSON model (package
+// dashboard, which the SDK marks deprecated in favour of dashboardv2, a
+// Kubernetes-style resource only Grafana 12's new API takes): the model
+// Grafana's import, file provisioning and the chart's sidecar read.
+func GPUMem() (dashboard.Dashboard, error) {
+	d := dashboard.NewDashboardBuilder(title).
+		Uid(uid).
+		Description("Which function, in which pod, holds how much GPU memory (gpu-mem: https://github.com/gpu-mem/gpu-mem)").
+		Tags([]string{"gpu", "cuda", "memory", "pyroscope"}).
+		Version(version).
+		Editable().
+		Time("now-1h", "now").
+		Refresh("30s").
+		WithVariable(dashboard.NewDatasourceVariableBuilder(varPyroscope).Label("Pyroscope").Type(pyroscopePlugin)).
+		WithVariable(dashboard.NewDatasourceVariableBuilder(varPrometheus).Label("Prometheus").Type(prometheusPlugin)).
+		WithVariable(labelVariable(varNamespace, pyroscope.LabelNamespace)).
+		WithVariable(labelVariable(varPod, pyroscope.LabelPod)).
+		WithVariable(labelVariable(varService, pyroscope.LabelService))
+	// The builder lays panels out left to right, a new row when one is full.
+	for _, f := range flameGraphs {
+		d.WithPanel(f.panel())
+	}
+	for _, s := range seriesPanels {
+		d.WithPanel(s.panel())
+	}
+	return d.Build()
+}
+
+// JSON is the dashboard as the generator writes it: indented, <, > and &
+// as they are (not \u003c...), ending in a newline.
+func JSON() ([]byte, error) {
+	d, err := GPUMem()
+	if err != nil {
+		return nil, fmt.Errorf("build dashboard: %w", err)
+	}
+	return encode(d)
+}
+
+func encode(d dashboard.Dashboard) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(d); err != nil {
+		return nil, fmt.Errorf("encode dashboard: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+func pyroscopeSource() common.DataSourceRef { return source(pyroscopePlugin, varPyroscope) }
+
+func prometheusSource() common.DataSourceRef { return source(prometheusPlugin, varPrometheus) }
+
+// source is a data source picked by a datasource variable.
+func source(plugin, variable string) common.DataSourceRef {
+	uid := "${" + variable + "}"
+	return common.DataSourceRef{Type: &plugin, Uid: &uid}
+}
+
+// profileTypeID is the Pyroscope profile type of a sample type of a view.
+func profileTypeID(v tracer.View, sampleType int) string {
+	return pyroscope.ProfileTypeID(pprof.SampleTypes(v)[sampleType])
+}
+
+// labelVariable is a variable of the values of a label the exporter pushes,
+// any number of them, all by default, read again when the time range
+// changes.
+func labelVariable(name, label string) *dashboard.QueryVariableBuilder {
+	all := "All"
+	allValue := "$__all"
+	return dashboard.NewQueryVariableBuilder(name).
+		Label(label).
+		Datasource(pyroscopeSource()).
+		// The SDK has no type for the Pyroscope data source's variable
+		// queries: the plugin's fields as a map.
+		Query(dashboard.StringOrMap{Map: map[string]any{
+			"queryType":     "labelValue",
+			"labelName":     label,
+			"profileTypeId": profileTypeID(tracer.ViewDriver, pprof.InuseSpace),
+			"refId":         name,
+		}}).
+		IncludeAll(true).
+		AllValue(".*").
+		Multi(true).
+		Current(dashboard.VariableOption{Text: dashboard.StringOrArrayOfString{String: &all},
+			Value: dashboard.StringOrArrayOfString{String: &allValue}}).
+		Refresh(dashboard.VariableRefreshOnTimeRangeChanged)
+}
+
+// panel is the flame graph: the SDK has no flame graph panel type, so a
+// plain panel of Grafana's "flamegraph" plugin, which has no options.
+func (f flameGraph) panel() cog.Builder[dashboard.Panel] {
+	return dashboard.NewPanelBuilder().
+		Type("flamegraph").
+		Id(f.id).
+		Title(f.title).
+		Description(f.description).
+		Datasource(pyroscopeSource()).
+		Height(flameHeight).
+		Span(flameWidth).
+		WithTarget(grafanapyroscope.NewDataqueryBuilder().
+			RefId("A").
+			Datasource(pyroscopeSource()).
+			QueryType(string(grafanapyroscope.PyroscopeQueryTypeProfile)).
+			ProfileTypeId(profileTypeID(f.view, f.sampleType)).
+			LabelSelector(labelSelector()).
+			GroupBy([]string{}))
+}
+
+// labelSelector filters profiles by the variables.
+func labelSelector() string {
+	return "{" + strings.Join([]string{
+		match(pyroscope.LabelService, varService),
+		match(pyroscope.LabelNamespace, varNamespace),
+		match(pyroscope.LabelPod, varPod),
+	}, ", ") + "}"
+}
+
+func (s series) panel() cog.Builder[dashboard.Panel] {
+	return timeseries.NewPanelBuilder().
+		Id(s.id).
+		Title(s.title).
+		Description(s.description).
+		Datasource(prometheusSource()).
+		Height(seriesHeight).
+		Span(s.width).
+		Unit(s.unit).
+		// Grafana's own defaults, which the SDK's panel does not start
+		// with (its legend is hidden, its tooltip has no mode): a legend
+		// names each pod's or process's line.
+		Legend(common.NewVizLegendOptionsBuilder().
+			DisplayMode(common.LegendDisplayModeList).
+			Placement(common.LegendPlacementBottom).
+			ShowLegend(true)).
+		Tooltip(common.NewVizTooltipOptionsBuilder().
+			Mode(common.TooltipDisplayModeSingle).
+			Sort(common.SortOrderNone)).
+		WithTarget(prometheus.NewDataqueryBuilder().
+			RefId("A").
+			Datasource(prometheusSource()).
+			Expr(s.expr).
+			LegendFormat(s.legend))
+}
+
+// selector selects a metric's series of the pods the variables pick, and
+// of the other matchers given.
+func selector(metric string, matchers ...string) string {
+	matchers = append(matchers, match(metrics.LabelNamespace, varNamespace), match(metrics.LabelPod, varPod))
+	return metric + "{" + strings.Join(matchers, ", ") + "}"
+}
+
+// match matches a label against a (multi-value) variable's values.
+func match(label, variable string) string { return label + `=~"$` + variable + `"` }
+
+func equal(label, value string) string { return label + "=" + strconv.Quote(value) }
+
+func sumBy(labels []string, expr string) string { return aggregate("sum", labels, expr) }
+
+func maxBy(labels []string, expr string) string { return aggregate("max", labels, expr) }
+
+func aggregate(op string, labels []string, expr string) string {
+	return op + " by (" + strings.Join(labels, ", ") + ") (" + expr + ")"
+}
+
+// legend is a legend's reference to a label's value.
+func legend(label string) string { return "{{" + label + "}}" }
