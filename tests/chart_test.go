@@ -102,9 +102,47 @@ func TestChartOptions(t *testing.T) {
 	if len(objects["ServiceMonitor"]) != 1 {
 		t.Error("no ServiceMonitor")
 	}
-	cm := objects["ConfigMap"]
-	if len(cm) != 1 || dig(cm[0], "metadata", "name") != "ama-metrics-prometheus-config-node" || dig(cm[0], "metadata", "namespace") != "kube-system" {
-		t.Errorf("Azure Monitor config %v", cm)
+	azure := named(objects["ConfigMap"], "ama-metrics-prometheus-config-node") // beside the dashboard's
+	if azure == nil || dig(azure, "metadata", "namespace") != "kube-system" {
+		t.Errorf("Azure Monitor config %v", objects["ConfigMap"])
+	}
+}
+
+// named is the object of objects named name, or nil.
+func named(objects []map[string]any, name string) map[string]any {
+	for _, obj := range objects {
+		if dig(obj, "metadata", "name") == name {
+			return obj
+		}
+	}
+	return nil
+}
+
+// TestChartDashboard: the chart ships the Grafana dashboard, the file
+// dashboards/gen writes, in a ConfigMap labelled for Grafana's sidecar;
+// dashboards.namespace and .folder place it, dashboards.enabled=false
+// leaves it out.
+func TestChartDashboard(t *testing.T) {
+	want, err := os.ReadFile(filepath.Join(repoRoot, "dashboards/gpu-mem.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := named(render(t, nil)["ConfigMap"], "r-gpu-mem-dashboard")
+	if cm == nil {
+		t.Fatal("no dashboard ConfigMap")
+	}
+	if dig(cm, "metadata", "labels", "grafana_dashboard") != "1" || dig(cm, "metadata", "namespace") != "gpu" {
+		t.Errorf("dashboard ConfigMap's metadata %v", dig(cm, "metadata"))
+	}
+	if got, _ := dig(cm, "data", "gpu-mem.json").(string); got != string(want) {
+		t.Errorf("the chart ships a dashboard of %d bytes, not dashboards/gpu-mem.json (%d bytes): run go generate ./dashboards/...", len(got), len(want))
+	}
+	cm = named(render(t, map[string]any{"dashboards": map[string]any{"namespace": "monitoring", "folder": "GPU"}})["ConfigMap"], "r-gpu-mem-dashboard")
+	if dig(cm, "metadata", "namespace") != "monitoring" || dig(cm, "metadata", "annotations", "grafana_folder") != "GPU" {
+		t.Errorf("dashboard ConfigMap's metadata %v", dig(cm, "metadata"))
+	}
+	if cms := render(t, map[string]any{"dashboards": map[string]any{"enabled": false}})["ConfigMap"]; len(cms) != 0 {
+		t.Errorf("dashboards disabled: %v", cms)
 	}
 }
 

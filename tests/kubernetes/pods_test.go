@@ -278,7 +278,7 @@ func TestChartServerSideDryRun(t *testing.T) {
 			t.Errorf("%s %s: %v", u.GetKind(), u.GetName(), err)
 		}
 	}
-	if len(objects) != 6 {
+	if len(objects) != 7 { // the Azure Monitor and dashboard ConfigMaps among them
 		t.Errorf("%d objects", len(objects))
 	}
 }
