@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate check-generated sim demo image test bench bench-smoke fuzz clean
+.PHONY: setup build generate dashboard check-generated sim demo image test bench bench-smoke fuzz clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -26,6 +26,12 @@ bin/gpumem-lean: $(GO_SOURCES)
 
 generate:
 	cd tracer && IG=$(IG) $(GO) generate ./...
+
+# The Grafana dashboard, from dashboards/dashboards.go, to dashboards/ and
+# the chart. Not part of generate, which test runs: a stale or hand-edited
+# dashboard must fail TestOutputsAreGenerated, not be rewritten first.
+dashboard:
+	$(GO) generate ./dashboards/...
 
 # The BPF object and its bindings must be what program.bpf.c compiles to.
 GENERATED = tracer/gpumem_x86_bpfel.go tracer/gpumem_x86_bpfel.o
