@@ -56,9 +56,9 @@ func WriteFolded(w io.Writer, r profiler.Report, v Value, view tracer.View) erro
 			continue
 		}
 		names := make([]string, 0, len(row.Frames)+2)
-		names = append(names, row.Comm, "gpu="+row.GPU())
+		names = append(names, foldedName(row.Comm), "gpu="+row.GPU())
 		for i := len(row.Frames) - 1; i >= 0; i-- {
-			names = append(names, strings.ReplaceAll(row.Frames[i].Name(), ";", ":"))
+			names = append(names, foldedName(row.Frames[i].Name()))
 		}
 		sums[strings.Join(names, ";")] += bytes
 	}

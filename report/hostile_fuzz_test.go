@@ -29,23 +29,9 @@ import (
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-// openWriterProblems are writers found wrong and not fixed yet (see
-// docs/fuzzing.md, "Writer problems"): their checks log the failure instead
-// of failing, so that `make test` stays green while report/ is fixed, and
-// the seeds named regression-* fail once an entry is removed without the
-// fix. Remove a writer's entry with its fix.
-var openWriterProblems = map[string]bool{
-	"folded": true, // a comm with ';' adds frames; '\n' or '\r' in any name adds lines
-	"top":    true, // control characters reach the terminal: escape sequences, tabs, line breaks
-}
-
-// fail fails the test, or logs for a writer with an open problem.
+// fail fails the test, naming the writer.
 func fail(t *testing.T, writer, format string, args ...any) {
 	t.Helper()
-	if openWriterProblems[writer] {
-		t.Logf("open problem, %s: "+format, append([]any{writer}, args...)...)
-		t.SkipNow()
-	}
 	t.Fatalf(writer+": "+format, args...)
 }
 

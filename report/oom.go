@@ -11,10 +11,10 @@ import (
 func DescribeOOM(o profiler.OOM) string {
 	f := o.Failure
 	s := fmt.Sprintf("out of memory: pid %d (%s) asked %s through %s on gpu %s; it held %s in tensors, %s from the driver",
-		f.PID, f.Comm, HumanBytes(f.Bytes), f.Op.Symbol(), f.GPU(),
+		f.PID, Printable(f.Comm), HumanBytes(f.Bytes), f.Op.Symbol(), f.GPU(),
 		HumanBytes(o.HeldBy(tracer.KindTensor)), HumanBytes(o.HeldBy(tracer.KindDevice)+o.HeldBy(tracer.KindVMM)))
 	if len(o.Held) > 0 {
-		s += fmt.Sprintf("; most (%s, %s) by %s", HumanBytes(o.Held[0].LiveBytes()), o.Held[0].Kind, HottestFrame(o.Held[0].Frames))
+		s += fmt.Sprintf("; most (%s, %s) by %s", HumanBytes(o.Held[0].LiveBytes()), o.Held[0].Kind, Printable(HottestFrame(o.Held[0].Frames)))
 	}
 	return s
 }

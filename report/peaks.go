@@ -59,7 +59,7 @@ func PeakHolder(pk profiler.Peak) (string, uint64) {
 func DescribePeak(pk profiler.Peak, live uint64) string {
 	by, bytes := PeakHolder(pk)
 	return fmt.Sprintf("%s peak at %s, pid %d (%s), gpu %s (%s live now); most (%s) by %s",
-		HumanBytes(pk.Bytes), pk.Time.Format(PeakTimeFormat), pk.PID, pk.Comm, pk.GPU, HumanBytes(live), HumanBytes(bytes), by)
+		HumanBytes(pk.Bytes), pk.Time.Format(PeakTimeFormat), pk.PID, Printable(pk.Comm), pk.GPU, HumanBytes(live), HumanBytes(bytes), Printable(by))
 }
 
 // writeViewPeaks writes at most n peaks of view v, one line each, under a
@@ -93,8 +93,8 @@ func writePeakTable(w io.Writer, r profiler.Report, limit int) error {
 		}
 		for _, pk := range peaks {
 			by, bytes := PeakHolder(pk)
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t %s (%s)\n", pk.PID, pk.Comm, podName(pk.Container), pk.GPU, v,
-				HumanBytes(LiveAt(r.Rows, pk.PID, pk.GPU, v)), HumanBytes(pk.Bytes), pk.Time.Format(PeakTimeFormat), by, HumanBytes(bytes))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t %s (%s)\n", pk.PID, Printable(pk.Comm), Printable(podName(pk.Container)), pk.GPU, v,
+				HumanBytes(LiveAt(r.Rows, pk.PID, pk.GPU, v)), HumanBytes(pk.Bytes), pk.Time.Format(PeakTimeFormat), Printable(by), HumanBytes(bytes))
 		}
 	}
 	return tw.Flush()

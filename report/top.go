@@ -112,15 +112,15 @@ func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 		rows = rows[:limit]
 	}
 	for _, t := range rows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, t.Comm, t.Pod, t.Kind, t.GPU,
-			HumanBytes(t.Live), SignedBytes(t.Growth), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, t.Hottest)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, Printable(t.Comm), Printable(t.Pod), t.Kind, t.GPU,
+			HumanBytes(t.Live), SignedBytes(t.Growth), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, Printable(t.Hottest))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, gr := range Growers(r, grew, 3) {
 		fmt.Fprintf(w, "growing: %s in %s to %s, pid %d (%s), %s, at %s\n", SignedBytes(gr.Growth), window,
-			HumanBytes(gr.LiveBytes()), gr.PID, gr.Comm, gr.Kind, HottestFrame(gr.Frames))
+			HumanBytes(gr.LiveBytes()), gr.PID, Printable(gr.Comm), gr.Kind, Printable(HottestFrame(gr.Frames)))
 	}
 	if err := writePeakTable(w, r, limit); err != nil {
 		return err
@@ -184,9 +184,9 @@ func WriteStacks(w io.Writer, r profiler.Report, n int) error {
 			}
 			shown++
 			fmt.Fprintf(w, "%s live, %s allocated by %d calls: pid %d (%s), %s memory, gpu %s\n",
-				HumanBytes(row.LiveBytes()), HumanBytes(row.AllocBytes), row.AllocCount, row.PID, row.Comm, row.Kind, row.GPU())
+				HumanBytes(row.LiveBytes()), HumanBytes(row.AllocBytes), row.AllocCount, row.PID, Printable(row.Comm), row.Kind, row.GPU())
 			for _, f := range row.Frames {
-				fmt.Fprintf(w, "    %s\n", f.Name())
+				fmt.Fprintf(w, "    %s\n", Printable(f.Name()))
 			}
 		}
 		writeViewPeaks(w, r, v, n)
