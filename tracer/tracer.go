@@ -69,12 +69,22 @@ func NewFromObject(object []byte, opts Options) (*Tracer, error) {
 // Programs gpumem attaches; the others in the object are stock IG's.
 var programs = []string{"gpumem_enter", "gpumem_leave", "gpumem_exit", "gpumem_tensor"}
 
-// checkObject makes sure an object has gpumem's programs and the event
-// layout decode reads.
+// Maps the tracer reads or fills from user space: an object without one
+// (a gadget image built from another program.bpf.c) is refused at load,
+// rather than failing on a nil map later.
+var maps = []string{"events", "events_lost_samples", "inflight", "losses", "python_procs", "target_pids", "usdt_sites"}
+
+// checkObject makes sure an object has gpumem's programs and maps and the
+// event layout decode reads.
 func checkObject(spec *ebpf.CollectionSpec) error {
 	for _, name := range programs {
 		if spec.Programs[name] == nil {
 			return fmt.Errorf("no program %s", name)
+		}
+	}
+	for _, name := range maps {
+		if spec.Maps[name] == nil {
+			return fmt.Errorf("no map %s", name)
 		}
 	}
 	var event *btf.Struct
