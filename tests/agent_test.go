@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,25 +30,15 @@ import (
 func TestAgentStartedBeforeTheWorkload(t *testing.T) {
 	r := &pyroscopetest.Receiver{}
 	url := serveReceiver(t, r)
-	driver := filepath.Join(t.TempDir(), "driver", "libcuda.so.1")
-	copyFile(t, simLib, driver) // this test's own driver: no other test's process loads it
-
 	// Without the tensor view: it would trace other tests' simulated
 	// PyTorch allocators, running beside this one.
-	c := startCLI(t, "agent", "--library", driver, "--tensors=false", "--pyroscope-url", url,
+	c, driver := startAgentFirst(t, 4, "--tensors=false", "--pyroscope-url", url,
 		"--pyroscope-interval", "300ms", "--node", "node-7")
-	waitLines(t, c, "attached to "+driver)
-	for range 4 {
-		line := waitLines(t, c, "status:")[0]
-		if !strings.Contains(line, "status: 0 processes") || !strings.Contains(line, "pushes 0 done 0 failed 0 rejected 0 dropped 0 queued") {
-			t.Fatalf("status before any process: %q", line)
-		}
-	}
 	if n, refused := len(r.Received()), r.Refused(); n != 0 || len(refused) != 0 {
 		t.Fatalf("before any process: %d pushes, refused %v", n, refused)
 	}
 
-	w := startWorkload(t, []string{"LD_LIBRARY_PATH=" + filepath.Dir(driver)}, simwork, "kinds")
+	w := startWorkload(t, driver.env, simwork, "kinds")
 	w.run()
 	// Allocated: summed over intervals; live: at the last interval's end.
 	// The allocation kinds_setup makes before "ready" is traced too: the
@@ -85,6 +76,48 @@ func TestAgentStartedBeforeTheWorkload(t *testing.T) {
 	}
 	c.interrupt()
 	w.exit()
+}
+
+// agentDriver is an agent's own copy of the simulated driver: a private
+// inode, which only the workloads started with its env load, so that the
+// processes of other tests, of other packages or of another run of the
+// suite never reach that agent's driver view.
+type agentDriver struct {
+	path  string   // the copy, the agent's --library
+	env   []string // for simwork: the copy's folder, searched before its RUNPATH
+	pyEnv []string // for simwork.py: the copy, as SIMCUDA_LIB (the simulated allocator then uses it, already loaded)
+}
+
+// startAgentFirst starts `gpumem agent --library COPY args...` as a
+// DaemonSet starts it, before any GPU process, on a copy of the simulated
+// driver, and waits until it has logged intervals status lines counting no
+// process. Workloads started with the copy's env are traced from their
+// first call. With --tensors=false, every status line before must count no
+// process, and nothing pushed; with the tensor view, a line may count
+// another package's process (the allocator probes attach to the shared
+// simulated allocator in any process that maps it) and is then not
+// counted.
+func startAgentFirst(t *testing.T, intervals int, args ...string) (*cli, agentDriver) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "driver")
+	d := agentDriver{path: filepath.Join(dir, "libcuda.so.1")}
+	copyFile(t, simLib, d.path)
+	d.env = []string{"LD_LIBRARY_PATH=" + dir}
+	d.pyEnv = []string{"SIMCUDA_LIB=" + d.path}
+	c := startCLI(t, append([]string{"agent", "--library", d.path}, args...)...)
+	waitLines(t, c, "attached to "+d.path)
+	tensors := !slices.Contains(args, "--tensors=false")
+	for idle := 0; idle < intervals; {
+		line := waitLines(t, c, "status:")[0]
+		switch {
+		case strings.Contains(line, "status: 0 processes") && (tensors || !strings.Contains(line, "pushes ") ||
+			strings.Contains(line, "pushes 0 done 0 failed 0 rejected 0 dropped 0 queued")):
+			idle++
+		case !tensors:
+			t.Fatalf("status before any process: %q", line)
+		}
+	}
+	return c, d
 }
 
 // workloadBytes reads pid's series back from the pushes: bytes allocated
@@ -169,11 +202,12 @@ func parseSeries(t *testing.T, series *pushv1.RawProfileSeries) *profile.Profile
 func TestAgentRejectedPushes(t *testing.T) {
 	r := &pyroscopetest.Receiver{}
 	url := serveReceiver(t, r)
-	w := startWorkload(t, nil, simwork, "hold", "4096")
-	c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--pyroscope-url", url, "--pyroscope-interval", "200ms",
+	// Without the tensor view: another package's process on the simulated
+	// allocator would count in the status line's processes.
+	c, driver := startAgentFirst(t, 3, "--tensors=false", "--pyroscope-url", url, "--pyroscope-interval", "200ms",
 		"--service-name", strings.Repeat("s", 3000), "--metrics-address", "127.0.0.1:0")
-	found := waitLines(t, c, "serving metrics at ", "attached to")
-	_, metrics, _ := strings.Cut(found[0], "serving metrics at ")
+	metrics := c.waitStderrValue("serving metrics at ")
+	w := startWorkload(t, driver.env, simwork, "hold", "4096")
 	w.run()
 
 	reasons := 0
@@ -238,10 +272,9 @@ func TestAgentWhileReceiverIsDown(t *testing.T) {
 	addr := lis.Addr().String()
 	lis.Close()
 
-	w := startWorkload(t, nil, simwork, "threads", "4", "5", "2000")
-	c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--pyroscope-url", "http://"+addr,
+	c, driver := startAgentFirst(t, 3, "--tensors=false", "--pyroscope-url", "http://"+addr,
 		"--pyroscope-interval", "200ms", "--pyroscope-queue", "3")
-	waitLines(t, c, "attached to")
+	w := startWorkload(t, driver.env, simwork, "threads", "4", "5", "2000")
 	w.run()
 	for range 3 {
 		waitLines(t, c, "status:")

@@ -53,14 +53,19 @@ func TestPodFromCgroup(t *testing.T) {
 
 	w.exit()
 
-	m := startWorkload(t, nil, simwork, "hold", "8192")
-	inPodCgroup(t, m.pid)
-	a := startCLI(t, "agent", "--pid", strconv.Itoa(m.pid), "--metrics-address", "127.0.0.1:0")
+	// The agent, started first as a DaemonSet, on its own driver (the
+	// count of series below is of its processes only; without the tensor
+	// view, another package's process on the simulated allocator counts in
+	// no status line). The workload goes into the pod's cgroup at "ready",
+	// before its first allocation, the agent's first event of it; its
+	// context, made before "ready", was traced: its device is known.
+	a, driver := startAgentFirst(t, 3, "--tensors=false", "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
 	url := a.waitStderrValue("serving metrics at ")
-	a.waitStderr("attached to")
+	m := startWorkload(t, driver.env, simwork, "hold", "8192")
+	inPodCgroup(t, m.pid)
 	m.run()
 	series := metricstest.ScrapeUntil(t, url, hangLimit, func(f map[string]*dto.MetricFamily) bool {
-		return liveByKindGPU(f, m.pid)["device/unknown"] == 8192
+		return liveByKindGPU(f, m.pid)["device/0"] == 8192
 	})["gpumem_live_bytes"].GetMetric()
 	if len(series) != 1 {
 		t.Fatalf("%d series", len(series))

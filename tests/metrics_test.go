@@ -14,12 +14,13 @@ import (
 // client and reads it with the Prometheus text parser: live bytes per
 // process, kind and GPU, failures by code, loss counters.
 func TestMetrics(t *testing.T) {
-	w := startWorkload(t, []string{"SIMCUDA_DEVICES=3"}, simwork, "devices")
-	oom := startWorkload(t, []string{"SIMCUDA_CAPACITY=1000000"}, simwork, "oom", "2000000")
-	c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid)+","+strconv.Itoa(oom.pid),
-		"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
+	// Started first, as a DaemonSet, on its own driver. Without the tensor
+	// view: another package's process on the simulated allocator would
+	// reach its loss counters.
+	c, driver := startAgentFirst(t, 3, "--tensors=false", "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
 	url := c.waitStderrValue("serving metrics at ")
-	c.waitStderr("attached to")
+	w := startWorkload(t, append([]string{"SIMCUDA_DEVICES=3"}, driver.env...), simwork, "devices")
+	oom := startWorkload(t, append([]string{"SIMCUDA_CAPACITY=1000000"}, driver.env...), simwork, "oom", "2000000")
 	w.run()
 	oom.run()
 	want := map[string]float64{
