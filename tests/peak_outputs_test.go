@@ -76,8 +76,9 @@ func (s *peakSeen) String() string {
 	return fmt.Sprintf("%d bytes by %v, live by %v", s.bytes, s.by, s.live)
 }
 
-// TestPeakInEveryOutput: two processes started before gpu-mem attaches,
-// then traced by every output at once: simwork's spike scenario on two GPUs
+// TestPeakInEveryOutput: two processes, started after the agent (there
+// first, as a DaemonSet) and before the recorders attach, traced by every
+// output at once: simwork's spike scenario on two GPUs
 // (a spike on GPU 1 freed at once, then a higher one from another function)
 // and a PyTorch-shaped process on the simulated allocator (weights held, a
 // spike of activation tensors freed and the allocator's cache emptied
@@ -94,17 +95,22 @@ func TestPeakInEveryOutput(t *testing.T) {
 	const MiB = 1 << 20
 	dir := t.TempDir()
 	started := time.Now()
-	c := startWorkload(t, []string{"SIMCUDA_DEVICES=2"}, simwork, "spike")
-	py := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib, "SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")},
-		pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "tensor_spike")
 	r := &pyroscopetest.Receiver{}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	pyroscopetest.Serve(t, r, lis)
+	// The agent first, as a DaemonSet, on its own driver; the recorders
+	// after, of the two processes. Intervals long enough for a scrape to
+	// find each interval's gauge.
+	agentCLI, driver := startAgentFirst(t, 2, "--metrics-address", "127.0.0.1:0",
+		"--pyroscope-url", "http://"+lis.Addr().String(), "--pyroscope-interval", "2s")
+	c := startWorkload(t, append([]string{"SIMCUDA_DEVICES=2"}, driver.env...), simwork, "spike")
+	py := startWorkload(t, append([]string{"SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")}, driver.pyEnv...),
+		pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "tensor_spike")
 
-	target := []string{"--pid", fmt.Sprintf("%d,%d", c.pid, py.pid), "--library", simLib}
+	target := []string{"--pid", fmt.Sprintf("%d,%d", c.pid, py.pid), "--library", driver.path}
 	file := func(name string) string { return filepath.Join(dir, name) }
 	record := func(args ...string) *cli {
 		return startCLI(t, append(append([]string{"record"}, args...), target...)...)
@@ -115,9 +121,7 @@ func TestPeakInEveryOutput(t *testing.T) {
 		"folded driver": record("--format", "folded", "--value", "peak", "-o", file("driver.folded"), "--top", "0"),
 		"folded tensor": record("--format", "folded", "--value", "peak", "--view", "tensor", "-o", file("tensor.folded"), "--top", "0"),
 		"top":           startCLI(t, append([]string{"top", "--interval", "200ms"}, target...)...),
-		// Intervals long enough for a scrape to find each interval's gauge.
-		"agent": startCLI(t, append([]string{"agent", "--metrics-address", "127.0.0.1:0",
-			"--pyroscope-url", "http://" + lis.Addr().String(), "--pyroscope-interval", "2s"}, target...)...),
+		"agent":         agentCLI,
 	}
 	for _, cl := range clis {
 		cl.waitStderr("PyTorch allocator probes")

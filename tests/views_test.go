@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
@@ -39,17 +40,21 @@ type viewTotals struct {
 // memory:tensor_inuse_space with no label filter.
 func TestViewsInEveryOutput(t *testing.T) {
 	dir := t.TempDir()
-	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib, "SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")},
-		pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "views")
-	pid := strconv.Itoa(w.pid)
 	r := &pyroscopetest.Receiver{}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	pyroscopetest.Serve(t, r, lis)
+	// The agent first, as a DaemonSet, on its own driver; the recorders
+	// after, of the workload.
+	agent, driver := startAgentFirst(t, 3, "--metrics-address", "127.0.0.1:0",
+		"--pyroscope-url", "http://"+lis.Addr().String(), "--pyroscope-interval", "200ms")
+	w := startWorkload(t, append([]string{"SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")}, driver.pyEnv...),
+		pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "views")
+	pid := strconv.Itoa(w.pid)
 
-	target := []string{"--pid", pid, "--library", simLib}
+	target := []string{"--pid", pid, "--library", driver.path}
 	file := func(name string) string { return filepath.Join(dir, name) }
 	clis := map[string]*cli{
 		"pprof":         startCLI(t, append([]string{"record", "--format", "pprof", "-o", file("gpu.pb.gz"), "--top", "3"}, target...)...),
@@ -57,8 +62,7 @@ func TestViewsInEveryOutput(t *testing.T) {
 		"folded tensor": startCLI(t, append([]string{"record", "--format", "folded", "--view", "tensor", "-o", file("tensor.folded")}, target...)...),
 		"html":          startCLI(t, append([]string{"record", "--format", "html", "-o", file("gpu.html")}, target...)...),
 		"top":           startCLI(t, append([]string{"top", "--interval", "200ms"}, target...)...),
-		"agent": startCLI(t, append([]string{"agent", "--metrics-address", "127.0.0.1:0",
-			"--pyroscope-url", "http://" + lis.Addr().String(), "--pyroscope-interval", "200ms"}, target...)...),
+		"agent":         agent,
 	}
 	for _, c := range clis {
 		c.waitStderr("PyTorch allocator probes")
@@ -71,7 +75,7 @@ func TestViewsInEveryOutput(t *testing.T) {
 	}
 
 	checkMetricsViews(t, clis["agent"].waitStderrValue("serving metrics at "), w.pid, want)
-	checkPyroscopeViews(t, r, want)
+	checkPyroscopeViews(t, r, w.pid, want)
 	clis["top"].waitStdout(`^GPU memory \(driver view\): ` + regexp.QuoteMeta(report.HumanBytes(want.driver)) + ` live, `)
 	clis["top"].waitStdout(`^tensors \(tensor view\): ` + regexp.QuoteMeta(report.HumanBytes(want.tensor)) + ` live, .*not added to it\)$`)
 	for _, c := range clis {
@@ -205,9 +209,12 @@ func checkMetricsViews(t *testing.T, url string, pid int, want viewTotals) {
 }
 
 // checkPyroscopeViews waits for a push whose profile types, with no label
-// filter, hold the process's bytes: memory:inuse_space the driver view,
-// memory:tensor_inuse_space the tensor view. Nothing is refused.
-func checkPyroscopeViews(t *testing.T, r *pyroscopetest.Receiver, want viewTotals) {
+// filter but the process's pid, hold the process's bytes:
+// memory:inuse_space the driver view, memory:tensor_inuse_space the tensor
+// view. Nothing is refused. The pid filter: the agent, there before the
+// workload, traces the tensors of any process on the shared simulated
+// allocator, another package's among them.
+func checkPyroscopeViews(t *testing.T, r *pyroscopetest.Receiver, pid int, want viewTotals) {
 	t.Helper()
 	const driver, tensor = "memory:inuse_space:bytes:space:bytes", "memory:tensor_inuse_space:bytes:space:bytes"
 	var last map[string]int64
@@ -216,7 +223,13 @@ func checkPyroscopeViews(t *testing.T, r *pyroscopetest.Receiver, want viewTotal
 		if len(pushes) == 0 {
 			return false
 		}
-		totals, err := pyroscopetest.Totals(pushes[len(pushes)-1])
+		push := &pushv1.PushRequest{}
+		for _, s := range pushes[len(pushes)-1].Series {
+			if pyroscopetest.Labels(s)["pid"] == strconv.Itoa(pid) {
+				push.Series = append(push.Series, s)
+			}
+		}
+		totals, err := pyroscopetest.Totals(push)
 		if err != nil {
 			t.Fatal(err)
 		}
