@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,10 +16,16 @@ import (
 // oomWriter writes each out-of-memory snapshot into a directory: what the
 // process held, as pprof (oom-PID-N.pb.gz, both views as sample types) and
 // folded, one file per view: the driver view in oom-PID-N.folded and, if the
-// process held tensors, the tensor view in oom-PID-N.tensor.folded.
+// process held tensors, the tensor view in oom-PID-N.tensor.folded. A
+// snapshot that cannot be written (the directory removed, its file system
+// full or read-only during the recording) is lost whole, none of its files
+// left, and counted; the first loss is logged with its cause, the count at
+// the end (said): tracing goes on.
 type oomWriter struct {
-	dir string
-	n   int
+	dir     string
+	n       int
+	written int
+	lost    int
 }
 
 func (w *oomWriter) write(o profiler.OOM) {
@@ -28,22 +35,43 @@ func (w *oomWriter) write(o profiler.OOM) {
 	r := profiler.Report{Time: o.Time, Rows: o.Held}
 	prof := pprof.Build(r)
 	prof.Comments = []string{report.DescribeOOM(o), "asked from: " + strings.Join(frameNames(o.Failure), " < ")}
-	files := map[string]func(f *os.File) error{
-		base + ".pb.gz":  func(f *os.File) error { return prof.Write(f) },
-		base + ".folded": func(f *os.File) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewDriver) },
+	paths := []string{base + ".pb.gz", base + ".folded"}
+	writers := []func(io.Writer) error{
+		func(f io.Writer) error { return prof.Write(f) },
+		func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewDriver) },
 	}
 	written := "wrote " + base + ".pb.gz and .folded"
 	if report.HasTensors(r.Rows) {
-		files[base+".tensor.folded"] = func(f *os.File) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewTensor) }
+		paths = append(paths, base+".tensor.folded")
+		writers = append(writers, func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewTensor) })
 		written = "wrote " + base + ".pb.gz, .folded (driver view) and .tensor.folded (tensor view)"
 	}
-	for path, write := range files {
-		if err := writeFile(path, write); err != nil {
-			logf("out-of-memory snapshot: %v", err)
+	for i, path := range paths {
+		if err := writeFileAt(path, writers[i]); err != nil {
+			for _, done := range paths[:i] {
+				os.Remove(done) // no snapshot in part
+			}
+			w.lose(base, err)
 			return
 		}
 	}
+	w.written++
 	logf("%s", written)
+}
+
+// lose counts a snapshot lost; the first says why.
+func (w *oomWriter) lose(base string, err error) {
+	w.lost++
+	if w.lost == 1 {
+		logf("out-of-memory snapshot %s lost: %v (later losses are counted, said at the end)", filepath.Base(base), err)
+	}
+}
+
+// summary says, at the end, how many snapshots were lost, if any.
+func (w *oomWriter) summary() {
+	if w.lost > 0 {
+		logf("out-of-memory snapshots: %d written, %d lost (%s could not be written)", w.written, w.lost, w.dir)
+	}
 }
 
 func frameNames(f profiler.Failure) []string {
@@ -52,16 +80,4 @@ func frameNames(f profiler.Failure) []string {
 		names[i] = fr.Name()
 	}
 	return names
-}
-
-func writeFile(path string, write func(*os.File) error) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := write(f); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return f.Close()
 }

@@ -28,19 +28,25 @@ func checkOutput(path string) error {
 		}
 		return f.Close()
 	}
-	dir := filepath.Dir(path)
+	return checkFolder("-o "+path, filepath.Dir(path))
+}
+
+// checkFolder says whether dir exists and takes a new file; flag names
+// what asks for it in the error (-o FILE, --on-oom DIR). Nothing is left
+// behind.
+func checkFolder(flag, dir string) error {
 	info, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("-o %s: folder %s does not exist", path, dir)
+		return fmt.Errorf("%s: folder %s does not exist", flag, dir)
 	case err != nil:
-		return fmt.Errorf("-o %s: folder %s: %w", path, dir, cause(err))
+		return fmt.Errorf("%s: folder %s: %w", flag, dir, cause(err))
 	case !info.IsDir():
-		return fmt.Errorf("-o %s: %s is not a folder", path, dir)
+		return fmt.Errorf("%s: %s is not a folder", flag, dir)
 	}
 	probe, err := os.CreateTemp(dir, ".gpumem-check-*")
 	if err != nil {
-		return fmt.Errorf("-o %s: cannot write in folder %s: %w", path, dir, cause(err))
+		return fmt.Errorf("%s: cannot write in folder %s: %w", flag, dir, cause(err))
 	}
 	probe.Close()
 	return os.Remove(probe.Name())

@@ -27,6 +27,7 @@ type recordOptions struct {
 	output   string
 	top      int
 	onOOM    string
+	oom      *oomWriter // the --on-oom snapshots' writer, once configured
 }
 
 var defaultOutputs = map[string]string{"pprof": "gpumem.pb.gz", "folded": "gpumem.folded", "json": "gpumem.json", "html": "gpumem.html"}
@@ -87,8 +88,13 @@ func (o *recordOptions) validate() error {
 		o.output = defaultOutputs[o.format]
 	}
 	if o.onOOM != "" {
+		// Created if missing, then checked as -o is: a snapshot that
+		// could never be written is said now, not at the first failure.
 		if err := os.MkdirAll(o.onOOM, 0o755); err != nil {
-			return usageError{fmt.Errorf("--on-oom: %w", err)}
+			return usageError{fmt.Errorf("--on-oom %s: %w", o.onOOM, cause(err))}
+		}
+		if err := checkFolder("--on-oom "+o.onOOM, o.onOOM); err != nil {
+			return usageError{err}
 		}
 	}
 	return nil
@@ -99,7 +105,8 @@ func (o *recordOptions) config() profiler.Config {
 	cfg := o.target.config()
 	cfg.Timeline = o.format == "html" // the report's timeline; the other formats have none
 	if o.onOOM != "" {
-		cfg.OnOOM = (&oomWriter{dir: o.onOOM}).write
+		o.oom = &oomWriter{dir: o.onOOM}
+		cfg.OnOOM = o.oom.write
 	}
 	return cfg
 }
@@ -133,6 +140,9 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	logf("recording; Ctrl-C to stop")
 	if err := p.Run(ctx); err != nil {
 		return err
+	}
+	if o.oom != nil {
+		o.oom.summary()
 	}
 	r, err := p.Report()
 	if err != nil {
