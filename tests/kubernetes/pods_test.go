@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -126,6 +125,68 @@ func (p *process) waitLine(t *testing.T, prefix string) string {
 	}
 }
 
+// agentDriver is an agent's own copy of the simulated driver: a private
+// inode, which only the workloads started with its env load, so that the
+// processes of other tests, of other packages or of another run of the
+// suite never reach that agent's driver view. (tests/agent_test.go has the
+// same; this package cannot import that one.)
+type agentDriver struct {
+	path  string   // the copy, the agent's --library
+	env   []string // for simwork: the copy's folder, searched before its RUNPATH
+	pyEnv []string // for simwork.py: the copy, as SIMCUDA_LIB
+}
+
+// startAgentFirst starts the agent, `launch("agent", "--library", COPY,
+// args...)`, as a DaemonSet starts it, before any GPU process, on a copy of
+// the simulated driver, and waits until it has logged intervals status
+// lines counting no process. With --tensors=false every status line before
+// must count none; with the tensor view, a line may count another
+// package's process (the allocator probes attach to the shared simulated
+// allocator in any process that maps it) and is then not counted.
+func startAgentFirst(t *testing.T, intervals int, launch func(args ...string) *process, args ...string) (*process, agentDriver) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "driver")
+	d := agentDriver{path: filepath.Join(dir, "libcuda.so.1")}
+	data, err := os.ReadFile(filepath.Join(root, "build/sim/libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.path, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d.env = []string{"LD_LIBRARY_PATH=" + dir}
+	d.pyEnv = []string{"SIMCUDA_LIB=" + d.path}
+	agent := launch(append([]string{"agent", "--library", d.path}, args...)...)
+	agent.waitSaid(t, "attached to "+d.path)
+	tensors := !slices.Contains(args, "--tensors=false")
+	for idle := 0; idle < intervals; {
+		line := agent.waitLine(t, "status: ")
+		switch {
+		case strings.HasPrefix(line, "0 processes"):
+			idle++
+		case !tensors:
+			t.Fatalf("status before any process: %q", line)
+		}
+	}
+	return agent, d
+}
+
+// saidValue waits for a line of stderr containing prefix, said before the
+// call or after, and returns what follows it.
+func (p *process) saidValue(t *testing.T, prefix string) string {
+	t.Helper()
+	p.waitSaid(t, prefix)
+	for _, line := range p.said() {
+		if _, v, found := strings.Cut(line, prefix); found {
+			return v
+		}
+	}
+	return ""
+}
+
 // waitSeries waits for a pushed series that ok accepts, and returns the
 // latest one.
 func waitSeries(t *testing.T, r *pyroscopetest.Receiver, ok func(*pushv1.RawProfileSeries) bool, what string) *pushv1.RawProfileSeries {
@@ -155,24 +216,30 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 	c := startCluster(t)
 	pod := trainerPod(t, c)
 
-	w := start(t, nil, filepath.Join(root, "build/sim/simwork"), "hold", "4096")
-	if !w.out.Scan() || !strings.HasPrefix(w.out.Text(), "ready ") {
-		t.Fatal("workload did not start")
-	}
-	pid := w.cmd.Process.Pid
-	cgrouptest.InContainer(t, pid, string(pod.UID), containerID)
-
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	receiver := &pyroscopetest.Receiver{}
 	pyroscopetest.Serve(t, receiver, lis)
-	agent := start(t, nil, filepath.Join(root, "bin/gpumem"), "agent", "--pid", strconv.Itoa(pid),
-		"--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms",
-		"--pyroscope-url", "http://"+lis.Addr().String())
-	url := agent.waitLine(t, "serving metrics at ")
-	agent.waitLine(t, "attached to")
+	// The agent first, as a DaemonSet, on its own driver (the one series
+	// below is of its processes only). Without the tensor view: another
+	// package's process on the simulated allocator would count in its
+	// status lines.
+	agent, driver := startAgentFirst(t, 3, func(args ...string) *process {
+		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
+	}, "--tensors=false", "--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
+		"--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
+	url := agent.saidValue(t, "serving metrics at ")
+
+	// Into the pod's cgroup at "ready", before its first allocation, the
+	// agent's first event of it.
+	w := start(t, driver.env, filepath.Join(root, "build/sim/simwork"), "hold", "4096")
+	if !w.out.Scan() || !strings.HasPrefix(w.out.Text(), "ready ") {
+		t.Fatal("workload did not start")
+	}
+	pid := w.cmd.Process.Pid
+	cgrouptest.InContainer(t, pid, string(pod.UID), containerID)
 	fmt.Fprintln(w.stdin)
 	if !w.out.Scan() || w.out.Text() != "done" {
 		t.Fatal("workload did not allocate")

@@ -44,19 +44,25 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 
 	c := startCluster(t)
 	pod := trainerPod(t, c)
-	w := startPython(t)
-	cgrouptest.InContainer(t, w.cmd.Process.Pid, string(pod.UID), containerID)
-	pid := w.cmd.Process.Pid
-
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	receiver := &pyroscopetest.Receiver{}
 	pyroscopetest.Serve(t, receiver, lis)
-	agent := startAs(t, sc, "agent", "--pid", strconv.Itoa(pid), "--kubeconfig", c.kubeconfig, "--node-name", "node-1",
+	// The agent first, as a DaemonSet, on its own driver (the one driver
+	// series below is of its processes only; its tensor view traces any
+	// process on the shared simulated allocator: every tensor check is of
+	// the workload's pid).
+	agent, driver := startAgentFirst(t, 3, func(args ...string) *process { return startAs(t, sc, args...) },
+		"--kubeconfig", c.kubeconfig, "--node-name", "node-1",
 		"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
-	url := agent.waitLine(t, "serving metrics at ")
+	url := agent.saidValue(t, "serving metrics at ")
+	// Into the pod's cgroup at "ready", before its first allocation, the
+	// agent's first event of it.
+	w := startPython(t, driver.pyEnv)
+	cgrouptest.InContainer(t, w.cmd.Process.Pid, string(pod.UID), containerID)
+	pid := w.cmd.Process.Pid
 	agent.waitSaid(t, fmt.Sprintf("pid %d: Python 3.12 frames", pid), "libcuda.so.1: 24 driver functions", "libc10_cuda.so: 2 PyTorch allocator probes")
 
 	// What the kernel holds for the agent: the chart's capabilities, in
@@ -165,9 +171,9 @@ func liveByPythonFunction(t *testing.T, raw []byte) map[string]int64 {
 }
 
 // startPython starts simwork.py's tensor scenario under CPython 3.12 with
-// the simulated driver and PyTorch allocator.
-func startPython(t *testing.T) *process {
-	w := start(t, []string{"SIMCUDA_LIB=" + filepath.Join(root, "build/sim/libcuda.so.1"), "SIMTORCH_LIB=" + filepath.Join(root, "build/sim/libc10_cuda.so")},
+// the simulated PyTorch allocator and the driver env says (SIMCUDA_LIB).
+func startPython(t *testing.T, env []string) *process {
+	w := start(t, append([]string{"SIMTORCH_LIB=" + filepath.Join(root, "build/sim/libc10_cuda.so")}, env...),
 		"/root/.pyenv/versions/3.12.1/bin/python3.12", filepath.Join(root, "tests/workloads/simwork.py"), "tensors")
 	if !w.out.Scan() || !strings.HasPrefix(w.out.Text(), "ready ") {
 		t.Fatal("workload did not start")
