@@ -39,6 +39,9 @@ type agentOptions struct {
 	// the server keeps refusing for it.
 	rejections      uint64
 	rejectionLogged string
+	// The error being retried, said in full on the first line that has
+	// it; the lines after, while it lasts, say it is the same.
+	errorLogged string
 }
 
 func newAgentCommand() *cobra.Command {
@@ -224,14 +227,21 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 }
 
 // pushStatus is the exporter's part of the status line: its counts, the
-// error being retried, and a new rejection's reason.
+// error being retried (in full once, while it lasts), and a new
+// rejection's reason (once).
 func (o *agentOptions) pushStatus(s pyroscope.Stats) string {
 	line := fmt.Sprintf(", pushes %d done %d failed %d rejected %d dropped %d queued", s.Pushed, s.Failed, s.Rejected, s.Dropped, s.Queued)
 	if s.Expired > 0 {
 		line += fmt.Sprintf(", %d expired", s.Expired)
 	}
-	if s.LastError != "" {
+	switch {
+	case s.LastError == "":
+		o.errorLogged = "" // delivered since: a new failure is said again
+	case s.LastError == o.errorLogged:
+		line += ", last error: the same"
+	default:
 		line += ", last error: " + s.LastError
+		o.errorLogged = s.LastError
 	}
 	if s.Rejected > o.rejections && s.LastRejection != o.rejectionLogged {
 		line += ", last rejection: " + s.LastRejection

@@ -112,12 +112,13 @@ type Exporter struct {
 	conn   *grpc.ClientConn
 	client pushv1.PusherServiceClient
 
-	mu    sync.Mutex
-	queue []*pending
-	ready chan struct{} // signalled when the queue grows
-	stats Stats
-	last  time.Time        // end of the previous interval
-	now   func() time.Time // the clock that ages queued intervals
+	mu      sync.Mutex
+	queue   []*pending
+	ready   chan struct{} // signalled when the queue grows
+	stats   Stats
+	last    time.Time        // end of the previous interval
+	now     func() time.Time // the clock that ages queued intervals
+	timeout time.Duration    // of one push: pushTimeout (tests shorten it)
 
 	// Export's, kept between intervals (Export is called from one
 	// goroutine at a time).
@@ -146,14 +147,15 @@ func New(cfg Config) (*Exporter, error) {
 		return nil, fmt.Errorf("pyroscope %s: %w", cfg.URL, err)
 	}
 	return &Exporter{
-		cfg:    cfg,
-		conn:   conn,
-		client: pushv1.NewPusherServiceClient(conn),
-		ready:  make(chan struct{}, 1),
-		stats:  Stats{RejectedBy: map[string]uint64{}},
-		last:   time.Now(),
-		now:    time.Now,
-		series: map[seriesKey]*seriesProfile{},
+		cfg:     cfg,
+		conn:    conn,
+		client:  pushv1.NewPusherServiceClient(conn),
+		ready:   make(chan struct{}, 1),
+		stats:   Stats{RejectedBy: map[string]uint64{}},
+		last:    time.Now(),
+		now:     time.Now,
+		timeout: pushTimeout,
+		series:  map[seriesKey]*seriesProfile{},
 	}, nil
 }
 
@@ -428,7 +430,9 @@ func (e *Exporter) head() *pending {
 // push sends p once. It returns an error only when p stays queued, to be
 // sent again: delivered or refused, p leaves the queue.
 func (e *Exporter) push(ctx context.Context, p *pending) error {
-	ctx, cancel := context.WithTimeout(ctx, pushTimeout)
+	// A server that takes the connection and never answers holds one
+	// push no longer than this; the interval stays queued and is retried.
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	_, err := e.client.Push(ctx, p.req)
 	e.mu.Lock()
