@@ -9,7 +9,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Faults (issue 21, point 3): each one costs what it must, is counted and
@@ -140,4 +144,61 @@ func count(lines []string, s string) int {
 		}
 	}
 	return n
+}
+
+// TestKilledInsideTheDriverLeavesNoBooks: TestKilledInsideTheDriverLeavesNothing
+// with the books. A process killed while inside cuMemAlloc_v2 leaves no
+// call in flight, no allocation counted (the call never returned) and no
+// live bytes; nothing is lost, and the next process is traced exactly.
+func TestKilledInsideTheDriverLeavesNoBooks(t *testing.T) {
+	driver := filepath.Join(t.TempDir(), "driver", "libcuda.so.1")
+	copyFile(t, simLib, driver) // this test's own driver: no other test's process loads it
+	env := []string{"LD_LIBRARY_PATH=" + filepath.Dir(driver)}
+	s := startProfiler(t, profiler.Config{Library: driver, NoTensors: true})
+	s.waitLog("attached to " + driver)
+	tr, err := tracer.New(tracer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if _, err := tr.Attach(driver); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(simwork, "hold", "777")
+	cmd.Env = append(cmd.Environ(), append(env, "SIMCUDA_HANG_BYTES=777", "SIMWORK_NOWAIT=1")...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitInFlight(t, tr, 1)
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	waitInFlight(t, tr, 0)
+
+	w := startWorkload(t, env, simwork, "hold", "4096")
+	w.run()
+	r := s.report()
+	killed, next := map[string]uint64{}, map[string]uint64{}
+	for _, row := range r.Rows {
+		var m map[string]uint64
+		switch row.PID {
+		case uint32(cmd.Process.Pid):
+			m = killed
+		case uint32(w.pid):
+			m = next
+		default:
+			continue
+		}
+		m["allocs"] += row.AllocCount
+		m["alloc_bytes"] += row.AllocBytes
+		m["live_bytes"] += row.LiveBytes()
+	}
+	if killed["allocs"] != 0 || killed["live_bytes"] != 0 {
+		t.Errorf("the killed process's books: %v, want nothing", killed)
+	}
+	if want := map[string]uint64{"allocs": 1, "alloc_bytes": 4096, "live_bytes": 4096}; fmt.Sprint(next) != fmt.Sprint(want) {
+		t.Errorf("the next process's books: %v, want %v", next, want)
+	}
+	assertNoLosses(t, r)
+	w.exit()
 }
