@@ -285,6 +285,7 @@ func (o *agentOptions) watchPods(ctx context.Context) (*k8smeta.Pods, error) {
 		logf("no Kubernetes API server: pods are known by UID and container ID only")
 		return nil, nil
 	}
+	cfg.Logf = logf
 	pods, err := k8smeta.WatchPods(ctx, cfg, o.nodeName)
 	if err != nil {
 		return nil, fmt.Errorf("watch pods: %w", err)

@@ -34,6 +34,10 @@ type APIServer struct {
 	auth func(*http.Request) error
 	// refresh, when not nil, forgets cached credentials after a 401.
 	refresh func()
+
+	// Logf, when not nil, is told once when the server stops answering
+	// a watch of pods, and once when it answers again.
+	Logf func(format string, args ...any)
 }
 
 // Service account files, in a pod.

@@ -86,8 +86,13 @@ const (
 
 func (w *watcher) run(ctx context.Context) {
 	retry := firstRetry
+	down := false // said: the server does not answer
 	for ctx.Err() == nil {
 		version, err := w.list(ctx)
+		if err == nil && down {
+			down = false
+			w.logf("pods: the API server answers again: %d pods of the node listed", w.pods.count())
+		}
 		for err == nil && ctx.Err() == nil {
 			retry = firstRetry
 			version, err = w.watch(ctx, version)
@@ -99,6 +104,11 @@ func (w *watcher) run(ctx context.Context) {
 		if errors.As(err, &gone) && gone.code == http.StatusGone {
 			continue // the version is too old: list again at once
 		}
+		if !down {
+			// Said once, not at each retry while it lasts.
+			down = true
+			w.logf("pods: the API server: %v; the pods known keep their names, retrying", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -106,6 +116,18 @@ func (w *watcher) run(ctx context.Context) {
 		}
 		retry = min(2*retry, maxRetry)
 	}
+}
+
+func (w *watcher) logf(format string, args ...any) {
+	if w.server.Logf != nil {
+		w.server.Logf(format, args...)
+	}
+}
+
+func (p *Pods) count() int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return len(p.byUID)
 }
 
 // list replaces the pods with the server's, page by page, and returns the
