@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -32,19 +34,30 @@ type jsonFrame struct {
 	Line     int64  `json:"line,omitempty"`
 }
 
+// jsonWhere is where a stack's or a peak's memory is: its GPU, as the
+// driver names it, and its pod and container.
+type jsonWhere struct {
+	GPUName     string `json:"gpu_name,omitempty"`
+	GPUUUID     string `json:"gpu_uuid,omitempty"`
+	GPUBus      string `json:"gpu_bus,omitempty"`
+	Namespace   string `json:"namespace,omitempty"`
+	Pod         string `json:"pod,omitempty"`
+	Container   string `json:"container,omitempty"`
+	PodUID      string `json:"pod_uid,omitempty"`
+	ContainerID string `json:"container_id,omitempty"`
+}
+
+func newJSONWhere(d gpuinfo.Device, c k8smeta.Container) jsonWhere {
+	return jsonWhere{GPUName: d.Name, GPUUUID: d.UUID, GPUBus: d.Bus,
+		Namespace: c.Namespace, Pod: c.Pod, Container: c.Name, PodUID: c.PodUID, ContainerID: c.ContainerID}
+}
+
 type jsonStack struct {
-	PID                uint32      `json:"pid"`
-	Comm               string      `json:"comm"`
-	Kind               string      `json:"kind"`
-	GPU                string      `json:"gpu"`
-	GPUName            string      `json:"gpu_name,omitempty"`
-	GPUUUID            string      `json:"gpu_uuid,omitempty"`
-	GPUBus             string      `json:"gpu_bus,omitempty"`
-	Namespace          string      `json:"namespace,omitempty"`
-	Pod                string      `json:"pod,omitempty"`
-	Container          string      `json:"container,omitempty"`
-	PodUID             string      `json:"pod_uid,omitempty"`
-	ContainerID        string      `json:"container_id,omitempty"`
+	PID  uint32 `json:"pid"`
+	Comm string `json:"comm"`
+	Kind string `json:"kind"`
+	GPU  string `json:"gpu"`
+	jsonWhere
 	Frames             []jsonFrame `json:"frames"` // innermost first
 	AllocatedBytes     uint64      `json:"allocated_bytes"`
 	Allocations        uint64      `json:"allocations"`
@@ -78,17 +91,10 @@ type jsonOOM struct {
 // jsonPeak is one process's most memory at once on one GPU in one view,
 // and the stacks that held it.
 type jsonPeak struct {
-	PID         uint32          `json:"pid"`
-	Comm        string          `json:"comm"`
-	GPU         string          `json:"gpu"`
-	GPUName     string          `json:"gpu_name,omitempty"`
-	GPUUUID     string          `json:"gpu_uuid,omitempty"`
-	GPUBus      string          `json:"gpu_bus,omitempty"`
-	Namespace   string          `json:"namespace,omitempty"`
-	Pod         string          `json:"pod,omitempty"`
-	Container   string          `json:"container,omitempty"`
-	PodUID      string          `json:"pod_uid,omitempty"`
-	ContainerID string          `json:"container_id,omitempty"`
+	PID  uint32 `json:"pid"`
+	Comm string `json:"comm"`
+	GPU  string `json:"gpu"`
+	jsonWhere
 	View        string          `json:"view"` // driver or tensor
 	Time        time.Time       `json:"time"`
 	Bytes       uint64          `json:"bytes"`
@@ -106,9 +112,7 @@ type jsonPeakStack struct {
 
 func newJSONPeak(pk profiler.Peak) jsonPeak {
 	j := jsonPeak{
-		PID: pk.PID, Comm: pk.Comm, GPU: pk.GPU, GPUName: pk.Device.Name, GPUUUID: pk.Device.UUID, GPUBus: pk.Device.Bus,
-		PodUID: pk.Container.PodUID, ContainerID: pk.Container.ContainerID,
-		Namespace: pk.Container.Namespace, Pod: pk.Container.Pod, Container: pk.Container.Name,
+		PID: pk.PID, Comm: pk.Comm, GPU: pk.GPU, jsonWhere: newJSONWhere(pk.Device, pk.Container),
 		View: pk.View.String(), Time: pk.Time, Bytes: pk.Bytes, Allocations: pk.Count,
 		Stacks: make([]jsonPeakStack, 0, len(pk.Rows)),
 	}
@@ -161,9 +165,7 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 func newJSONStack(row profiler.Row) jsonStack {
 	return jsonStack{
 		PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), GPU: row.GPU(), Frames: jsonFrames(row.Frames),
-		GPUName: row.Device.Name, GPUUUID: row.Device.UUID, GPUBus: row.Device.Bus,
-		PodUID: row.Container.PodUID, ContainerID: row.Container.ContainerID,
-		Namespace: row.Container.Namespace, Pod: row.Container.Pod, Container: row.Container.Name,
+		jsonWhere:      newJSONWhere(row.Device, row.Container),
 		AllocatedBytes: row.AllocBytes, Allocations: row.AllocCount,
 		FreedBytes: row.FreeBytes, Frees: row.FreeCount,
 		ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,

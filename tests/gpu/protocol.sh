@@ -82,3 +82,14 @@ record_first() {
 	rm -f "$fifo"
 	return $status
 }
+
+# driver_library: prints $LIB, else the driver library installed where GPU
+# nodes put it (the first found); fails when there is none.
+driver_library() {
+	local f
+	[ -n "${LIB:-}" ] && { echo "$LIB"; return 0; }
+	for f in /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* /usr/lib64/libcuda.so.*; do
+		[ -e "$f" ] && { readlink -f "$f"; return 0; }
+	done
+	return 1
+}

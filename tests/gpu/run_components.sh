@@ -20,10 +20,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset PYTORCH_NO_CUDA_MEMORY_CACHING PYTORCH_CUDA_ALLOC_CONF XLA_PYTHON_CLIENT_ALLOCATOR XLA_PYTHON_CLIENT_PREALLOCATE
 
-lib=
-for f in /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* /usr/lib64/libcuda.so.*; do
-	[ -e "$f" ] && { lib=$(readlink -f "$f"); break; }
-done
+. "$here/protocol.sh"
+lib=$(LIB= driver_library)
 check() { python3 "$here/check_components.py" "$@"; }
 
 # with_library SCRIPT CHECK: SCRIPT recorded by one gpumem on the driver

@@ -35,14 +35,8 @@ mkdir -p "$out"
 sim=false
 [[ " ${WORKLOAD_ARGS:-} " == *" --sim "* ]] && sim=true
 
-lib=${LIB:-}
-for f in /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* /usr/lib64/libcuda.so.*; do
-	[ -n "$lib" ] && break
-	[ -e "$f" ] && lib=$(readlink -f "$f")
-done
-[ -n "$lib" ] || { echo "no libcuda.so found: set LIB" >&2; exit 1; }
-
 . "$here/protocol.sh"
+lib=$(driver_library) || { echo "no libcuda.so found: set LIB" >&2; exit 1; }
 agent='' scraper=''
 cleanup() {
 	local pid

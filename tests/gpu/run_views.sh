@@ -24,14 +24,8 @@ unset PYTORCH_NO_CUDA_MEMORY_CACHING PYTORCH_CUDA_ALLOC_CONF
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
 
-lib=${LIB:-}
-for f in /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* /usr/lib64/libcuda.so.*; do
-	[ -n "$lib" ] && break
-	[ -e "$f" ] && lib=$(readlink -f "$f")
-done
-[ -n "$lib" ] || { echo "no libcuda.so found: set LIB" >&2; exit 1; }
-
 . "$here/protocol.sh"
+lib=$(driver_library) || { echo "no libcuda.so found: set LIB" >&2; exit 1; }
 status=0
 # shellcheck disable=SC2086
 record_first "$out/views" "$here/torch_views.py" ${WORKLOAD_ARGS:-} -- "library --library $lib" || status=1
