@@ -42,7 +42,9 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 	}
 
 	agent := func() (*cli, string) {
-		c := startCLI(t, "agent", "--library", driver, "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
+		// --pid: no other process's allocator (another test's, another
+		// run's) is attached, nor its semaphores counted.
+		c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--library", driver, "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
 		url := c.waitStderrValue("serving metrics at ")
 		c.waitStderr("PyTorch allocator probes")
 		return c, url
