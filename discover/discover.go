@@ -10,8 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Library is one driver or allocator library file, identified by device and inode: the
@@ -28,6 +31,17 @@ type Library struct {
 
 // ID is the identity under which a library is attached once.
 func (l Library) ID() string { return l.Dev + "/" + strconv.FormatUint(l.Inode, 10) }
+
+// FileID is the ID of the library file at path, as a process mapping it
+// would show it.
+func FileID(path string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", path, err)
+	}
+	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
+	return Library{Dev: dev, Inode: st.Ino}.ID(), nil
+}
 
 // IsDriverLibrary says whether a mapped file's path names the driver:
 // libcuda.so, libcuda.so.1 or libcuda.so.<driver version>.
@@ -66,6 +80,14 @@ type Result struct {
 // empty). Processes that exit during the scan, or whose maps cannot be read,
 // are skipped: the next scan sees what is there then.
 func Scan(procRoot string, pids []int) (Result, error) {
+	return ScanUsing(procRoot, pids, "")
+}
+
+// ScanUsing is Scan of the processes that map the driver library with this
+// ID (Library.ID) only, or of every process when driver is empty: a profiler
+// limited to one driver library (--library) leaves the allocators and
+// interpreters of processes on another driver alone.
+func ScanUsing(procRoot string, pids []int, driver string) (Result, error) {
 	if len(pids) == 0 {
 		var err error
 		if pids, err = listPIDs(procRoot); err != nil {
@@ -76,6 +98,9 @@ func Scan(procRoot string, pids []int) (Result, error) {
 	var r Result
 	for _, pid := range pids {
 		libs, python := scanProcess(procRoot, pid)
+		if driver != "" && !slices.ContainsFunc(libs, func(l Library) bool { return l.ID() == driver }) {
+			continue
+		}
 		for _, lib := range libs {
 			if !seen[lib.ID()] {
 				seen[lib.ID()] = true

@@ -3,6 +3,7 @@ package discover
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,5 +96,45 @@ func TestScanWhileProcessesExit(t *testing.T) {
 	// A pid that does not exist is skipped, not an error.
 	if r, err := Scan("/proc", []int{os.Getpid(), 1 << 30}); err != nil || len(r.Libraries) != 0 || len(r.Python) != 0 {
 		t.Fatalf("%+v %v", r, err)
+	}
+}
+
+// TestScanUsingOneDriver: limited to one driver library, a scan finds the
+// allocators and interpreters of the processes that map it, and leaves
+// those of a process on another driver alone.
+func TestScanUsingOneDriver(t *testing.T) {
+	root := t.TempDir()
+	process := func(pid string, lines ...string) {
+		dir := root + "/" + pid
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		maps := ""
+		for _, l := range lines {
+			maps += l + "\n"
+		}
+		if err := os.WriteFile(dir+"/maps", []byte(maps), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	process("10", "7f00-7f10 r-xp 00000000 fd:01 100 /a/libcuda.so.1",
+		"7f20-7f30 r-xp 00000000 fd:01 200 /a/libc10_cuda.so",
+		"7f40-7f50 r-xp 00000000 fd:01 300 /usr/bin/python3.12")
+	process("11", "7f00-7f10 r-xp 00000000 fd:01 101 /b/libcuda.so.1",
+		"7f20-7f30 r-xp 00000000 fd:01 201 /b/libc10_cuda.so",
+		"7f40-7f50 r-xp 00000000 fd:01 300 /usr/bin/python3.12")
+	r, err := ScanUsing(root, nil, Library{Dev: "fd:01", Inode: 100}.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, l := range r.Libraries {
+		ids = append(ids, l.ID())
+	}
+	if !slices.Equal(ids, []string{"fd:01/100", "fd:01/200"}) || !slices.Equal(r.Python, []int{10}) {
+		t.Errorf("libraries %v, Python %v; want process 10's only", ids, r.Python)
+	}
+	if all, _ := Scan(root, nil); len(all.Libraries) != 4 || len(all.Python) != 2 {
+		t.Errorf("every process: %+v", all)
 	}
 }

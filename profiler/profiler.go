@@ -39,7 +39,9 @@ type Config struct {
 	// Object, when set, is the BPF object to load (program.bpf.c built
 	// elsewhere, as in a gadget image) instead of the one built in.
 	Object []byte
-	// Library, when set, is the only driver library attached; discovery is off.
+	// Library, when set, is the only driver library attached; discovery is
+	// off: PyTorch's allocators and Python interpreters are looked for in the
+	// processes that map this library only.
 	Library string
 	// DriverDirs are where installed driver libraries are looked for, to
 	// trace processes from their first call; discover.DriverDirs by default.
@@ -80,6 +82,9 @@ type Profiler struct {
 	// processes gpu-mem can walk; not retried while they live.
 	notPython map[int]bool
 	watching  map[int]bool // commands Watch waits for
+	// driverID is Config.Library's file (discover.FileID): the processes
+	// that map it are the only ones scanned.
+	driverID string
 
 	mu         sync.Mutex
 	oomPending []oomSnapshot // taken, not yet delivered
@@ -166,6 +171,10 @@ func New(cfg Config) (*Profiler, error) {
 	}
 	if cfg.Library != "" {
 		if err := p.attach(discover.Library{Path: cfg.Library}); err != nil {
+			tr.Close()
+			return nil, err
+		}
+		if p.driverID, err = discover.FileID(cfg.Library); err != nil {
 			tr.Close()
 			return nil, err
 		}
@@ -491,7 +500,7 @@ func (p *Profiler) naming(pid uint32) bool {
 // without their exit being seen.
 func (p *Profiler) scan(first bool) {
 	p.releaseVanished()
-	found, err := discover.Scan(p.cfg.ProcRoot, p.cfg.PIDs)
+	found, err := discover.ScanUsing(p.cfg.ProcRoot, p.cfg.PIDs, p.driverID)
 	if err != nil {
 		p.cfg.Logf("scan processes: %v", err)
 		return

@@ -19,7 +19,7 @@ type targetFlags struct {
 func (t *targetFlags) register(fs *pflag.FlagSet) {
 	fs.IntSliceVar(&t.pids, "pid", nil, "trace only these processes (repeat or comma-separate)")
 	fs.IntSliceVar(&t.gpus, "gpu", nil, "show only memory on these device ordinals (repeat or comma-separate)")
-	fs.StringVar(&t.library, "library", "", "attach to this driver library only, instead of finding every libcuda.so* mapped by a process")
+	fs.StringVar(&t.library, "library", "", "attach to this driver library only and trace the processes that map it, instead of finding every libcuda.so* mapped by a process")
 	fs.BoolVar(&t.tensors, "tensors", true, "also trace PyTorch's caching allocator (libc10_cuda.so): the tensor view, about 2 us per tensor")
 	fs.BoolVar(&t.tensorNative, "tensor-native-stacks", false, "walk the whole native stack (ATen, bindings) of tensors allocated from Python, not only the allocator's frame")
 }
