@@ -109,3 +109,31 @@ func freeOpOf(t *testing.T) tracer.Op {
 	t.Fatal("no cuMemFree_v2")
 	return 0
 }
+
+// TestIntervalPeaksNameTheirStacks: a stack of an interval's peak that the
+// background namer has not reached yet is named before IntervalPeaks
+// returns, so that EachRow lists its row: a peak, unlike live bytes,
+// cannot wait for the next interval.
+func TestIntervalPeaksNameTheirStacks(t *testing.T) {
+	p := bareProfiler()
+	ev := &tracer.Event{PID: 8, Op: tracer.Op(1), Stack: []uint64{0x401000}}
+	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
+	id, check, _ := p.stacks.lookup([]byte(raw.key))
+	p.stacks.add(id, check, raw)
+	p.pidStacks[8] = []accounting.StackID{id}
+	p.unresolved = append(p.unresolved, id)
+	key := accounting.Key{PID: 8, Stack: id, Kind: tracer.KindDevice}
+	start := bpfNow()
+	p.ledger.Alloc(key, 0x1000, tracer.SpacePointer, 64, start)
+	p.ledger.Free(8, freeOpOf(t), 0x1000, start+1)
+
+	peaks := p.IntervalPeaks()
+	if len(peaks) != 1 || len(peaks[0].Shares) != 1 || peaks[0].Shares[0].Key != key || peaks[0].Bytes != 64 {
+		t.Fatalf("peaks %+v", peaks)
+	}
+	var listed []accounting.Key
+	p.EachRow(func(r *Row) { listed = append(listed, r.Key) })
+	if len(listed) != 1 || listed[0] != key {
+		t.Errorf("EachRow listed %v, want the peak's row %v", listed, key)
+	}
+}

@@ -199,13 +199,12 @@ func (o *agentOptions) run(ctx context.Context) error {
 	}
 }
 
-// export pushes one interval and logs the status line. The status line
-// needs the totals per process; the exporter reads the rows one by one,
-// keeping only what changes in its profiles: no report of every row. The
-// interval's peaks, taken once, go to the push and to the gauges.
+// export logs the status line and pushes one interval. The status line
+// needs the totals per process, and comes first: it never waits for
+// symbols. The interval's peaks, taken once, go to the gauges and the push
+// (their stacks named first); the exporter reads the rows one by one,
+// keeping only what changes in its profiles: no report of every row.
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
-	peaks := p.IntervalPeaks()
-	o.peaks.Set(peaks)
 	t, err := p.Totals()
 	if err != nil {
 		logf("reading loss counters: %v", err)
@@ -218,10 +217,14 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees, symbol tables %d (%.1f MiB)",
 		len(pids), t.Events, t.Losses.Total(), t.UnknownFrees, sym.Tables, float64(sym.IndexBytes+sym.NameBytes)/(1<<20))
 	if exp != nil {
-		exp.ExportRows(p.EachRow, peaks)
 		line += o.pushStatus(exp.Stats())
 	}
 	logf("%s", line)
+	peaks := p.IntervalPeaks()
+	o.peaks.Set(peaks)
+	if exp != nil {
+		exp.ExportRows(p.EachRow, peaks)
+	}
 	// Exited processes are in this interval's profiles; forget them now.
 	p.DropExited()
 }
