@@ -115,6 +115,10 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	// Ctrl-C handled from the start: it may come as soon as the driver is
+	// attached (logged by New), and stops the recording with its report.
+	ctx, stop := untilStopped(ctx, o.duration)
+	defer stop()
 	p, err := profiler.New(o.config())
 	if err != nil {
 		return err
@@ -124,8 +128,6 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	if err := checkOutput(o.output); err != nil {
 		return usageError{err}
 	}
-	ctx, stop := untilStopped(ctx, o.duration)
-	defer stop()
 	var child *exec.Cmd
 	if len(command) > 0 {
 		if child, err = startCommand(command); err != nil {

@@ -56,12 +56,14 @@ func (o *topOptions) run(ctx context.Context) error {
 	if o.interval <= 0 || o.growth.Window <= 0 {
 		return usageError{fmt.Errorf("--interval and --growth-window must be positive")}
 	}
+	// Ctrl-C handled from the start: it may come as soon as the driver is
+	// attached (logged by New).
+	ctx, stop := untilStopped(ctx, o.duration)
+	defer stop()
 	p, err := profiler.New(o.target.config())
 	if err != nil {
 		return err
 	}
-	ctx, stop := untilStopped(ctx, o.duration)
-	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 
