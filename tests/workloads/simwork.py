@@ -393,6 +393,8 @@ def main():
     expect = dict(totals, **{f"line{size}": line for size, line in sorted(callers.items())})
     print("expect " + " ".join(f"{k}={v}" for k, v in expect.items()), flush=True)
     sys.stdin.readline()
+    # As simwork.c: a process that outlives its last call by this long.
+    time.sleep(int(os.environ.get("SIMWORK_LINGER_MS", "0")) / 1000)
 
 
 if __name__ == "__main__":
