@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -146,8 +147,8 @@ func count(lines []string, s string) int {
 	return n
 }
 
-// TestKilledInsideTheDriverLeavesNoBooks: TestKilledInsideTheDriverLeavesNothing
-// with the books. A process killed while inside cuMemAlloc_v2 leaves no
+// TestKilledInsideTheDriverLeavesNoBooks: the in-flight map and the books,
+// on this test's own driver. A process killed while inside cuMemAlloc_v2 leaves no
 // call in flight, no allocation counted (the call never returned) and no
 // live bytes; nothing is lost, and the next process is traced exactly.
 func TestKilledInsideTheDriverLeavesNoBooks(t *testing.T) {
@@ -201,4 +202,23 @@ func TestKilledInsideTheDriverLeavesNoBooks(t *testing.T) {
 	}
 	assertNoLosses(t, r)
 	w.exit()
+}
+
+// waitInFlight waits until the tracer counts want calls in flight.
+func waitInFlight(t *testing.T, tr *tracer.Tracer, want int) {
+	t.Helper()
+	deadline := time.Now().Add(hangLimit)
+	for {
+		n, err := tr.InFlight()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls in flight, want %d", n, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
