@@ -109,12 +109,24 @@ struct {
 	__type(value, struct gpumem_event);
 } scratch SEC(".maps");
 
+/* How many programs on this CPU want the scratch event (and the other
+ * per-CPU scratch values used with it). Programs here run with migration
+ * disabled but, on a kernel with full preemption, not with preemption
+ * disabled: a task preempted while it builds its event would have it
+ * overwritten by the next task's probe. hold_scratch lets one have it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} scratch_users SEC(".maps");
+
 /* Put the enums user space needs into BTF for the generated Go bindings, the
  * way IG's GADGET_TRACER anchors its event type. */
 const enum gpumem_event_type *gpumem_event_type_btf __attribute__((unused));
 const enum gpumem_loss *gpumem_loss_btf __attribute__((unused));
 const enum gpumem_op *gpumem_op_btf __attribute__((unused));
-const enum gpumem_py_flag *gpumem_py_flag_btf __attribute__((unused));
+const enum gpumem_stack_flag *gpumem_stack_flag_btf __attribute__((unused));
 const enum gpumem_pyframe_flag *gpumem_pyframe_flag_btf __attribute__((unused));
 const enum gpumem_usdt_arg_kind *gpumem_usdt_arg_kind_btf __attribute__((unused));
 
@@ -129,20 +141,71 @@ static __always_inline void count_loss(__u32 loss)
 		*n += 1;
 }
 
-/* output sends an event without waking the reader, which polls, unless the
- * ring buffer is filling: a wakeup per event would cost more than the rest
- * of the probe. Drops are counted in events_lost_samples, as IG's helpers do. */
+/* hold_scratch returns this CPU's scratch event if no other program holds
+ * it; NULL, counted, if one does. The count goes up before it is read, so
+ * that of two programs racing for it at most one sees itself alone. The
+ * holder gives it back with release_scratch. */
+static __always_inline struct gpumem_event *hold_scratch(void)
+{
+	__u32 zero = 0;
+	__u64 *users = bpf_map_lookup_elem(&scratch_users, &zero);
+	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!users || !e)
+		return NULL;
+	__sync_fetch_and_add(users, 1);
+	if (*(volatile __u64 *)users == 1)
+		return e;
+	__sync_fetch_and_sub(users, 1);
+	count_loss(GPUMEM_LOSS_SCRATCH_BUSY);
+	return NULL;
+}
+
+static __always_inline void release_scratch(void)
+{
+	__u32 zero = 0;
+	__u64 *users = bpf_map_lookup_elem(&scratch_users, &zero);
+	if (users)
+		__sync_fetch_and_sub(users, 1);
+}
+
+static __always_inline void count_lost_event(void)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&events_lost_samples, &zero);
+	if (n)
+		*n += 1;
+}
+
+/* wakeup_flags wake the reader, which polls, only when the ring buffer is
+ * filling: a wakeup per event would cost more than the rest of the probe. */
+static __always_inline __u64 wakeup_flags(void)
+{
+	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > GPUMEM_RINGBUF_BYTES / 4 ? BPF_RB_FORCE_WAKEUP
+											   : BPF_RB_NO_WAKEUP;
+}
+
+/* output sends an event built in the scratch. Drops are counted in
+ * events_lost_samples, as IG's helpers do. */
 static __always_inline void output(struct gpumem_event *e, __u64 size)
 {
-	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > GPUMEM_RINGBUF_BYTES / 4
-			      ? BPF_RB_FORCE_WAKEUP
-			      : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&events, e, size, flags)) {
-		__u32 zero = 0;
-		__u64 *n = bpf_map_lookup_elem(&events_lost_samples, &zero);
-		if (n)
-			*n += 1;
-	}
+	if (bpf_ringbuf_output(&events, e, size, wakeup_flags()))
+		count_lost_event();
+}
+
+/* reserve_header reserves an event without stacks (a free, a retain, an
+ * exit) in the ring buffer itself, where no other program can overwrite it;
+ * send it with submit. */
+static __always_inline struct gpumem_event *reserve_header(void)
+{
+	struct gpumem_event *e = bpf_ringbuf_reserve(&events, offsetof(struct gpumem_event, pystack), 0);
+	if (!e)
+		count_lost_event();
+	return e;
+}
+
+static __always_inline void submit(struct gpumem_event *e)
+{
+	bpf_ringbuf_submit(e, wakeup_flags());
 }
 
 /* With aggregate set (stock IG, where no user-space ledger runs), the
@@ -188,40 +251,109 @@ struct {
 	__type(value, struct gpumem_stack);
 } stack_scratch SEC(".maps");
 
+/* process_started is the calling process's start time, which tells a
+ * process from an earlier one with the same pid. */
+static __always_inline __u64 process_started(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	return BPF_CORE_READ(task, group_leader, start_time);
+}
+
 static __always_inline struct gpumem_process *process_totals(const struct gpumem_event *e)
 {
 	struct gpumem_process_key key = {.__pid = e->proc.pid};
 	struct gpumem_process *p = bpf_map_lookup_elem(&processes, &key);
 	if (p)
 		return p;
-	struct gpumem_process init = {.proc = e->proc};
+	struct gpumem_process init = {
+		.proc = e->proc,
+		.__started = process_started(),
+		.__stacks = GPUMEM_STACK_LINK_END,
+	};
 	if (bpf_map_update_elem(&processes, &key, &init, BPF_NOEXIST) && !bpf_map_lookup_elem(&processes, &key))
 		count_loss(GPUMEM_LOSS_AGGREGATE_FULL);
 	return bpf_map_lookup_elem(&processes, &key);
+}
+
+/* link_stack puts a stack just made at the head of its process's list,
+ * which two threads of the process may extend at once. */
+static __always_inline void link_stack(struct gpumem_process *p, struct gpumem_stack *s,
+				       const struct gpumem_stack_key *k)
+{
+	__u64 link = GPUMEM_STACK_LINK(k->__stack_id, k->device);
+	for (int i = 0; i < 64; i++) {
+		__u64 head = *(volatile __u64 *)&p->__stacks;
+		s->__next = head;
+		if (__sync_val_compare_and_swap(&p->__stacks, head, link) == head)
+			return;
+	}
+	count_loss(GPUMEM_LOSS_AGGREGATE_FULL); /* the stack outlives its process */
+}
+
+/* stack_of returns the process's stack for this allocation, made and
+ * linked on first use. A stack ig_ustack refused (a bucket taken by
+ * another stack: IG's helper does not replace it) is counted, and its
+ * bytes charged to stack ID 0, as without collect_ustack. */
+static __always_inline struct gpumem_stack *stack_of(struct pt_regs *ctx, const struct gpumem_event *e,
+						     struct gpumem_process *p, struct gpumem_stack_key *key)
+{
+	__u32 zero = 0;
+	struct gpumem_stack *init = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!init)
+		return NULL;
+	gadget_get_user_stack(ctx, &init->ustack_raw);
+	if ((__s32)init->ustack_raw.stack_id < 0) {
+		count_loss(GPUMEM_LOSS_STACK_UNAVAILABLE);
+		init->ustack_raw.stack_id = 0;
+	}
+	*key = (struct gpumem_stack_key){.__pid = e->proc.pid, .__stack_id = init->ustack_raw.stack_id, .device = e->device};
+	struct gpumem_stack *s = bpf_map_lookup_elem(&stacks, key);
+	if (s)
+		return s;
+	init->proc = e->proc;
+	init->alloc_bytes = init->alloc_count = init->live_bytes = init->live_count = 0;
+	if (bpf_map_update_elem(&stacks, key, init, BPF_NOEXIST) == 0) {
+		s = bpf_map_lookup_elem(&stacks, key);
+		if (s)
+			link_stack(p, s, key);
+		return s;
+	}
+	return bpf_map_lookup_elem(&stacks, key); /* made by another thread meanwhile, or the map is full */
+}
+
+/* drop_stale deletes an allocation of a process that exited: the exit
+ * leaves them, so that it does not walk the map. */
+static long drop_stale(struct bpf_map *map, struct gpumem_allocation_key *k, struct gpumem_allocation *a, void *unused)
+{
+	struct gpumem_process_key key = {.__pid = k->pid};
+	struct gpumem_process *p = bpf_map_lookup_elem(&processes, &key);
+	if (!p || p->__started != a->started)
+		bpf_map_delete_elem(map, k);
+	return 0;
+}
+
+/* remember_allocation keeps what a free will release. A full map is swept
+ * of exited processes' allocations once, then tried again: the sweep runs
+ * once per map's worth of them, not at every exit. */
+static __always_inline bool remember_allocation(const struct gpumem_allocation_key *k, const struct gpumem_allocation *a)
+{
+	if (bpf_map_update_elem(&allocations, k, a, BPF_ANY) == 0)
+		return true;
+	bpf_for_each_map_elem(&allocations, drop_stale, NULL, 0);
+	return bpf_map_update_elem(&allocations, k, a, BPF_ANY) == 0;
 }
 
 /* charge adds a successful allocation to its stack, its process, and the
  * allocations a free will look up. */
 static __always_inline void charge(struct pt_regs *ctx, const struct gpumem_event *e)
 {
-	__u32 zero = 0;
-	struct gpumem_stack *init = bpf_map_lookup_elem(&stack_scratch, &zero);
-	if (!init)
+	struct gpumem_process *p = process_totals(e);
+	if (!p)
 		return;
-	gadget_get_user_stack(ctx, &init->ustack_raw);
-	struct gpumem_allocation a = {
-		.stack = {.__pid = e->proc.pid, .__stack_id = init->ustack_raw.stack_id, .device = e->device},
-		.bytes = e->bytes,
-	};
-	struct gpumem_stack *s = bpf_map_lookup_elem(&stacks, &a.stack);
-	if (!s) {
-		init->proc = e->proc;
-		init->alloc_bytes = init->alloc_count = init->live_bytes = init->live_count = 0;
-		bpf_map_update_elem(&stacks, &a.stack, init, BPF_NOEXIST);
-		s = bpf_map_lookup_elem(&stacks, &a.stack);
-	}
+	struct gpumem_allocation a = {.bytes = e->bytes, .started = p->__started};
+	struct gpumem_stack *s = stack_of(ctx, e, p, &a.stack);
 	struct gpumem_allocation_key k = {.pid = e->proc.pid, .address = e->address};
-	if (!s || bpf_map_update_elem(&allocations, &k, &a, BPF_ANY)) {
+	if (!s || !remember_allocation(&k, &a)) {
 		count_loss(GPUMEM_LOSS_AGGREGATE_FULL);
 		return;
 	}
@@ -229,12 +361,9 @@ static __always_inline void charge(struct pt_regs *ctx, const struct gpumem_even
 	__sync_fetch_and_add(&s->alloc_count, 1);
 	__sync_fetch_and_add(&s->live_bytes, e->bytes);
 	__sync_fetch_and_add(&s->live_count, 1);
-	struct gpumem_process *p = process_totals(e);
-	if (p) {
-		__sync_fetch_and_add(&p->alloc_bytes, e->bytes);
-		__sync_fetch_and_add(&p->alloc_count, 1);
-		__sync_fetch_and_add(&p->live_bytes, e->bytes);
-	}
+	__sync_fetch_and_add(&p->alloc_bytes, e->bytes);
+	__sync_fetch_and_add(&p->alloc_count, 1);
+	__sync_fetch_and_add(&p->live_bytes, e->bytes);
 }
 
 /* release takes a freed allocation off its stack and process. */
@@ -244,17 +373,18 @@ static __always_inline void release(const struct gpumem_event *e)
 	struct gpumem_allocation *a = bpf_map_lookup_elem(&allocations, &k);
 	if (!a)
 		return; /* allocated before the gadget started, or a refused free */
-	struct gpumem_stack *s = bpf_map_lookup_elem(&stacks, &a->stack);
-	if (s) {
-		__sync_fetch_and_sub(&s->live_bytes, a->bytes);
-		__sync_fetch_and_sub(&s->live_count, 1);
-	}
-	struct gpumem_process *p = process_totals(e);
-	if (p) {
+	struct gpumem_process_key key = {.__pid = e->proc.pid};
+	struct gpumem_process *p = bpf_map_lookup_elem(&processes, &key);
+	if (p && p->__started == a->started) {
+		struct gpumem_stack *s = bpf_map_lookup_elem(&stacks, &a->stack);
+		if (s) {
+			__sync_fetch_and_sub(&s->live_bytes, a->bytes);
+			__sync_fetch_and_sub(&s->live_count, 1);
+		}
 		__sync_fetch_and_sub(&p->live_bytes, a->bytes);
 		__sync_fetch_and_add(&p->free_count, 1);
 	}
-	bpf_map_delete_elem(&allocations, &k);
+	bpf_map_delete_elem(&allocations, &k); /* or an exited process's, with this pid */
 }
 
 static __always_inline void aggregate_allocation(struct pt_regs *ctx, const struct gpumem_event *e)
@@ -268,28 +398,35 @@ static __always_inline void aggregate_allocation(struct pt_regs *ctx, const stru
 		__sync_fetch_and_add(&p->failed_count, 1);
 }
 
-static long forget_allocation(struct bpf_map *map, struct gpumem_allocation_key *k,
-			      struct gpumem_allocation *a, __u32 *pid)
+struct forget_stacks {
+	__u32 pid;
+	__u64 link;
+};
+
+static long forget_stack_step(__u64 index, struct forget_stacks *c)
 {
-	if (k->pid == *pid)
-		bpf_map_delete_elem(map, k);
+	if (c->link == GPUMEM_STACK_LINK_END)
+		return 1;
+	struct gpumem_stack_key k = {.__pid = c->pid, .__stack_id = c->link >> 32, .device = (__s32)c->link};
+	struct gpumem_stack *s = bpf_map_lookup_elem(&stacks, &k);
+	if (!s)
+		return 1;
+	c->link = s->__next;
+	bpf_map_delete_elem(&stacks, &k);
 	return 0;
 }
 
-static long forget_stack(struct bpf_map *map, struct gpumem_stack_key *k, struct gpumem_stack *s, __u32 *pid)
-{
-	if (k->__pid == *pid)
-		bpf_map_delete_elem(map, k);
-	return 0;
-}
-
-/* forget_process drops an exited process from the aggregate maps: the
- * driver released all it held. */
+/* forget_process drops an exited process and its stacks from the
+ * aggregate maps, following its list of stacks: the driver released all it
+ * held. Its allocations are left to drop_stale. */
 static __always_inline void forget_process(__u32 pid)
 {
-	bpf_for_each_map_elem(&allocations, forget_allocation, &pid, 0);
-	bpf_for_each_map_elem(&stacks, forget_stack, &pid, 0);
 	struct gpumem_process_key key = {.__pid = pid};
+	struct gpumem_process *p = bpf_map_lookup_elem(&processes, &key);
+	if (!p)
+		return;
+	struct forget_stacks c = {.pid = pid, .link = p->__stacks};
+	bpf_loop(GPUMEM_MAX_STACKS, forget_stack_step, &c, 0);
 	bpf_map_delete_elem(&processes, &key);
 }
 
@@ -310,7 +447,7 @@ static __always_inline int enter(__u16 op, __u64 target, __u64 bytes, __u64 aux)
 	/* Deeper calls are counted, not kept, so that returns still pair up. */
 	__u32 depth = calls->depth++;
 	if (depth >= GPUMEM_MAX_NESTED) {
-		count_loss(GPUMEM_LOSS_INFLIGHT_FULL);
+		count_loss(GPUMEM_LOSS_NESTED_TOO_DEEP);
 		return 0;
 	}
 	calls->calls[depth & (GPUMEM_MAX_NESTED - 1)] = (struct gpumem_call){
@@ -393,8 +530,8 @@ static __always_inline void track_context(const struct gpumem_call *call, __u32 
 	    op == GPUMEM_OP_CTX_CREATE_V3 || op == GPUMEM_OP_CTX_CREATE_V4) {
 		ctx = read_ptr(call->target); /* the out-parameter */
 		__s32 dev = (__s32)call->bytes;
-		if (ctx)
-			bpf_map_update_elem(&context_devices, &ctx, &dev, BPF_ANY);
+		if (ctx && bpf_map_update_elem(&context_devices, &ctx, &dev, BPF_ANY))
+			count_loss(GPUMEM_LOSS_CONTEXTS_FULL);
 		if (op == GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN)
 			return;
 		/* cuCtxCreate makes the context current, as a push, unless a
@@ -410,8 +547,10 @@ static __always_inline void track_context(const struct gpumem_call *call, __u32 
 	if (!s) {
 		bpf_map_update_elem(&thread_contexts, &tid, &empty, BPF_NOEXIST);
 		s = bpf_map_lookup_elem(&thread_contexts, &tid);
-		if (!s)
+		if (!s) {
+			count_loss(GPUMEM_LOSS_CONTEXTS_FULL);
 			return;
+		}
 	}
 	switch (op) {
 	case GPUMEM_OP_CTX_SET_CURRENT:
@@ -608,7 +747,7 @@ static __always_inline void capture_python(struct gpumem_event *e)
 		return;
 	__u64 ts = find_thread_state(py, e->proc.tid);
 	if (!ts) {
-		e->py_flags = GPUMEM_PY_NO_THREAD;
+		e->stack_flags = GPUMEM_PY_NO_THREAD;
 		return;
 	}
 	struct walk_frames c = {.py = *py, .frame = read_ptr(ts + py->tstate_frame)};
@@ -618,7 +757,7 @@ static __always_inline void capture_python(struct gpumem_event *e)
 	if (c.frame && !c.flags)
 		c.flags = GPUMEM_PY_TRUNCATED; /* more shims than the walk allows */
 	e->pystack_len = c.n;
-	e->py_flags = c.flags;
+	e->stack_flags = c.flags;
 }
 
 /* capture_stack puts the native user stack right after the Python frames:
@@ -629,7 +768,7 @@ static __always_inline void capture_python(struct gpumem_event *e)
  * a zero return address, or a frame pointer that does not climb the stack
  * (code built without frame pointers), as the kernel's unwinder does. A
  * deeper stack keeps its innermost GPUMEM_MAX_STACK_DEPTH frames, as
- * bpf_get_stack does. */
+ * bpf_get_stack does, and is flagged. */
 static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_event *e, bool walk)
 {
 	__u32 py = e->pystack_len;
@@ -652,6 +791,9 @@ static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_ev
 			return n;
 		fp = frame[0];
 	}
+	__u64 frame[2];
+	if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp) == 0 && frame[1] != 0)
+		e->stack_flags |= GPUMEM_NATIVE_TRUNCATED;
 	return n;
 }
 
@@ -679,7 +821,7 @@ static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 
 	}
 	e->ustack_len = 0;
 	e->pystack_len = 0;
-	e->py_flags = 0;
+	e->stack_flags = 0;
 	e->device = GPUMEM_DEVICE_UNKNOWN;
 }
 
@@ -690,7 +832,7 @@ static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 
 static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpumem_event *e, bool native_walk)
 {
 	capture_python(e);
-	e->ustack_len = capture_stack(ctx, e, native_walk || e->pystack_len == 0 || e->py_flags);
+	e->ustack_len = capture_stack(ctx, e, native_walk || e->pystack_len == 0 || e->stack_flags);
 	__u8 one = 1;
 	if (!bpf_map_lookup_elem(&traced_pids, &e->proc.pid) &&
 	    bpf_map_update_elem(&traced_pids, &e->proc.pid, &one, BPF_ANY))
@@ -720,26 +862,23 @@ static __always_inline int leave_context(struct pt_regs *ctx, const struct gpume
 }
 
 /* report_allocation turns a returning allocation into an event, stamped at
- * its return, when the pointer became valid. With stock_ig (IG's
- * per-function programs) it also keeps the in-kernel totals. */
-static __always_inline int report_allocation(struct pt_regs *ctx, const struct gpumem_call *call, bool stock_ig)
+ * its return, when the pointer became valid; e is the scratch, held. With
+ * stock_ig (IG's per-function programs) it also keeps the in-kernel
+ * totals. */
+static __always_inline void report_allocation(struct pt_regs *ctx, struct gpumem_event *e,
+					      const struct gpumem_call *call, bool stock_ig)
 {
-	__u32 zero = 0;
-	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	if (!e)
-		return 0;
 	begin_event(e, call->op, (__s32)PT_REGS_RC(ctx), stock_ig);
 	e->timestamp = bpf_ktime_get_ns();
 	e->address = 0;
 	e->bytes = call->bytes;
 	if (e->result == 0 && !finish_allocation(e, call))
-		return 0;
+		return;
 	e->device = current_device(call, e->proc.tid);
 	capture_allocation(ctx, e, true);
 	if (stock_ig && aggregate)
 		aggregate_allocation(ctx, e);
 	output(e, event_size(e));
-	return 0;
 }
 
 /* report_address sends an event that names one address: a free, at its
@@ -750,8 +889,7 @@ static __always_inline int report_allocation(struct pt_regs *ctx, const struct g
  * a pointer gpu-mem never saw allocated, an unknown free to user space. */
 static __always_inline int report_address(__u16 op, __u64 address, bool stock_ig)
 {
-	__u32 zero = 0;
-	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	struct gpumem_event *e = reserve_header();
 	if (!e)
 		return 0;
 	begin_event(e, op, 0, stock_ig);
@@ -760,7 +898,7 @@ static __always_inline int report_address(__u16 op, __u64 address, bool stock_ig
 	e->bytes = 0;
 	if (stock_ig && aggregate && gpumem_op_is_free(op))
 		release(e);
-	output(e, offsetof(struct gpumem_event, pystack));
+	submit(e);
 	return 0;
 }
 
@@ -789,7 +927,6 @@ int gpumem_exit(void *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	__u32 zero = 0;
 
 	bpf_map_delete_elem(&inflight, &id);
 	__u32 tid = (__u32)id;
@@ -801,7 +938,7 @@ int gpumem_exit(void *ctx)
 	if (bpf_map_delete_elem(&traced_pids, &pid))
 		return 0;
 
-	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	struct gpumem_event *e = reserve_header();
 	if (!e)
 		return 0;
 	e->type = GPUMEM_EVENT_EXIT;
@@ -813,9 +950,9 @@ int gpumem_exit(void *ctx)
 	e->bytes = 0;
 	e->ustack_len = 0;
 	e->pystack_len = 0;
-	e->py_flags = 0;
+	e->stack_flags = 0;
 	e->device = GPUMEM_DEVICE_UNKNOWN;
-	output(e, offsetof(struct gpumem_event, pystack));
+	submit(e);
 	if (aggregate)
 		forget_process(pid);
 	return 0;
@@ -883,7 +1020,12 @@ int gpumem_leave(struct pt_regs *ctx)
 		return leave_context(ctx, call, id);
 	if (call->op == GPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE)
 		return report_retain(ctx, call);
-	return report_allocation(ctx, call, false);
+	struct gpumem_event *e = hold_scratch();
+	if (!e)
+		return 0;
+	report_allocation(ctx, e, call, false);
+	release_scratch();
+	return 0;
 }
 
 /* PyTorch's caching allocator, from its USDT probes: a tensor allocated
@@ -895,52 +1037,72 @@ struct {
 	__type(value, struct gpumem_usdt_site);
 } usdt_sites SEC(".maps");
 
-/* usdt_arg reads one argument at the probe, as libbpf's usdt.bpf.h does:
- * eight bytes, cut to the argument's size with its sign. */
-static __always_inline __u64 usdt_arg(struct pt_regs *ctx, const struct gpumem_usdt_arg *a)
-{
-	__u64 v = 0;
-	if (a->kind == GPUMEM_USDT_CONSTANT)
-		v = a->value;
-	else if (bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + (a->reg & 0xff)))
-		return 0;
-	if (a->kind == GPUMEM_USDT_MEMORY && bpf_probe_read_user(&v, sizeof(v), (void *)(v + a->value)))
-		return 0;
-	__u32 shift = 64 - 8 * (a->size & 15);
-	if (shift >= 64)
-		return v;
-	v <<= shift;
-	return a->is_signed ? (__u64)((__s64)v >> shift) : v >> shift;
-}
-
 /* With tensor_native_stacks off, a tensor allocated from Python keeps the
  * allocator's frame and its Python frames: the native frames between them
  * (ATen, the Python bindings) cost a read each on every tensor. A tensor
  * without Python frames (autograd's threads) keeps its whole native stack. */
 const volatile bool tensor_native_stacks = false;
 
+/* usdt_arg reads one argument at the probe into *v, as libbpf's
+ * usdt.bpf.h does: eight bytes, cut to the argument's size with its sign.
+ * False, counted, when it cannot be read. */
+static __always_inline bool usdt_arg(struct pt_regs *ctx, const struct gpumem_usdt_arg *a, __u64 *v)
+{
+	*v = 0;
+	if (a->kind == GPUMEM_USDT_CONSTANT)
+		*v = a->value;
+	else if (bpf_probe_read_kernel(v, sizeof(*v), (void *)ctx + (a->reg & 0xff)))
+		goto unreadable;
+	if (a->kind == GPUMEM_USDT_MEMORY && bpf_probe_read_user(v, sizeof(*v), (void *)(*v + a->value)))
+		goto unreadable;
+	__u32 shift = 64 - 8 * (a->size & 15);
+	if (shift >= 64)
+		return true;
+	*v <<= shift;
+	*v = a->is_signed ? (__u64)((__s64)*v >> shift) : *v >> shift;
+	return true;
+unreadable:
+	count_loss(GPUMEM_LOSS_TENSOR_ARG);
+	return false;
+}
+
+/* report_tensor fills e from a tensor probe's arguments; false when one
+ * cannot be read, which would enter a tensor at address 0. */
+static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_event *e, const struct gpumem_usdt_site *s)
+{
+	begin_event(e, s->op, 0, false);
+	e->timestamp = bpf_ktime_get_ns();
+	e->bytes = 0;
+	if (!usdt_arg(ctx, &s->args[0], &e->address))
+		return false;
+	if (s->op != GPUMEM_OP_TENSOR_ALLOC)
+		return true;
+	__u64 device;
+	if (!usdt_arg(ctx, &s->args[1], &device) || !usdt_arg(ctx, &s->args[2], &e->bytes))
+		return false;
+	e->device = (__s32)device;
+	capture_allocation(ctx, e, tensor_native_stacks);
+	return true;
+}
+
+
 SEC("uprobe.multi/libc10_cuda")
 int gpumem_tensor(struct pt_regs *ctx)
 {
-	__u32 site = bpf_get_attach_cookie(ctx), zero = 0;
+	__u32 site = bpf_get_attach_cookie(ctx);
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 
 	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
 		return 0;
 	struct gpumem_usdt_site *s = bpf_map_lookup_elem(&usdt_sites, &site);
-	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	if (!s || !e)
+	if (!s)
 		return 0;
-	begin_event(e, s->op, 0, false);
-	e->timestamp = bpf_ktime_get_ns();
-	e->address = usdt_arg(ctx, &s->args[0]);
-	e->bytes = 0;
-	if (s->op == GPUMEM_OP_TENSOR_ALLOC) {
-		e->device = (__s32)usdt_arg(ctx, &s->args[1]);
-		e->bytes = usdt_arg(ctx, &s->args[2]);
-		capture_allocation(ctx, e, tensor_native_stacks);
-	}
-	output(e, event_size(e));
+	struct gpumem_event *e = hold_scratch();
+	if (!e)
+		return 0;
+	if (report_tensor(ctx, e, s))
+		output(e, event_size(e));
+	release_scratch();
 	return 0;
 }
 
@@ -960,15 +1122,18 @@ struct {
 	__type(value, struct gpumem_call);
 } finishing SEC(".maps");
 
-/* gadget.yaml leaves it unattached: only the tail call runs it. */
+/* gadget.yaml leaves it unattached: only the tail call runs it, with the
+ * scratch held by leave_allocation. */
 SEC("kprobe/gpumem_finish")
 int gpumem_finish(struct pt_regs *ctx)
 {
 	__u32 zero = 0;
 	struct gpumem_call *call = bpf_map_lookup_elem(&finishing, &zero);
-	if (!call)
-		return 0;
-	return report_allocation(ctx, call, true);
+	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (call && e)
+		report_allocation(ctx, e, call, true);
+	release_scratch();
+	return 0;
 }
 
 struct {
@@ -985,10 +1150,11 @@ static __always_inline int leave_allocation(struct pt_regs *ctx)
 	__u32 zero = 0;
 	struct gpumem_call *call = pop_call(bpf_get_current_pid_tgid());
 	struct gpumem_call *next = bpf_map_lookup_elem(&finishing, &zero);
-	if (!call || !next)
+	if (!call || !next || !hold_scratch()) /* finishing is scratch too */
 		return 0;
 	*next = *call;
 	bpf_tail_call(ctx, &finish_allocations, 0);
+	release_scratch();
 	count_loss(GPUMEM_LOSS_UNFINISHED); /* the program array was left empty */
 	return 0;
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -147,12 +148,8 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		values = append(values, strconv.Itoa(int(f.Result)))
 		ch <- prometheus.MustNewConstMetric(failures, prometheus.CounterValue, float64(f.Count), values...)
 	}
-	l := t.Losses
-	for reason, n := range map[string]uint64{
-		"ring_buffer_full": l.RingBufferFull, "inflight_full": l.InflightFull,
-		"result_unreadable": l.ResultUnreadable, "processes_full": l.ProcessesFull,
-	} {
-		ch <- prometheus.MustNewConstMetric(losses, prometheus.CounterValue, float64(n), reason)
+	for reason, n := range t.Losses {
+		ch <- prometheus.MustNewConstMetric(losses, prometheus.CounterValue, float64(n), schema.Loss(reason).String())
 	}
 	ch <- prometheus.MustNewConstMetric(unknownFrees, prometheus.CounterValue, float64(t.UnknownFrees))
 	if c.Peaks != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -163,7 +164,7 @@ func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values 
 func Comment(r profiler.Report) []string {
 	lines := []string{
 		fmt.Sprintf("gpu-mem at %s", r.Time.Format(time.RFC3339)),
-		fmt.Sprintf("losses: %d (ring buffer %d)", r.Losses.Total(), r.Losses.RingBufferFull),
+		fmt.Sprintf("losses: %d (ring buffer %d)", r.Losses.Total(), r.Losses[schema.RingBufferFull]),
 		fmt.Sprintf("unknown frees: %d", r.Ledger.UnknownFrees),
 		"views: inuse_space and alloc_space are the driver's (what the GPU holds), tensor_inuse_space and " +
 			"tensor_alloc_space PyTorch's tensors, inside the driver's segments: never add them",

@@ -1,5 +1,5 @@
 // Package profiledata carries gpu-mem reports through Inspektor Gadget data
-// sources, in the shape package profilerows names: a Writer turns a
+// sources, in the shape package schema names: a Writer turns a
 // profiler.Report into an array of rows, a Reader turns rows back into
 // profiler rows. Operators on either side of IG's runtime share it.
 package profiledata
@@ -16,7 +16,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/profilerows"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -26,14 +26,14 @@ var fields = []struct {
 	name string
 	kind api.Kind
 }{
-	{profilerows.PID, api.Kind_Uint32}, {profilerows.Comm, api.Kind_String}, {profilerows.Kind, api.Kind_String},
-	{profilerows.GPU, api.Kind_String}, {profilerows.PodUID, api.Kind_String}, {profilerows.ContainerID, api.Kind_String},
-	{profilerows.Stack, api.Kind_String}, {profilerows.AllocBytes, api.Kind_Uint64}, {profilerows.AllocCount, api.Kind_Uint64},
-	{profilerows.LiveBytes, api.Kind_Uint64}, {profilerows.LiveCount, api.Kind_Uint64},
+	{schema.PID, api.Kind_Uint32}, {schema.Comm, api.Kind_String}, {schema.Kind, api.Kind_String},
+	{schema.GPU, api.Kind_String}, {schema.PodUID, api.Kind_String}, {schema.ContainerID, api.Kind_String},
+	{schema.Stack, api.Kind_String}, {schema.AllocBytes, api.Kind_Uint64}, {schema.AllocCount, api.Kind_Uint64},
+	{schema.LiveBytes, api.Kind_Uint64}, {schema.LiveCount, api.Kind_Uint64},
 }
 
 // names are the optional fields operators/k8smeta adds.
-var names = []string{profilerows.Namespace, profilerows.Pod, profilerows.Container, profilerows.Workload}
+var names = []string{schema.Namespace, schema.Pod, schema.Container, schema.Workload}
 
 // Writer fills a profile data source.
 type Writer struct {
@@ -41,10 +41,10 @@ type Writer struct {
 	fields map[string]datasource.FieldAccessor
 }
 
-// NewWriter adds the row fields and the profilerows annotation to ds.
+// NewWriter adds the row fields and the schema annotation to ds.
 func NewWriter(ds datasource.DataSource) (*Writer, error) {
 	w := &Writer{ds: ds, fields: map[string]datasource.FieldAccessor{}}
-	ds.AddAnnotation(profilerows.Annotation, "true")
+	ds.AddAnnotation(schema.Annotation, "true")
 	for _, f := range fields {
 		acc, err := ds.AddField(f.name, f.kind)
 		if err != nil {
@@ -77,17 +77,17 @@ func (w *Writer) put(d datasource.Data, row profiler.Row) error {
 	for i, f := range row.Frames {
 		frames[len(frames)-1-i] = f.Name()
 	}
-	errs := []error{w.fields[profilerows.PID].PutUint32(d, row.PID)}
+	errs := []error{w.fields[schema.PID].PutUint32(d, row.PID)}
 	for name, v := range map[string]string{
-		profilerows.Comm: row.Comm, profilerows.Kind: row.Kind.String(), profilerows.GPU: row.GPU(),
-		profilerows.PodUID: row.Container.PodUID, profilerows.ContainerID: row.Container.ContainerID,
-		profilerows.Stack: strings.Join(frames, ";"),
+		schema.Comm: row.Comm, schema.Kind: row.Kind.String(), schema.GPU: row.GPU(),
+		schema.PodUID: row.Container.PodUID, schema.ContainerID: row.Container.ContainerID,
+		schema.Stack: strings.Join(frames, ";"),
 	} {
 		errs = append(errs, w.fields[name].PutString(d, v))
 	}
 	for name, v := range map[string]uint64{
-		profilerows.AllocBytes: row.AllocBytes, profilerows.AllocCount: row.AllocCount,
-		profilerows.LiveBytes: row.LiveBytes(), profilerows.LiveCount: row.LiveCount(),
+		schema.AllocBytes: row.AllocBytes, schema.AllocCount: row.AllocCount,
+		schema.LiveBytes: row.LiveBytes(), schema.LiveCount: row.LiveCount(),
 	} {
 		errs = append(errs, w.fields[name].PutUint64(d, v))
 	}
@@ -166,20 +166,20 @@ func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
 		err = firstErr(err, e)
 		return v
 	}
-	pid, e := r.fields[profilerows.PID].Uint32(d)
+	pid, e := r.fields[schema.PID].Uint32(d)
 	err = firstErr(err, e)
-	kind, ok := tracer.ParseKind(text(profilerows.Kind))
+	kind, ok := tracer.ParseKind(text(schema.Kind))
 	if !ok {
 		err = firstErr(err, fmt.Errorf("unknown kind"))
 	}
-	device, convErr := strconv.Atoi(text(profilerows.GPU))
+	device, convErr := strconv.Atoi(text(schema.GPU))
 	switch {
-	case text(profilerows.GPU) == "host":
+	case text(schema.GPU) == "host":
 		device = tracer.DeviceHost // GPU names host memory so whatever its kind
 	case convErr != nil:
 		device = tracer.DeviceUnknown
 	}
-	stack := text(profilerows.Stack)
+	stack := text(schema.Stack)
 	key := strconv.FormatUint(uint64(pid), 10) + "\x00" + stack
 	id, seen := r.stacks[key]
 	if !seen {
@@ -191,15 +191,15 @@ func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
 		row.Frames = append(row.Frames, &symbolize.Frame{Function: frames[n]})
 	}
 	row.Key = accounting.Key{PID: pid, Stack: id, Kind: kind, Device: int32(device)}
-	row.Comm = text(profilerows.Comm)
-	row.Container = k8smeta.Container{PodUID: text(profilerows.PodUID), ContainerID: text(profilerows.ContainerID)}
-	if r.fields[profilerows.Namespace] != nil {
-		row.Container.Namespace, row.Container.Pod = text(profilerows.Namespace), text(profilerows.Pod)
-		row.Container.Name, row.Container.Workload = text(profilerows.Container), text(profilerows.Workload)
+	row.Comm = text(schema.Comm)
+	row.Container = k8smeta.Container{PodUID: text(schema.PodUID), ContainerID: text(schema.ContainerID)}
+	if r.fields[schema.Namespace] != nil {
+		row.Container.Namespace, row.Container.Pod = text(schema.Namespace), text(schema.Pod)
+		row.Container.Name, row.Container.Workload = text(schema.Container), text(schema.Workload)
 	}
-	row.AllocBytes, row.AllocCount = number(profilerows.AllocBytes), number(profilerows.AllocCount)
-	row.FreeBytes = row.AllocBytes - number(profilerows.LiveBytes)
-	row.FreeCount = row.AllocCount - number(profilerows.LiveCount)
+	row.AllocBytes, row.AllocCount = number(schema.AllocBytes), number(schema.AllocCount)
+	row.FreeBytes = row.AllocBytes - number(schema.LiveBytes)
+	row.FreeCount = row.AllocCount - number(schema.LiveCount)
 	return row, err
 }
 

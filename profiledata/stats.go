@@ -8,24 +8,30 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/profilerows"
+	"github.com/gpu-mem/gpu-mem/schema"
 )
 
-// counters are the stats fields, each a number of the report.
-var counters = []struct {
+type counter struct {
 	name  string
 	field func(*profiler.Report) *uint64
-}{
-	{profilerows.Events, func(r *profiler.Report) *uint64 { return &r.Events }},
-	{profilerows.UnknownFrees, func(r *profiler.Report) *uint64 { return &r.Ledger.UnknownFrees }},
-	{profilerows.ProcessExits, func(r *profiler.Report) *uint64 { return &r.Ledger.ProcessExits }},
-	{"ring_buffer_full", func(r *profiler.Report) *uint64 { return &r.Losses.RingBufferFull }},
-	{"inflight_full", func(r *profiler.Report) *uint64 { return &r.Losses.InflightFull }},
-	{"result_unreadable", func(r *profiler.Report) *uint64 { return &r.Losses.ResultUnreadable }},
-	{"processes_full", func(r *profiler.Report) *uint64 { return &r.Losses.ProcessesFull }},
 }
 
-// StatsWriter fills a stats data source (profilerows.StatsAnnotation).
+// counters are the stats fields, each a number of the report.
+var counters = statsCounters()
+
+func statsCounters() []counter {
+	c := []counter{
+		{schema.Events, func(r *profiler.Report) *uint64 { return &r.Events }},
+		{schema.UnknownFrees, func(r *profiler.Report) *uint64 { return &r.Ledger.UnknownFrees }},
+		{schema.ProcessExits, func(r *profiler.Report) *uint64 { return &r.Ledger.ProcessExits }},
+	}
+	for l := range schema.NumLosses {
+		c = append(c, counter{l.String(), func(r *profiler.Report) *uint64 { return &r.Losses[l] }})
+	}
+	return c
+}
+
+// StatsWriter fills a stats data source (schema.StatsAnnotation).
 type StatsWriter struct {
 	ds        datasource.DataSource
 	counters  []datasource.FieldAccessor
@@ -35,7 +41,7 @@ type StatsWriter struct {
 // NewStatsWriter adds the stats fields and annotation to ds.
 func NewStatsWriter(ds datasource.DataSource) (*StatsWriter, error) {
 	w := &StatsWriter{ds: ds}
-	ds.AddAnnotation(profilerows.StatsAnnotation, "true")
+	ds.AddAnnotation(schema.StatsAnnotation, "true")
 	for _, c := range counters {
 		acc, err := ds.AddField(c.name, api.Kind_Uint64)
 		if err != nil {
@@ -44,8 +50,8 @@ func NewStatsWriter(ds datasource.DataSource) (*StatsWriter, error) {
 		w.counters = append(w.counters, acc)
 	}
 	var err error
-	if w.libraries, err = ds.AddField(profilerows.Libraries, api.Kind_String); err != nil {
-		return nil, fmt.Errorf("data source %s: add %s: %w", ds.Name(), profilerows.Libraries, err)
+	if w.libraries, err = ds.AddField(schema.Libraries, api.Kind_String); err != nil {
+		return nil, fmt.Errorf("data source %s: add %s: %w", ds.Name(), schema.Libraries, err)
 	}
 	return w, nil
 }
@@ -77,7 +83,7 @@ type StatsReader struct {
 
 // NewStatsReader finds the stats fields of ds.
 func NewStatsReader(ds datasource.DataSource) (*StatsReader, error) {
-	r := &StatsReader{libraries: ds.GetField(profilerows.Libraries)}
+	r := &StatsReader{libraries: ds.GetField(schema.Libraries)}
 	for _, c := range counters {
 		acc := ds.GetField(c.name)
 		if acc == nil {
@@ -86,7 +92,7 @@ func NewStatsReader(ds datasource.DataSource) (*StatsReader, error) {
 		r.counters = append(r.counters, acc)
 	}
 	if r.libraries == nil {
-		return nil, fmt.Errorf("data source %s: no field %q", ds.Name(), profilerows.Libraries)
+		return nil, fmt.Errorf("data source %s: no field %q", ds.Name(), schema.Libraries)
 	}
 	return r, nil
 }

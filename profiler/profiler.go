@@ -21,6 +21,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -102,15 +103,17 @@ type Profiler struct {
 	attached   map[string]discover.Library
 	failed     map[string]error // libraries whose attach failed, logged once
 	pyStats    PythonStats
-	frameTable []*symbolize.Frame                // each distinct frame of named stacks, once
-	frameIndex map[symbolize.Frame]uint32        // where in frameTable
-	devices    []gpuinfo.Device                  // the driver's GPUs
-	ordinals   map[uint32]map[int]gpuinfo.Device // each process's CUDA ordinals
-	containers map[uint32]k8smeta.Container      // each process's pod and container
-	flushes    uint64
-	flushed    *sync.Cond
+	// allocations whose native stack was cut at the depth limit
+	nativeTruncated uint64
+	frameTable      []*symbolize.Frame                // each distinct frame of named stacks, once
+	frameIndex      map[symbolize.Frame]uint32        // where in frameTable
+	devices         []gpuinfo.Device                  // the driver's GPUs
+	ordinals        map[uint32]map[int]gpuinfo.Device // each process's CUDA ordinals
+	containers      map[uint32]k8smeta.Container      // each process's pod and container
+	flushes         uint64
+	flushed         *sync.Cond
 	// losses are the tracer's last counts, kept when it is closed.
-	losses tracer.Losses
+	losses schema.Losses
 	closed bool
 }
 
@@ -329,10 +332,10 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	case ev.Op.IsRetain():
 		p.ledger.Retain(ev.PID, ev.Address)
 	case ev.Result == tracer.CUDASuccess:
-		p.countPython(ev)
+		p.countStacks(ev)
 		p.ledger.Alloc(p.key(ev), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)
 	default:
-		p.countPython(ev)
+		p.countStacks(ev)
 		k := p.key(ev)
 		p.ledger.Fail(k, ev.Op, ev.Result, ev.Bytes)
 		if ev.Result == tracer.CUDAOutOfMemory {
@@ -365,9 +368,13 @@ type PythonStats struct {
 	ReadErrors uint64 `json:"read_errors"` // the frame chain broke while read
 }
 
-// countPython counts an allocation event of a Python process, registering
-// the process now if the scans have not yet.
-func (p *Profiler) countPython(ev *tracer.Event) {
+// countStacks counts how whole an allocation event's stacks are: native
+// ones cut at the depth limit, and the Python frames of a Python process,
+// registering the process now if the scans have not yet.
+func (p *Profiler) countStacks(ev *tracer.Event) {
+	if ev.Flags&tracer.NativeTruncated != 0 {
+		p.nativeTruncated++
+	}
 	if !p.py.Has(ev.PID) && !p.addPython(int(ev.PID)) {
 		return
 	}
@@ -376,13 +383,13 @@ func (p *Profiler) countPython(ev *tracer.Event) {
 	if len(ev.PyFrames) == 0 {
 		s.Missing++
 	}
-	if ev.PyFlags&tracer.PyNoThread != 0 {
+	if ev.Flags&tracer.PyNoThread != 0 {
 		s.NoThread++
 	}
-	if ev.PyFlags&tracer.PyTruncated != 0 {
+	if ev.Flags&tracer.PyTruncated != 0 {
 		s.Truncated++
 	}
-	if ev.PyFlags&tracer.PyReadError != 0 {
+	if ev.Flags&tracer.PyReadError != 0 {
 		s.ReadErrors++
 	}
 }

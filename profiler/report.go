@@ -10,23 +10,27 @@ import (
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Report is the books at one moment, with stacks resolved.
 type Report struct {
-	Time      time.Time
-	Rows      []Row     // by live bytes, then allocated bytes, descending
-	Failures  []Failure // by count, descending
-	OOMs      []OOM     // out-of-memory snapshots, oldest first, the latest MaxOOMs
-	Peaks     []Peak    // each process's per GPU and view over the run (exited ones until DropExited), by PID, GPU, view
-	Timeline  *Timeline // live bytes over time per process, GPU and view; nil without Config.Timeline
-	Losses    tracer.Losses
-	Ledger    accounting.Stats
-	Python    PythonStats
-	Events    uint64   // events read
-	Libraries []string // driver libraries attached
+	Time     time.Time
+	Rows     []Row     // by live bytes, then allocated bytes, descending
+	Failures []Failure // by count, descending
+	OOMs     []OOM     // out-of-memory snapshots, oldest first, the latest MaxOOMs
+	Peaks    []Peak    // each process's per GPU and view over the run (exited ones until DropExited), by PID, GPU, view
+	Timeline *Timeline // live bytes over time per process, GPU and view; nil without Config.Timeline
+	Losses   schema.Losses
+	Ledger   accounting.Stats
+	Python   PythonStats
+	// NativeTruncated counts allocations whose native stack was deeper than
+	// the 127 frames kept: their outermost frames are missing.
+	NativeTruncated uint64
+	Events          uint64   // events read
+	Libraries       []string // driver libraries attached
 }
 
 // Row is what one stack of one process did with one kind of memory.
@@ -65,7 +69,8 @@ func (p *Profiler) ReportTo(r *Report) error {
 	defer p.mu.Unlock()
 	losses, err := p.currentLosses()
 	*r = Report{Time: time.Now(), Losses: losses, Ledger: p.ledger.Stats(), Python: p.pyStats, Events: p.events,
-		OOMs: slices.Clone(p.ooms), Rows: r.Rows[:0], Failures: r.Failures[:0], Libraries: r.Libraries[:0]}
+		NativeTruncated: p.nativeTruncated,
+		OOMs:            slices.Clone(p.ooms), Rows: r.Rows[:0], Failures: r.Failures[:0], Libraries: r.Libraries[:0]}
 	for _, lib := range p.attached {
 		r.Libraries = append(r.Libraries, lib.Path)
 	}
@@ -232,7 +237,7 @@ func (p *Profiler) device(k accounting.Key) gpuinfo.Device {
 
 // currentLosses are the tracer's loss counts, or its last ones once closed.
 // The caller holds p.mu.
-func (p *Profiler) currentLosses() (tracer.Losses, error) {
+func (p *Profiler) currentLosses() (schema.Losses, error) {
 	if p.closed {
 		return p.losses, nil
 	}

@@ -3,7 +3,7 @@ package profiler
 import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
-	"github.com/gpu-mem/gpu-mem/tracer"
+	"github.com/gpu-mem/gpu-mem/schema"
 )
 
 // Totals are the books summed per process, kind and device: what metrics
@@ -11,7 +11,7 @@ import (
 type Totals struct {
 	Series       []Series
 	Failures     []SeriesFailures
-	Losses       tracer.Losses
+	Losses       schema.Losses
 	UnknownFrees uint64
 	Events       uint64 // events read
 }

@@ -9,21 +9,23 @@ import (
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 type jsonReport struct {
-	Time      time.Time            `json:"time"`
-	Stacks    []jsonStack          `json:"stacks"`
-	Failures  []jsonFailure        `json:"failures"`
-	OOMs      []jsonOOM            `json:"out_of_memory"`
-	Peaks     []jsonPeak           `json:"peaks"`
-	Losses    tracer.Losses        `json:"losses"`
-	Ledger    accounting.Stats     `json:"ledger"`
-	Python    profiler.PythonStats `json:"python"`
-	Events    uint64               `json:"events"`
-	Libraries []string             `json:"libraries"`
+	Time     time.Time            `json:"time"`
+	Stacks   []jsonStack          `json:"stacks"`
+	Failures []jsonFailure        `json:"failures"`
+	OOMs     []jsonOOM            `json:"out_of_memory"`
+	Peaks    []jsonPeak           `json:"peaks"`
+	Losses   schema.Losses        `json:"losses"`
+	Ledger   accounting.Stats     `json:"ledger"`
+	Python   profiler.PythonStats `json:"python"`
+	// allocations whose native stack was deeper than the frames kept
+	NativeTruncated uint64   `json:"native_truncated"`
+	Events          uint64   `json:"events"`
+	Libraries       []string `json:"libraries"`
 }
 
 type jsonFrame struct {
@@ -137,7 +139,7 @@ func jsonFrames(frames []*symbolize.Frame) []jsonFrame {
 func WriteJSON(w io.Writer, r profiler.Report) error {
 	out := jsonReport{
 		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Python: r.Python, Events: r.Events, Libraries: r.Libraries,
-		Stacks: []jsonStack{}, Failures: []jsonFailure{},
+		NativeTruncated: r.NativeTruncated, Stacks: []jsonStack{}, Failures: []jsonFailure{},
 	}
 	for _, row := range r.Rows {
 		out.Stacks = append(out.Stacks, newJSONStack(row))

@@ -8,6 +8,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
+	"github.com/gpu-mem/gpu-mem/schema"
 )
 
 // TestMetrics scrapes `gpumem agent --metrics-address` with a real HTTP
@@ -42,13 +43,20 @@ func TestMetrics(t *testing.T) {
 	if n := outOfMemoryFailures(families, oom.pid); n != 1 {
 		t.Errorf("out-of-memory failures %v, want 1: %v", n, families["gpumem_failures_total"])
 	}
-	if n := len(families["gpumem_losses_total"].GetMetric()); n != 4 {
-		t.Errorf("%d loss counters", n)
-	}
+	reasons := map[string]bool{}
 	for _, m := range families["gpumem_losses_total"].GetMetric() {
+		reasons[m.GetLabel()[0].GetValue()] = true
 		if m.GetCounter().GetValue() != 0 {
 			t.Errorf("loss %v", m)
 		}
+	}
+	for l := range schema.NumLosses {
+		if !reasons[l.String()] {
+			t.Errorf("no loss counter %s: %v", l, reasons)
+		}
+	}
+	if len(reasons) != int(schema.NumLosses) {
+		t.Errorf("loss counters %v", reasons)
 	}
 	c.interrupt()
 	w.exit()

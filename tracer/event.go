@@ -25,7 +25,7 @@ type Event struct {
 	// PyFrames are the calling thread's Python frames, innermost first,
 	// when the process is a registered Python process.
 	PyFrames []PyFrame
-	PyFlags  PyFlags
+	Flags    StackFlags
 }
 
 // PyFrame is one Python frame as the BPF program read it; package pystack
@@ -39,13 +39,14 @@ type PyFrame struct {
 	Entry bool
 }
 
-// PyFlags say how complete an event's Python stack is.
-type PyFlags uint16
+// StackFlags say how complete an event's stacks are.
+type StackFlags uint16
 
 const (
-	PyTruncated = PyFlags(gpumemGpumemPyFlagGPUMEM_PY_TRUNCATED)  // outermost frames dropped
-	PyNoThread  = PyFlags(gpumemGpumemPyFlagGPUMEM_PY_NO_THREAD)  // a Python process, but no thread state
-	PyReadError = PyFlags(gpumemGpumemPyFlagGPUMEM_PY_READ_ERROR) // the frame chain broke
+	PyTruncated     = StackFlags(gpumemGpumemStackFlagGPUMEM_PY_TRUNCATED)     // outermost Python frames dropped
+	PyNoThread      = StackFlags(gpumemGpumemStackFlagGPUMEM_PY_NO_THREAD)     // a Python process, but no thread state
+	PyReadError     = StackFlags(gpumemGpumemStackFlagGPUMEM_PY_READ_ERROR)    // the frame chain broke
+	NativeTruncated = StackFlags(gpumemGpumemStackFlagGPUMEM_NATIVE_TRUNCATED) // outermost native frames dropped
 )
 
 const (
@@ -78,7 +79,7 @@ func decode(raw []byte, ev *Event) error {
 		Device:    e.Device,
 		Stack:     ev.Stack[:0],
 		PyFrames:  ev.PyFrames[:0],
-		PyFlags:   PyFlags(e.PyFlags),
+		Flags:     StackFlags(e.StackFlags),
 	}
 	for i := range int(e.PystackLen) {
 		f := (*gpumemGpumemPyframe)(unsafe.Pointer(&raw[headerSize+i*pyFrameSize]))

@@ -57,7 +57,7 @@ func eventSeeds() []fuzzseed.Seed {
 	exit := &gpumemGpumemEvent{Type: uint16(gpumemGpumemEventTypeGPUMEM_EVENT_EXIT)}
 	exit.Proc.Comm, exit.Proc.Pid, exit.Proc.Tid = comm("pt_main_thread"), 4242, 4242
 	full := alloc()
-	full.PyFlags = uint16(gpumemGpumemPyFlagGPUMEM_PY_TRUNCATED)
+	full.StackFlags = uint16(gpumemGpumemStackFlagGPUMEM_PY_TRUNCATED)
 	full.Proc.Comm = comm("0123456789abcdef") // no NUL in the kernel's 16 bytes
 	full.Proc.Comm[15] = 'f'
 	full.PystackLen, full.UstackLen = uint16(len(full.Pystack)), uint32(len(full.Ustack))

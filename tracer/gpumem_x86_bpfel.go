@@ -25,9 +25,10 @@ type gpumemGenericParam struct {
 }
 
 type gpumemGpumemAllocation struct {
-	_     structs.HostLayout
-	Stack gpumemGpumemStackKey
-	Bytes uint64
+	_       structs.HostLayout
+	Stack   gpumemGpumemStackKey
+	Bytes   uint64
+	Started uint64
 }
 
 type gpumemGpumemAllocationKey struct {
@@ -89,7 +90,7 @@ type gpumemGpumemEvent struct {
 	Op         uint16
 	UstackLen  uint32
 	PystackLen uint16
-	PyFlags    uint16
+	StackFlags uint16
 	Device     int32
 	Pad        uint32
 	Pystack    [128]gpumemGpumemPyframe
@@ -106,12 +107,17 @@ const (
 type gpumemGpumemLoss uint32
 
 const (
-	gpumemGpumemLossGPUMEM_LOSS_INFLIGHT_FULL  gpumemGpumemLoss = 0
-	gpumemGpumemLossGPUMEM_LOSS_READ_RESULT    gpumemGpumemLoss = 1
-	gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL gpumemGpumemLoss = 2
-	gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL gpumemGpumemLoss = 3
-	gpumemGpumemLossGPUMEM_LOSS_UNFINISHED     gpumemGpumemLoss = 4
-	gpumemGpumemLossGPUMEM_LOSS_MAX            gpumemGpumemLoss = 5
+	gpumemGpumemLossGPUMEM_LOSS_INFLIGHT_FULL     gpumemGpumemLoss = 0
+	gpumemGpumemLossGPUMEM_LOSS_READ_RESULT       gpumemGpumemLoss = 1
+	gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL    gpumemGpumemLoss = 2
+	gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL    gpumemGpumemLoss = 3
+	gpumemGpumemLossGPUMEM_LOSS_UNFINISHED        gpumemGpumemLoss = 4
+	gpumemGpumemLossGPUMEM_LOSS_NESTED_TOO_DEEP   gpumemGpumemLoss = 5
+	gpumemGpumemLossGPUMEM_LOSS_SCRATCH_BUSY      gpumemGpumemLoss = 6
+	gpumemGpumemLossGPUMEM_LOSS_CONTEXTS_FULL     gpumemGpumemLoss = 7
+	gpumemGpumemLossGPUMEM_LOSS_TENSOR_ARG        gpumemGpumemLoss = 8
+	gpumemGpumemLossGPUMEM_LOSS_STACK_UNAVAILABLE gpumemGpumemLoss = 9
+	gpumemGpumemLossGPUMEM_LOSS_MAX               gpumemGpumemLoss = 10
 )
 
 type gpumemGpumemOp uint32
@@ -170,20 +176,14 @@ type gpumemGpumemProcess struct {
 	AllocCount  uint64
 	FreeCount   uint64
 	FailedCount uint64
+	Started     uint64
+	Stacks      uint64
 }
 
 type gpumemGpumemProcessKey struct {
 	_   structs.HostLayout
 	Pid uint32
 }
-
-type gpumemGpumemPyFlag uint32
-
-const (
-	gpumemGpumemPyFlagGPUMEM_PY_TRUNCATED  gpumemGpumemPyFlag = 1
-	gpumemGpumemPyFlagGPUMEM_PY_NO_THREAD  gpumemGpumemPyFlag = 2
-	gpumemGpumemPyFlagGPUMEM_PY_READ_ERROR gpumemGpumemPyFlag = 4
-)
 
 type gpumemGpumemPyframe struct {
 	_     structs.HostLayout
@@ -263,7 +263,17 @@ type gpumemGpumemStack struct {
 	AllocCount uint64
 	LiveBytes  uint64
 	LiveCount  uint64
+	Next       uint64
 }
+
+type gpumemGpumemStackFlag uint32
+
+const (
+	gpumemGpumemStackFlagGPUMEM_PY_TRUNCATED     gpumemGpumemStackFlag = 1
+	gpumemGpumemStackFlagGPUMEM_PY_NO_THREAD     gpumemGpumemStackFlag = 2
+	gpumemGpumemStackFlagGPUMEM_PY_READ_ERROR    gpumemGpumemStackFlag = 4
+	gpumemGpumemStackFlagGPUMEM_NATIVE_TRUNCATED gpumemGpumemStackFlag = 8
+)
 
 type gpumemGpumemStackKey struct {
 	_       structs.HostLayout
@@ -320,6 +330,7 @@ const (
 	gpumemMapPythonProcs                             = "python_procs"
 	gpumemMapPythonThreads                           = "python_threads"
 	gpumemMapScratch                                 = "scratch"
+	gpumemMapScratchUsers                            = "scratch_users"
 	gpumemMapStackScratch                            = "stack_scratch"
 	gpumemMapStacks                                  = "stacks"
 	gpumemMapTargetPids                              = "target_pids"
@@ -398,8 +409,8 @@ const (
 	gpumemVarGpumemEventTypeBtf                      = "gpumem_event_type_btf"
 	gpumemVarGpumemLossBtf                           = "gpumem_loss_btf"
 	gpumemVarGpumemOpBtf                             = "gpumem_op_btf"
-	gpumemVarGpumemPyFlagBtf                         = "gpumem_py_flag_btf"
 	gpumemVarGpumemPyframeFlagBtf                    = "gpumem_pyframe_flag_btf"
+	gpumemVarGpumemStackFlagBtf                      = "gpumem_stack_flag_btf"
 	gpumemVarGpumemUsdtArgKindBtf                    = "gpumem_usdt_arg_kind_btf"
 	gpumemVarIgBuildIdMaxEntries                     = "ig_build_id_max_entries"
 	gpumemVarTargComm                                = "targ_comm"
@@ -524,6 +535,7 @@ type gpumemMapSpecs struct {
 	PythonProcs          *ebpf.MapSpec `ebpf:"python_procs"`
 	PythonThreads        *ebpf.MapSpec `ebpf:"python_threads"`
 	Scratch              *ebpf.MapSpec `ebpf:"scratch"`
+	ScratchUsers         *ebpf.MapSpec `ebpf:"scratch_users"`
 	StackScratch         *ebpf.MapSpec `ebpf:"stack_scratch"`
 	Stacks               *ebpf.MapSpec `ebpf:"stacks"`
 	TargetPids           *ebpf.MapSpec `ebpf:"target_pids"`
@@ -562,8 +574,8 @@ type gpumemVariableSpecs struct {
 	GpumemEventTypeBtf                *ebpf.VariableSpec `ebpf:"gpumem_event_type_btf"`
 	GpumemLossBtf                     *ebpf.VariableSpec `ebpf:"gpumem_loss_btf"`
 	GpumemOpBtf                       *ebpf.VariableSpec `ebpf:"gpumem_op_btf"`
-	GpumemPyFlagBtf                   *ebpf.VariableSpec `ebpf:"gpumem_py_flag_btf"`
 	GpumemPyframeFlagBtf              *ebpf.VariableSpec `ebpf:"gpumem_pyframe_flag_btf"`
+	GpumemStackFlagBtf                *ebpf.VariableSpec `ebpf:"gpumem_stack_flag_btf"`
 	GpumemUsdtArgKindBtf              *ebpf.VariableSpec `ebpf:"gpumem_usdt_arg_kind_btf"`
 	IgBuildIdMaxEntries               *ebpf.VariableSpec `ebpf:"ig_build_id_max_entries"`
 	TargComm                          *ebpf.VariableSpec `ebpf:"targ_comm"`
@@ -614,6 +626,7 @@ type gpumemMaps struct {
 	PythonProcs          *ebpf.Map `ebpf:"python_procs"`
 	PythonThreads        *ebpf.Map `ebpf:"python_threads"`
 	Scratch              *ebpf.Map `ebpf:"scratch"`
+	ScratchUsers         *ebpf.Map `ebpf:"scratch_users"`
 	StackScratch         *ebpf.Map `ebpf:"stack_scratch"`
 	Stacks               *ebpf.Map `ebpf:"stacks"`
 	TargetPids           *ebpf.Map `ebpf:"target_pids"`
@@ -644,6 +657,7 @@ func (m *gpumemMaps) Close() error {
 		m.PythonProcs,
 		m.PythonThreads,
 		m.Scratch,
+		m.ScratchUsers,
 		m.StackScratch,
 		m.Stacks,
 		m.TargetPids,
@@ -683,8 +697,8 @@ type gpumemVariables struct {
 	GpumemEventTypeBtf                *ebpf.Variable `ebpf:"gpumem_event_type_btf"`
 	GpumemLossBtf                     *ebpf.Variable `ebpf:"gpumem_loss_btf"`
 	GpumemOpBtf                       *ebpf.Variable `ebpf:"gpumem_op_btf"`
-	GpumemPyFlagBtf                   *ebpf.Variable `ebpf:"gpumem_py_flag_btf"`
 	GpumemPyframeFlagBtf              *ebpf.Variable `ebpf:"gpumem_pyframe_flag_btf"`
+	GpumemStackFlagBtf                *ebpf.Variable `ebpf:"gpumem_stack_flag_btf"`
 	GpumemUsdtArgKindBtf              *ebpf.Variable `ebpf:"gpumem_usdt_arg_kind_btf"`
 	IgBuildIdMaxEntries               *ebpf.Variable `ebpf:"ig_build_id_max_entries"`
 	TargComm                          *ebpf.Variable `ebpf:"targ_comm"`

@@ -20,6 +20,47 @@ import (
 // per-function uprobes as IG's uprobe tracer would, and checks the in-kernel
 // totals that IG's map iterators read, byte for byte.
 func TestStockIGPath(t *testing.T) {
+	spec, coll, lib := loadStockIG(t)
+	attachPerFunction(t, spec, coll, lib)
+	checkKinds(t, coll)
+}
+
+// TestStockIGSweepsExitedAllocations fills the allocations map with those
+// of a process that exited (the exit hook leaves them): the next
+// allocation sweeps them out and is charged, nothing lost.
+func TestStockIGSweepsExitedAllocations(t *testing.T) {
+	spec, coll, lib := loadStockIG(t)
+	m := coll.Maps["allocations"]
+	const gone = 1 << 30 // above any pid
+	keys := make([]gpumemGpumemAllocationKey, m.MaxEntries())
+	values := make([]gpumemGpumemAllocation, len(keys))
+	for i := range keys {
+		keys[i] = gpumemGpumemAllocationKey{Pid: gone, Address: uint64(i + 1)}
+		values[i] = gpumemGpumemAllocation{Bytes: 1, Started: 1}
+	}
+	if n, err := m.BatchUpdate(keys, values, nil); err != nil || n != len(keys) {
+		t.Fatalf("fill allocations: %d of %d: %v", n, len(keys), err)
+	}
+	attachPerFunction(t, spec, coll, lib)
+	checkKinds(t, coll)
+	var (
+		key   gpumemGpumemAllocationKey
+		value gpumemGpumemAllocation
+		stale int
+	)
+	for it := m.Iterate(); it.Next(&key, &value); {
+		if key.Pid == gone {
+			stale++
+		}
+	}
+	if stale != 0 {
+		t.Errorf("%d allocations of the exited process left", stale)
+	}
+}
+
+// loadStockIG loads the object as stock IG does, with the simulated driver
+// it will be attached to.
+func loadStockIG(t *testing.T) (*ebpf.CollectionSpec, *ebpf.Collection, string) {
 	if os.Geteuid() != 0 {
 		t.Fatal("loads BPF: run as root")
 	}
@@ -43,9 +84,14 @@ func TestStockIGPath(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load every program: %+v", err)
 	}
-	defer coll.Close()
-	attachPerFunction(t, spec, coll, lib)
+	t.Cleanup(coll.Close)
+	return spec, coll, lib
+}
 
+// checkKinds runs simwork's kinds scenario and checks the totals of its
+// process, then that its exit drops them.
+func checkKinds(t *testing.T, coll *ebpf.Collection) {
+	root, _ := filepath.Abs("..")
 	w := exec.Command(filepath.Join(root, "build/sim/simwork"), "kinds")
 	stdin, _ := w.StdinPipe()
 	stdout, _ := w.StdoutPipe()
@@ -74,10 +120,15 @@ func TestStockIGPath(t *testing.T) {
 		proc.FreeCount != 7 || proc.FailedCount != 0 {
 		t.Errorf("process totals %+v, want %d bytes in 15 allocations, %d live, 7 frees", proc, allocated, allocated-freed)
 	}
-	for _, loss := range []gpumemGpumemLoss{gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL, gpumemGpumemLossGPUMEM_LOSS_UNFINISHED} {
+	for _, loss := range []gpumemGpumemLoss{gpumemGpumemLossGPUMEM_LOSS_AGGREGATE_FULL, gpumemGpumemLossGPUMEM_LOSS_UNFINISHED,
+		gpumemGpumemLossGPUMEM_LOSS_SCRATCH_BUSY} {
 		if lost, err := sumPerCPU(coll.Maps["losses"], uint32(loss)); err != nil || lost != 0 {
 			t.Errorf("loss %d: %d (%v)", loss, lost, err)
 		}
+	}
+	unavailable, err := sumPerCPU(coll.Maps["losses"], uint32(gpumemGpumemLossGPUMEM_LOSS_STACK_UNAVAILABLE))
+	if err != nil {
+		t.Fatal(err)
 	}
 	if mntns := mountNamespace(t, int(pid)); proc.Proc.MntnsId != mntns {
 		t.Errorf("mount namespace %d, want %d", proc.Proc.MntnsId, mntns)
@@ -97,8 +148,12 @@ func TestStockIGPath(t *testing.T) {
 		if key.StackId != stack.UstackRaw.StackId || stack.Proc.Pid != pid {
 			t.Errorf("stack %+v holds %+v", key, stack)
 		}
+		// Stack ID 0 holds the allocations whose stack ig_ustack refused
+		// (a bucket collision: other processes' stacks share the map).
 		frames := make([]uint64, 127)
-		if err := coll.Maps["ig_ustack"].Lookup(key.StackId, &frames); err != nil {
+		if key.StackId == 0 && unavailable == 0 {
+			t.Errorf("stack ID 0 without a stack counted unavailable: %+v", stack)
+		} else if err := coll.Maps["ig_ustack"].Lookup(key.StackId, &frames); key.StackId != 0 && err != nil {
 			t.Errorf("stack %d not in ig_ustack: %v", key.StackId, err)
 		}
 		sum.AllocBytes += stack.AllocBytes

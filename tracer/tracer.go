@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
 
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/usdt"
 )
 
@@ -364,32 +365,28 @@ func (t *Tracer) InFlight() (int, error) {
 	return n, it.Err()
 }
 
-// Losses are the counts of everything the BPF side could not deliver whole.
-type Losses struct {
-	RingBufferFull   uint64 `json:"ring_buffer_full"`  // events dropped
-	InflightFull     uint64 `json:"inflight_full"`     // calls not tracked
-	ResultUnreadable uint64 `json:"result_unreadable"` // allocations whose pointer could not be read
-	ProcessesFull    uint64 `json:"processes_full"`    // process exits that will not be reported
+// bpfLosses are the BPF loss counters gpumem's programs keep, by the
+// reason each counts. The others count for stock IG's programs only.
+var bpfLosses = map[gpumemGpumemLoss]schema.Loss{
+	gpumemGpumemLossGPUMEM_LOSS_INFLIGHT_FULL:   schema.InflightFull,
+	gpumemGpumemLossGPUMEM_LOSS_NESTED_TOO_DEEP: schema.NestedTooDeep,
+	gpumemGpumemLossGPUMEM_LOSS_READ_RESULT:     schema.ResultUnreadable,
+	gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL:  schema.ProcessesFull,
+	gpumemGpumemLossGPUMEM_LOSS_SCRATCH_BUSY:    schema.ScratchBusy,
+	gpumemGpumemLossGPUMEM_LOSS_CONTEXTS_FULL:   schema.ContextsFull,
+	gpumemGpumemLossGPUMEM_LOSS_TENSOR_ARG:      schema.TensorArgUnreadable,
 }
 
-// Total is the sum of all losses.
-func (l Losses) Total() uint64 {
-	return l.RingBufferFull + l.InflightFull + l.ResultUnreadable + l.ProcessesFull
-}
-
-// Losses reads the loss counters.
-func (t *Tracer) Losses() (Losses, error) {
-	var l Losses
+// Losses reads the loss counters: everything the BPF side could not
+// deliver whole.
+func (t *Tracer) Losses() (schema.Losses, error) {
+	var l schema.Losses
 	var err error
-	if l.RingBufferFull, err = sumPerCPU(t.coll.Maps["events_lost_samples"], 0); err != nil {
+	if l[schema.RingBufferFull], err = sumPerCPU(t.coll.Maps["events_lost_samples"], 0); err != nil {
 		return l, err
 	}
-	for key, dst := range map[gpumemGpumemLoss]*uint64{
-		gpumemGpumemLossGPUMEM_LOSS_INFLIGHT_FULL:  &l.InflightFull,
-		gpumemGpumemLossGPUMEM_LOSS_READ_RESULT:    &l.ResultUnreadable,
-		gpumemGpumemLossGPUMEM_LOSS_PROCESSES_FULL: &l.ProcessesFull,
-	} {
-		if *dst, err = sumPerCPU(t.coll.Maps["losses"], uint32(key)); err != nil {
+	for key, loss := range bpfLosses {
+		if l[loss], err = sumPerCPU(t.coll.Maps["losses"], uint32(key)); err != nil {
 			return l, err
 		}
 	}

@@ -27,7 +27,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/profiledata"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/profilerows"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/report"
 )
 
@@ -157,9 +157,9 @@ func (l *lastReport) operator() operators.DataOperator {
 			for _, ds := range gadgetCtx.GetDataSources() {
 				var err error
 				switch {
-				case ds.Annotations()[profilerows.Annotation] == "true":
+				case ds.Annotations()[schema.Annotation] == "true":
 					err = l.subscribeRows(ds)
-				case ds.Annotations()[profilerows.StatsAnnotation] == "true":
+				case ds.Annotations()[schema.StatsAnnotation] == "true":
 					err = l.subscribeStats(ds)
 				}
 				if err != nil {

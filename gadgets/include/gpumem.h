@@ -78,19 +78,25 @@ enum gpumem_event_type {
 };
 
 enum gpumem_loss {
-	GPUMEM_LOSS_INFLIGHT_FULL = 0,      /* call not tracked: inflight map full */
+	GPUMEM_LOSS_INFLIGHT_FULL = 0,  /* call not tracked: inflight map full */
 	GPUMEM_LOSS_READ_RESULT,        /* allocation's out-parameter unreadable */
 	GPUMEM_LOSS_PROCESSES_FULL,     /* process exit will not be reported */
 	GPUMEM_LOSS_AGGREGATE_FULL,     /* allocation missing from IG's stack maps */
 	GPUMEM_LOSS_UNFINISHED,         /* stock IG: allocation not reported, finish_allocations empty */
+	GPUMEM_LOSS_NESTED_TOO_DEEP,    /* call not tracked: deeper than GPUMEM_MAX_NESTED */
+	GPUMEM_LOSS_SCRATCH_BUSY,       /* event dropped: the CPU's scratch event was in use */
+	GPUMEM_LOSS_CONTEXTS_FULL,      /* context change not kept: thread_contexts or context_devices full */
+	GPUMEM_LOSS_TENSOR_ARG,         /* tensor event dropped: a USDT argument unreadable */
+	GPUMEM_LOSS_STACK_UNAVAILABLE,  /* stock IG: allocation aggregated without its stack (ig_ustack refused it) */
 	GPUMEM_LOSS_MAX,
 };
 
-/* event.py_flags */
-enum gpumem_py_flag {
+/* event.stack_flags */
+enum gpumem_stack_flag {
 	GPUMEM_PY_TRUNCATED = 1,  /* deeper than GPUMEM_MAX_PY_FRAMES: outermost frames dropped */
 	GPUMEM_PY_NO_THREAD = 2,  /* a Python process, but no thread state for this thread */
 	GPUMEM_PY_READ_ERROR = 4, /* the frame chain could not be read to its end */
+	GPUMEM_NATIVE_TRUNCATED = 8, /* deeper than GPUMEM_MAX_STACK_DEPTH: outermost frames dropped */
 };
 
 /* gpumem_pyframe.flags */
@@ -162,7 +168,7 @@ struct gpumem_event {
 	__u16 op;        /* enum gpumem_op */
 	__u32 ustack_len; /* native frames, sent right after the pystack_len Python frames */
 	__u16 pystack_len;
-	__u16 py_flags;   /* enum gpumem_py_flag */
+	__u16 stack_flags; /* enum gpumem_stack_flag */
 	__s32 device;     /* device ordinal, or GPUMEM_DEVICE_UNKNOWN */
 	__u32 __pad;
 	struct gpumem_pyframe pystack[GPUMEM_MAX_PY_FRAMES];
@@ -215,7 +221,14 @@ struct gpumem_stack {
 	__u64 alloc_count;
 	__u64 live_bytes;
 	__u64 live_count;
+	/* The process's previous stack (gpumem_stack_link), so that its exit
+	 * drops its own stacks without walking the map. */
+	__u64 __next;
 };
+
+/* A stack of a known process, as one word: its stack ID and device. */
+#define GPUMEM_STACK_LINK(id, device) (((__u64)(id) << 32) | (__u32)(device))
+#define GPUMEM_STACK_LINK_END (~0ULL) /* no stack ID is 0xffffffff */
 
 /* What one live allocation charged, for its free. */
 struct gpumem_allocation_key {
@@ -227,6 +240,7 @@ struct gpumem_allocation_key {
 struct gpumem_allocation {
 	struct gpumem_stack_key stack;
 	__u64 bytes;
+	__u64 started; /* the process's start time: an entry of an exited one is stale */
 };
 
 /* Per process totals, for IG's otel-metrics. IG's map iterators take
@@ -242,6 +256,8 @@ struct gpumem_process {
 	__u64 alloc_count;
 	__u64 free_count;
 	__u64 failed_count;
+	__u64 __started; /* start time of the process's main thread */
+	__u64 __stacks;  /* its latest stack (gpumem_stack_link), GPUMEM_STACK_LINK_END for none */
 };
 
 #endif

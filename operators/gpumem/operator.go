@@ -2,7 +2,7 @@
 // gadget image with gpumem's own attach: it takes the image's eBPF object
 // (the layer IG's eBPF operator would take), loads it with uprobe_multi
 // links where IG's uprobe attach needs kprobes, keeps the books in user
-// space, and emits them as profile rows (profilerows) for the data
+// space, and emits them as profile rows (schema) for the data
 // operators: operators/k8smeta, operators/pyroscope, or any other.
 package gpumem
 

@@ -11,11 +11,11 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/params"
 
-	"github.com/gpu-mem/gpu-mem/profilerows"
+	"github.com/gpu-mem/gpu-mem/schema"
 )
 
 // The Inspektor Gadget side: a data operator that adds the names of pods to
-// gpu-mem profile rows (profilerows), from their pod UID and container ID.
+// gpu-mem profile rows (schema), from their pod UID and container ID.
 // Not in the lean build (the agent image), which runs no IG runtime.
 
 const (
@@ -61,7 +61,7 @@ func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, value
 		return nil, err
 	}
 	for _, ds := range gadgetCtx.GetDataSources() {
-		if ds.Annotations()[profilerows.Annotation] != "true" {
+		if ds.Annotations()[schema.Annotation] != "true" {
 			continue
 		}
 		if err := name(ds, pods); err != nil {
@@ -73,12 +73,12 @@ func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, value
 
 // name adds the name fields to a profile data source and fills them.
 func name(ds datasource.DataSource, pods *Pods) error {
-	uid, id := ds.GetField(profilerows.PodUID), ds.GetField(profilerows.ContainerID)
+	uid, id := ds.GetField(schema.PodUID), ds.GetField(schema.ContainerID)
 	if uid == nil || id == nil {
-		return fmt.Errorf("data source %s: no %s or %s field", ds.Name(), profilerows.PodUID, profilerows.ContainerID)
+		return fmt.Errorf("data source %s: no %s or %s field", ds.Name(), schema.PodUID, schema.ContainerID)
 	}
 	added := map[string]datasource.FieldAccessor{}
-	for _, field := range []string{profilerows.Namespace, profilerows.Pod, profilerows.Container, profilerows.Workload} {
+	for _, field := range []string{schema.Namespace, schema.Pod, schema.Container, schema.Workload} {
 		acc, err := ds.AddField(field, api.Kind_String)
 		if err != nil {
 			return fmt.Errorf("data source %s: add %s: %w", ds.Name(), field, err)
@@ -95,8 +95,8 @@ func name(ds datasource.DataSource, pods *Pods) error {
 			return err
 		}
 		c = c.Named(pods)
-		for field, value := range map[string]string{profilerows.Namespace: c.Namespace, profilerows.Pod: c.Pod,
-			profilerows.Container: c.Name, profilerows.Workload: c.Workload} {
+		for field, value := range map[string]string{schema.Namespace: c.Namespace, schema.Pod: c.Pod,
+			schema.Container: c.Name, schema.Workload: c.Workload} {
 			if err := added[field].PutString(d, value); err != nil {
 				return err
 			}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/profiledata"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/profilerows"
+	"github.com/gpu-mem/gpu-mem/schema"
 )
 
 // The Inspektor Gadget side: an IG data operator that pushes the data
@@ -81,7 +81,7 @@ func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, value
 	}
 	inst := &instance{exporter: exp}
 	for _, ds := range gadgetCtx.GetDataSources() {
-		if ds.Annotations()[profilerows.Annotation] != "true" {
+		if ds.Annotations()[schema.Annotation] != "true" {
 			continue
 		}
 		if err := inst.subscribe(ds); err != nil {

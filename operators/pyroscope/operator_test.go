@@ -15,7 +15,7 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators/simple"
 
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
-	"github.com/gpu-mem/gpu-mem/profilerows"
+	"github.com/gpu-mem/gpu-mem/schema"
 )
 
 type profileRow struct {
@@ -47,11 +47,11 @@ func TestOperatorInGadgetContext(t *testing.T) {
 			if ds, err = gadgetCtx.RegisterDataSource(datasource.TypeArray, "gpumem"); err != nil {
 				return err
 			}
-			ds.AddAnnotation(profilerows.Annotation, "true")
-			kinds := map[string]api.Kind{profilerows.PID: api.Kind_Uint32, profilerows.AllocBytes: api.Kind_Uint64, profilerows.AllocCount: api.Kind_Uint64,
-				profilerows.LiveBytes: api.Kind_Uint64, profilerows.LiveCount: api.Kind_Uint64}
-			for _, name := range []string{profilerows.PID, profilerows.Comm, profilerows.Kind, profilerows.GPU, profilerows.PodUID, profilerows.ContainerID,
-				profilerows.Stack, profilerows.AllocBytes, profilerows.AllocCount, profilerows.LiveBytes, profilerows.LiveCount} {
+			ds.AddAnnotation(schema.Annotation, "true")
+			kinds := map[string]api.Kind{schema.PID: api.Kind_Uint32, schema.AllocBytes: api.Kind_Uint64, schema.AllocCount: api.Kind_Uint64,
+				schema.LiveBytes: api.Kind_Uint64, schema.LiveCount: api.Kind_Uint64}
+			for _, name := range []string{schema.PID, schema.Comm, schema.Kind, schema.GPU, schema.PodUID, schema.ContainerID,
+				schema.Stack, schema.AllocBytes, schema.AllocCount, schema.LiveBytes, schema.LiveCount} {
 				kind, ok := kinds[name]
 				if !ok {
 					kind = api.Kind_String
@@ -70,13 +70,13 @@ func TestOperatorInGadgetContext(t *testing.T) {
 				}
 				for _, row := range rows {
 					d := arr.New()
-					fields[profilerows.PID].PutUint32(d, row.pid)
-					for name, v := range map[string]string{profilerows.Comm: row.comm, profilerows.Kind: row.kind, profilerows.GPU: row.gpu,
-						profilerows.PodUID: row.pod, profilerows.ContainerID: row.container, profilerows.Stack: row.stack} {
+					fields[schema.PID].PutUint32(d, row.pid)
+					for name, v := range map[string]string{schema.Comm: row.comm, schema.Kind: row.kind, schema.GPU: row.gpu,
+						schema.PodUID: row.pod, schema.ContainerID: row.container, schema.Stack: row.stack} {
 						fields[name].PutString(d, v)
 					}
-					for name, v := range map[string]uint64{profilerows.AllocBytes: row.allocBytes, profilerows.AllocCount: row.allocCount,
-						profilerows.LiveBytes: row.liveBytes, profilerows.LiveCount: row.liveCount} {
+					for name, v := range map[string]uint64{schema.AllocBytes: row.allocBytes, schema.AllocCount: row.allocCount,
+						schema.LiveBytes: row.liveBytes, schema.LiveCount: row.liveCount} {
 						fields[name].PutUint64(d, v)
 					}
 					arr.Append(d)

@@ -15,7 +15,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
-	"github.com/gpu-mem/gpu-mem/profilerows"
+	"github.com/gpu-mem/gpu-mem/schema"
 )
 
 // TestOperatorsInGadgetContext runs gpu-mem's two IG data operators in IG's
@@ -41,12 +41,12 @@ func TestOperatorsInGadgetContext(t *testing.T) {
 			if ds, err = gadgetCtx.RegisterDataSource(datasource.TypeArray, "gpumem"); err != nil {
 				return err
 			}
-			ds.AddAnnotation(profilerows.Annotation, "true")
+			ds.AddAnnotation(schema.Annotation, "true")
 			for name, kind := range map[string]api.Kind{
-				profilerows.PID: api.Kind_Uint32, profilerows.Comm: api.Kind_String, profilerows.Kind: api.Kind_String,
-				profilerows.GPU: api.Kind_String, profilerows.PodUID: api.Kind_String, profilerows.ContainerID: api.Kind_String,
-				profilerows.Stack: api.Kind_String, profilerows.AllocBytes: api.Kind_Uint64, profilerows.AllocCount: api.Kind_Uint64,
-				profilerows.LiveBytes: api.Kind_Uint64, profilerows.LiveCount: api.Kind_Uint64,
+				schema.PID: api.Kind_Uint32, schema.Comm: api.Kind_String, schema.Kind: api.Kind_String,
+				schema.GPU: api.Kind_String, schema.PodUID: api.Kind_String, schema.ContainerID: api.Kind_String,
+				schema.Stack: api.Kind_String, schema.AllocBytes: api.Kind_Uint64, schema.AllocCount: api.Kind_Uint64,
+				schema.LiveBytes: api.Kind_Uint64, schema.LiveCount: api.Kind_Uint64,
 			} {
 				if fields[name], err = ds.AddField(name, kind); err != nil {
 					return err
@@ -60,15 +60,15 @@ func TestOperatorsInGadgetContext(t *testing.T) {
 				return err
 			}
 			d := arr.New()
-			fields[profilerows.PID].PutUint32(d, 42)
-			for name, v := range map[string]string{profilerows.Comm: "python3", profilerows.Kind: "device", profilerows.GPU: "0",
-				profilerows.PodUID: string(pod.UID), profilerows.ContainerID: containerID, profilerows.Stack: "<module>;train;cuMemAlloc_v2"} {
+			fields[schema.PID].PutUint32(d, 42)
+			for name, v := range map[string]string{schema.Comm: "python3", schema.Kind: "device", schema.GPU: "0",
+				schema.PodUID: string(pod.UID), schema.ContainerID: containerID, schema.Stack: "<module>;train;cuMemAlloc_v2"} {
 				fields[name].PutString(d, v)
 			}
-			fields[profilerows.AllocBytes].PutUint64(d, 4096)
-			fields[profilerows.AllocCount].PutUint64(d, 1)
-			fields[profilerows.LiveBytes].PutUint64(d, 4096)
-			fields[profilerows.LiveCount].PutUint64(d, 1)
+			fields[schema.AllocBytes].PutUint64(d, 4096)
+			fields[schema.AllocCount].PutUint64(d, 1)
+			fields[schema.LiveBytes].PutUint64(d, 4096)
+			fields[schema.LiveCount].PutUint64(d, 1)
 			arr.Append(d)
 			go func() {
 				for len(receiver.Received()) == 0 {

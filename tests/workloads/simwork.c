@@ -17,6 +17,8 @@
  *                  thread; expects ns_per_pair (the benchmark's probe cost)
  *   stacks N       N allocations held live, each from a distinct call stack
  *                  (a path of log2(N) calls through two functions)
+ *   deep N         one allocation held live, N calls deep (deeper than the
+ *                  127 native frames a stack keeps: flagged truncated)
  *   devices        allocations on devices 0, 1 and 2 (SIMCUDA_DEVICES=3) from
  *                  threads switching contexts with every context call
  *   retain         VMM handles released once per reference, as NCCL frees
@@ -373,6 +375,19 @@ static void distinct_stacks(long n)
 	printf("done\nexpect stacks=%ld depth=%d\n", n, depth);
 }
 
+/* ---- deep ---- */
+
+NOINLINE static void call_down(int n)
+{
+	CUdeviceptr p;
+	if (n > 0) {
+		call_down(n - 1);
+		__asm__ volatile("" ::: "memory"); /* not a tail call: a frame each */
+		return;
+	}
+	CHECK(cuMemAlloc_v2(&p, 4096));
+}
+
 /* ---- retain ---- */
 
 NOINLINE static CUmemGenericAllocationHandle create_mapped(size_t bytes, CUdeviceptr at)
@@ -574,7 +589,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N|devices|retain|spike|demo|train\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N|deep N|devices|retain|spike|demo|train\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -598,6 +613,10 @@ int main(int argc, char **argv)
 		pairs(atol(argv[2]));
 	else if (!strcmp(scenario, "stacks") && argc == 3)
 		distinct_stacks(atol(argv[2]));
+	else if (!strcmp(scenario, "deep") && argc == 3) {
+		call_down(atoi(argv[2]));
+		printf("done\nexpect\n");
+	}
 	else if (!strcmp(scenario, "devices"))
 		devices_scenario();
 	else if (!strcmp(scenario, "retain"))

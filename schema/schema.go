@@ -1,7 +1,8 @@
-// Package profilerows is the shape of the Inspektor Gadget data sources
-// that carry gpu-mem profiles between operators: an array per interval, one
-// element per (process, stack, memory kind, GPU).
-package profilerows
+// Package schema names what gpu-mem's outputs carry, for every sink alike:
+// the fields of the Inspektor Gadget data sources that carry profiles
+// between operators (an array per interval, one element per process, stack,
+// memory kind and GPU), their stats, and the losses.
+package schema
 
 // Annotation marks such a data source, with the value "true".
 const Annotation = "gpumem.profile"
@@ -30,7 +31,7 @@ const (
 
 // StatsAnnotation marks the data source, emitted with each array of rows,
 // that holds the totals no row carries; its fields are these and the
-// tracer.Losses JSON names.
+// loss names (Loss.String).
 const StatsAnnotation = "gpumem.stats"
 
 const (
