@@ -343,18 +343,24 @@ func reportOOMPIDs(t *testing.T, path string) []int {
 			} `json:"failure"`
 		} `json:"out_of_memory"`
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatal(err)
-	}
+	readJSON(t, path, &r)
 	var pids []int
 	for _, o := range r.OOMs {
 		pids = append(pids, o.Failure.PID)
 	}
 	return pids
+}
+
+// readJSON decodes the JSON file at path into v.
+func readJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
 }
 
 // count is how many lines hold s.
