@@ -306,6 +306,28 @@ func (l *Ledger) LivePIDs() []uint32 {
 	return pids
 }
 
+// PIDs are the processes the books hold anything for: live allocations,
+// rows, failures, or an exit not yet dropped.
+func (l *Ledger) PIDs() map[uint32]bool {
+	pids := map[uint32]bool{}
+	for pid := range l.procs {
+		pids[pid] = true
+	}
+	for pid := range l.exited {
+		pids[pid] = true
+	}
+	for k := range l.rows {
+		pids[k.PID] = true
+	}
+	for k := range l.failures {
+		pids[k.PID] = true
+	}
+	for k := range l.groups {
+		pids[k.PID] = true
+	}
+	return pids
+}
+
 // Len is the number of rows of the books.
 func (l *Ledger) Len() int { return len(l.rows) }
 

@@ -49,10 +49,11 @@ type Peak struct {
 
 // IntervalPeaks returns each process's peak per GPU and view during the
 // interval since the previous call (since the start, at the first), and
-// starts the next interval: the agent calls it once per interval, before
-// DropExited, so that a process that exited during the interval has its
-// peak. An interval's peak is at least what the process held when the
-// interval began; a process holding nothing all along has none. Peaks
+// starts the next interval: the agent calls it once per interval. A
+// process that exited during the interval has its peak: it is dropped only
+// as the interval after begins (exited.go). An interval's peak is at least
+// what the process held when the interval began; a process holding nothing
+// all along has none. Peaks
 // come by PID, GPU and view, with their Shares and no Rows (copying every
 // row of the books each interval would cost the agent more than the
 // peaks): an exporter finds each share's row among those EachRow lists.
@@ -65,6 +66,7 @@ type Peak struct {
 // (about 13 ns a row of the books).
 func (p *Profiler) IntervalPeaks() []Peak {
 	p.mu.Lock()
+	p.startInterval(true)
 	peaks := p.peaks(p.ledger.TakeIntervalPeaks(bpfNow()), map[uint32]k8smeta.Container{}, false)
 	naming := p.sharesNaming(peaks)
 	p.mu.Unlock()

@@ -110,8 +110,14 @@ type Profiler struct {
 	devices         []gpuinfo.Device                  // the driver's GPUs
 	ordinals        map[uint32]map[int]gpuinfo.Device // each process's CUDA ordinals
 	containers      map[uint32]k8smeta.Container      // each process's pod and container
-	flushes         uint64
-	flushed         *sync.Cond
+	// Exited processes, dropped as intervals begin (exited.go).
+	clock      uint64            // counts exits and intervals begun: orders them
+	exitedAt   map[uint32]uint64 // processes that exited, when (clock)
+	intervalAt uint64            // when the current interval began (clock); 0: none yet
+	byPeaks    bool              // intervals begin at IntervalPeaks
+	unlisted   map[uint32]bool   // processes with rows the latest EachRow left out
+	flushes    uint64
+	flushed    *sync.Cond
 	// losses are the tracer's last counts, kept when it is closed.
 	losses schema.Losses
 	closed bool
@@ -166,6 +172,7 @@ func New(cfg Config) (*Profiler, error) {
 		frameIndex: map[symbolize.Frame]uint32{},
 		ordinals:   map[uint32]map[int]gpuinfo.Device{},
 		containers: map[uint32]k8smeta.Container{},
+		exitedAt:   map[uint32]uint64{},
 	}
 	p.flushed = sync.NewCond(&p.mu)
 	p.sayMissingCapabilities()
@@ -429,10 +436,11 @@ func (p *Profiler) addPython(pid int) bool {
 }
 
 // forget releases what a process that exited at time ts held, and what is
-// kept to walk its Python frames. Its mappings stay until DropExited: its
-// stacks are symbolized at the next report.
+// kept to walk its Python frames. Its rows, stacks and mappings stay until
+// it is dropped (exited.go): its stacks are symbolized at the next report.
 func (p *Profiler) forget(pid uint32, ts uint64) {
 	p.ledger.Exit(pid, ts)
+	p.exited(pid)
 	delete(p.lastOOM, pid)
 	if p.py.Has(pid) {
 		p.py.Forget(pid)
@@ -469,38 +477,9 @@ func (p *Profiler) askResolve() {
 	}
 }
 
-// DropExited forgets the processes that exited: their rows, failures and
-// stacks. Reports taken before keep them. A process with a stack still
-// being named is kept until a later call: EachRow has not listed that
-// stack's row yet.
-func (p *Profiler) DropExited() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for pid := range p.ledger.DropExited(p.naming) {
-		for _, id := range p.pidStacks[pid] {
-			p.stacks.drop(id)
-		}
-		delete(p.pidStacks, pid)
-		delete(p.comms, pid)
-		delete(p.ordinals, pid)
-		delete(p.containers, pid)
-		p.sym.Forget(pid)
-	}
-}
-
 // SymbolStats are what the symbol tables hold: the agent reports their
 // share of its memory.
 func (p *Profiler) SymbolStats() symbolize.Stats { return p.sym.Stats() }
-
-// naming says whether a process has stacks not yet named.
-func (p *Profiler) naming(pid uint32) bool {
-	for _, id := range p.pidStacks[pid] {
-		if !p.stacks.m[id].named() {
-			return true
-		}
-	}
-	return false
-}
 
 // scan registers Python processes, attaches to driver libraries that
 // appeared, and releases the memory of traced processes that are gone

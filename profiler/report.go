@@ -21,7 +21,7 @@ type Report struct {
 	Rows     []Row     // by live bytes, then allocated bytes, descending
 	Failures []Failure // by count, descending
 	OOMs     []OOM     // out-of-memory snapshots, oldest first, the latest MaxOOMs
-	Peaks    []Peak    // each process's per GPU and view over the run (exited ones until DropExited), by PID, GPU, view
+	Peaks    []Peak    // each process's per GPU and view over the run (exited ones until dropped), by PID, GPU, view
 	Timeline *Timeline // live bytes over time per process, GPU and view; nil without Config.Timeline
 	Losses   schema.Losses
 	Ledger   accounting.Stats
@@ -67,6 +67,7 @@ func (p *Profiler) ReportTo(r *Report) error {
 	p.resolve()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.startInterval(false)
 	losses, err := p.currentLosses()
 	*r = Report{Time: time.Now(), Losses: losses, Ledger: p.ledger.Stats(), Python: p.pyStats, Events: p.events,
 		NativeTruncated: p.nativeTruncated,
@@ -137,18 +138,23 @@ func (p *Profiler) ReportTo(r *Report) error {
 // nothing and counts nothing twice.
 func (p *Profiler) EachRow(fn func(*Row)) time.Time {
 	p.mu.Lock()
+	p.startInterval(false)
 	keys := make([]accounting.Key, 0, p.ledger.Len())
-	waiting := false
+	p.unlisted = nil // the processes this listing leaves rows of out
 	p.ledger.Rows(func(k accounting.Key, _ accounting.Counters) {
 		switch {
 		case !p.onGPU(k):
 		case !p.stacks.m[k.Stack].named():
-			waiting = true
+			if p.unlisted == nil {
+				p.unlisted = map[uint32]bool{}
+			}
+			p.unlisted[k.PID] = true
 		default:
 			keys = append(keys, k)
 		}
 	})
 	listed := time.Now()
+	waiting := len(p.unlisted) > 0
 	p.mu.Unlock()
 	if waiting {
 		p.askResolve()

@@ -18,6 +18,7 @@ func bareProfiler() *Profiler {
 		resolveNow: make(chan struct{}, 1),
 		comms:      map[uint32]string{},
 		frameIndex: map[symbolize.Frame]uint32{},
+		exitedAt:   map[uint32]uint64{},
 	}
 }
 
@@ -34,7 +35,8 @@ func listRows(p *Profiler) []Row {
 // TestEachRowLeavesStacksBeingNamed: a listing never waits for symbols. A
 // row whose stack is still being named is left out and the naming asked
 // for; the next listing after it is named has every byte since; an exited
-// process is not dropped before its rows were listed.
+// process is not dropped before its rows were listed, and is dropped as
+// the listing after that one begins.
 func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
 	p := bareProfiler()
 	ev := &tracer.Event{PID: 42, Op: tracer.Op(1), Stack: []uint64{0x401000}}
@@ -55,19 +57,25 @@ func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
 	}
 	p.ledger.Alloc(key, 0x2000, tracer.SpacePointer, 50, 2)
 	p.ledger.Exit(42, 3)
-	p.DropExited()
-	if len(p.pidStacks[42]) != 1 {
-		t.Fatal("process dropped before its rows were listed")
+	p.exited(42)
+	// Exited after the first listing began: kept by the second, which
+	// leaves its rows out again (still being named).
+	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks[42]) != 1 {
+		t.Fatalf("second listing: rows %+v, stacks %v", rows, p.pidStacks)
 	}
 
 	p.storeFrames([]accounting.StackID{id}, []*rawStack{raw}, [][]symbolize.Frame{{{Function: "load_model"}}})
+	// Exited before the second listing began, but that one left its rows
+	// out: the third lists them.
 	rows := listRows(p)
 	want := accounting.Counters{AllocBytes: 150, AllocCount: 2, ImplicitFreeBytes: 150, ImplicitFreeCount: 2}
 	if len(rows) != 1 || rows[0].Counters != want || len(rows[0].Frames) != 2 || rows[0].Frames[1].Function != "load_model" {
 		t.Fatalf("rows %+v, want one of %+v from load_model", rows, want)
 	}
-	p.DropExited()
-	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks) != 0 {
-		t.Errorf("after the drop: rows %+v, stacks %v", rows, p.pidStacks)
+	if n := p.Processes(); n != 1 {
+		t.Errorf("%d processes kept before the drop, want 1", n)
+	}
+	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks) != 0 || len(p.stacks.m) != 0 || p.Processes() != 0 {
+		t.Errorf("after the drop: rows %+v, stacks %v, %d stacks, %d processes", rows, p.pidStacks, len(p.stacks.m), p.Processes())
 	}
 }

@@ -340,19 +340,26 @@ func chartCaps() []string {
 }
 
 // TestRecordKeepsTheReport: when -o cannot be written at the end (its
-// folder removed during the recording, or its file system full), the
-// report is kept in the temporary folder, under a name that says whose and
-// when, and gpumem says where, exiting 1.
+// folder removed during the recording, or its file system full: /dev/full,
+// and a full tmpfs, where no part of the report is left), the report is
+// kept in the temporary folder, under a name that says whose and when, and
+// gpumem says where, exiting 1.
 func TestRecordKeepsTheReport(t *testing.T) {
 	for _, tc := range []struct{ name, output, want string }{
 		{"folder removed", "out/gpu.json", "create %s: no such file or directory; the report is kept in "},
 		{"file system full", "/dev/full", "write %s: no space left on device; the report is kept in "},
+		{"tmpfs full", "full/gpu.json", "write %s: no space left on device; the report is kept in "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir, kept := t.TempDir(), t.TempDir()
 			t.Setenv("TMPDIR", kept)
 			output := tc.output
-			if !filepath.IsAbs(output) {
+			var filler string
+			switch {
+			case tc.name == "tmpfs full":
+				output = filepath.Join(dir, output)
+				filler = fullTmpfs(t, filepath.Dir(output)) // a new file is still taken: -o is checked at start
+			case !filepath.IsAbs(output):
 				output = filepath.Join(dir, output)
 				if err := os.Mkdir(filepath.Dir(output), 0o755); err != nil {
 					t.Fatal(err)
@@ -398,6 +405,11 @@ func TestRecordKeepsTheReport(t *testing.T) {
 			}
 			if info, err := os.Stat("/dev/full"); err != nil || info.Mode()&os.ModeDevice == 0 {
 				t.Errorf("/dev/full: %v %v", info, err)
+			}
+			if filler != "" {
+				if entries, err := os.ReadDir(filepath.Dir(output)); err != nil || len(entries) != 1 || entries[0].Name() != filepath.Base(filler) {
+					t.Errorf("the full file system holds %v (%v), want only %s", entries, err, filepath.Base(filler))
+				}
 			}
 		})
 	}

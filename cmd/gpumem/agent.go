@@ -204,6 +204,8 @@ func (o *agentOptions) run(ctx context.Context) error {
 // symbols. The interval's peaks, taken once, go to the gauges and the push
 // (their stacks named first); the exporter reads the rows one by one,
 // keeping only what changes in its profiles: no report of every row.
+// Processes that exited are dropped by the profiler itself as later
+// intervals begin, once an interval has had them (profiler/exited.go).
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	t, err := p.Totals()
 	if err != nil {
@@ -225,8 +227,6 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	if exp != nil {
 		exp.ExportRows(p.EachRow, peaks)
 	}
-	// Exited processes are in this interval's profiles; forget them now.
-	p.DropExited()
 }
 
 // pushStatus is the exporter's part of the status line: its counts, the

@@ -19,13 +19,16 @@ import (
 // process held tensors, the tensor view in oom-PID-N.tensor.folded. A
 // snapshot that cannot be written (the directory removed, its file system
 // full or read-only during the recording) is lost whole, none of its files
-// left, and counted; the first loss is logged with its cause, the count at
-// the end (said): tracing goes on.
+// left, and counted. The loss is said once with its cause, not at every
+// snapshot: then, once a snapshot is written again (space freed), that is
+// said once with the count lost meanwhile, and a later loss is said anew.
+// The count is said at the end; tracing goes on.
 type oomWriter struct {
 	dir     string
 	n       int
 	written int
 	lost    int
+	failing int // snapshots lost since the last one written
 }
 
 func (w *oomWriter) write(o profiler.OOM) {
@@ -56,14 +59,19 @@ func (w *oomWriter) write(o profiler.OOM) {
 		}
 	}
 	w.written++
+	if w.failing > 0 {
+		logf("out-of-memory snapshots written again in %s (%d lost while it could not be written)", w.dir, w.failing)
+		w.failing = 0
+	}
 	logf("%s", written)
 }
 
-// lose counts a snapshot lost; the first says why.
+// lose counts a snapshot lost; the first of a run of losses says why.
 func (w *oomWriter) lose(base string, err error) {
 	w.lost++
-	if w.lost == 1 {
-		logf("out-of-memory snapshot %s lost: %v (later losses are counted, said at the end)", filepath.Base(base), err)
+	w.failing++
+	if w.failing == 1 {
+		logf("out-of-memory snapshot %s lost: %v (losses are counted until one is written again, said at the end)", filepath.Base(base), err)
 	}
 }
 
