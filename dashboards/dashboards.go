@@ -29,6 +29,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/pprof"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -133,10 +134,10 @@ var (
 	driverMetrics = metrics.ViewNames(tracer.ViewDriver)
 	tensorMetrics = metrics.ViewNames(tracer.ViewTensor)
 	// perPod and perGPU are how panels sum series, and their legends.
-	perPod       = []string{metrics.LabelNamespace, metrics.LabelPod}
-	perGPU       = []string{metrics.LabelNamespace, metrics.LabelPod, metrics.LabelPID, metrics.LabelGPU}
-	perPodLegend = legend(metrics.LabelNamespace) + "/" + legend(metrics.LabelPod)
-	perGPULegend = perPodLegend + " pid " + legend(metrics.LabelPID) + " gpu " + legend(metrics.LabelGPU)
+	perPod       = []string{schema.Namespace, schema.Pod}
+	perGPU       = []string{schema.Namespace, schema.Pod, schema.PID, schema.GPU}
+	perPodLegend = legend(schema.Namespace) + "/" + legend(schema.Pod)
+	perGPULegend = perPodLegend + " pid " + legend(schema.PID) + " gpu " + legend(schema.GPU)
 )
 
 // seriesPanels are the Prometheus panels, row by row: per pod, live bytes
@@ -183,8 +184,8 @@ func GPUMem() (dashboard.Dashboard, error) {
 		Refresh("30s").
 		WithVariable(dashboard.NewDatasourceVariableBuilder(varPyroscope).Label("Pyroscope").Type(pyroscopePlugin)).
 		WithVariable(dashboard.NewDatasourceVariableBuilder(varPrometheus).Label("Prometheus").Type(prometheusPlugin)).
-		WithVariable(labelVariable(varNamespace, pyroscope.LabelNamespace)).
-		WithVariable(labelVariable(varPod, pyroscope.LabelPod)).
+		WithVariable(labelVariable(varNamespace, schema.Namespace)).
+		WithVariable(labelVariable(varPod, schema.Pod)).
 		WithVariable(labelVariable(varService, pyroscope.LabelService))
 	// The builder lays panels out left to right, a new row when one is full.
 	for _, f := range flameGraphs {
@@ -281,8 +282,8 @@ func (f flameGraph) panel() cog.Builder[dashboard.Panel] {
 func labelSelector() string {
 	return "{" + strings.Join([]string{
 		match(pyroscope.LabelService, varService),
-		match(pyroscope.LabelNamespace, varNamespace),
-		match(pyroscope.LabelPod, varPod),
+		match(schema.Namespace, varNamespace),
+		match(schema.Pod, varPod),
 	}, ", ") + "}"
 }
 
@@ -315,7 +316,7 @@ func (s series) panel() cog.Builder[dashboard.Panel] {
 // selector selects a metric's series of the pods the variables pick, and
 // of the other matchers given.
 func selector(metric string, matchers ...string) string {
-	matchers = append(matchers, match(metrics.LabelNamespace, varNamespace), match(metrics.LabelPod, varPod))
+	matchers = append(matchers, match(schema.Namespace, varNamespace), match(schema.Pod, varPod))
 	return metric + "{" + strings.Join(matchers, ", ") + "}"
 }
 

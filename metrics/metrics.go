@@ -31,26 +31,18 @@ type PeakSource interface {
 	Peaks() []profiler.Peak
 }
 
-// Labels of the metrics, for queries (dashboards/).
+// Labels of the metrics besides a row's (package schema's), for queries
+// (dashboards/).
 const (
-	LabelPID         = "pid"
-	LabelComm        = "comm"
-	LabelKind        = "kind"
-	LabelGPU         = "gpu"
-	LabelNamespace   = "namespace"
-	LabelPod         = "pod"
-	LabelContainer   = "container"
-	LabelPodUID      = "pod_uid"
-	LabelContainerID = "container_id"
-	LabelCode        = "code"   // gpumem_failures_total's CUresult
-	LabelReason      = "reason" // gpumem_losses_total's
+	LabelCode   = "code"   // gpumem_failures_total's CUresult
+	LabelReason = "reason" // gpumem_losses_total's
 )
 
-var labels = []string{LabelPID, LabelComm, LabelKind, LabelGPU, LabelNamespace, LabelPod, LabelContainer, LabelPodUID, LabelContainerID}
+var labels = []string{schema.PID, schema.Comm, schema.Kind, schema.GPU, schema.Namespace, schema.Pod, schema.Container, schema.PodUID, schema.ContainerID}
 
 // peakLabels are the peak gauges' labels: a peak is of a view, not of a
 // kind (on a GPU, the driver view's device and VMM memory together).
-var peakLabels = slices.DeleteFunc(slices.Clone(labels), func(l string) bool { return l == LabelKind })
+var peakLabels = slices.DeleteFunc(slices.Clone(labels), func(l string) bool { return l == schema.Kind })
 
 // Names are the names of one view's metrics.
 type Names struct {

@@ -6,8 +6,9 @@
 package pprof
 
 import (
+	"compress/gzip"
 	"fmt"
-	"path/filepath"
+	"io"
 	"time"
 
 	"github.com/google/pprof/profile"
@@ -15,7 +16,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
-	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -39,14 +39,6 @@ const (
 func NewValues(alloc, live, peak accounting.Amount) Values {
 	return Values{AllocObjects: int64(alloc.Count), AllocSpace: int64(alloc.Bytes), InuseObjects: int64(live.Count),
 		InuseSpace: int64(live.Bytes), PeakObjects: int64(peak.Count), PeakSpace: int64(peak.Bytes)}
-}
-
-// Totals are a row's values since tracing began: what it allocated, what it
-// still holds, and peak, its share of its process's peak on its GPU in its
-// view (PeakShares).
-func Totals(row profiler.Row, peak accounting.Amount) Values {
-	return NewValues(accounting.Amount{Bytes: row.AllocBytes, Count: row.AllocCount},
-		accounting.Amount{Bytes: row.LiveBytes(), Count: row.LiveCount()}, peak)
 }
 
 // PeakShares are each row's share of its process's peak (on its GPU, in
@@ -97,66 +89,23 @@ func DefaultSampleType(v tracer.View) string { return SampleTypes(v)[InuseSpace]
 // PeakSampleType is the sample type of view v's peak bytes.
 func PeakSampleType(v tracer.View) string { return SampleTypes(v)[PeakSpace].Type }
 
-// Build makes a profile of the report's rows, one sample per (process,
-// stack, memory kind, device), labelled with pid, comm, kind and gpu, with
-// both views' sample types; the peaks are the report's (every row of a
-// peak is a row of the report: the same books at the same moment).
-func Build(r profiler.Report) *profile.Profile {
+// Write writes a profile of the report's rows, gzipped, one sample per
+// (process, stack, memory kind, device) labelled with pid, comm, kind and
+// gpu (and the pod and GPU where known), with both views' sample types;
+// the peaks are the report's (every row of a peak is a row of the report:
+// the same books at the same moment). Comments say how it was made
+// (Comment).
+func Write(w io.Writer, r profiler.Report, comments ...string) error {
+	e := NewEncoder(false, tracer.Views...)
 	shares := PeakShares(r.Peaks)
-	return BuildRows(r.Rows, r.Time, 0, func(row profiler.Row) Values { return Totals(row, shares[row.Key]) }, tracer.Views...)
-}
-
-// BuildRows makes a profile taken at t over duration of the given rows, with
-// the values that values gives each. Its sample types are those of views,
-// in order, the first view's inuse_space the default; a row's values go
-// under its own view's types, zeros under the others'. Rows of other views,
-// and rows whose values are all zero, are left out.
-func BuildRows(rows []profiler.Row, t time.Time, duration time.Duration, values func(profiler.Row) Values, views ...tracer.View) *profile.Profile {
-	b := builder{
-		p: &profile.Profile{
-			DefaultSampleType: DefaultSampleType(views[0]),
-			TimeNanos:         t.UnixNano(),
-			DurationNanos:     duration.Nanoseconds(),
-			PeriodType:        &profile.ValueType{Type: PeriodType, Unit: PeriodUnit},
-			Period:            1,
-		},
-		mappings:  map[string]*profile.Mapping{},
-		functions: map[string]*profile.Function{},
-		locations: map[locationKey]*profile.Location{},
+	for i := range r.Rows {
+		e.Add(&r.Rows[i], shares[r.Rows[i].Key])
 	}
-	column := map[tracer.View]int{} // where a view's values start
-	for _, v := range views {
-		column[v] = len(b.p.SampleType)
-		b.p.SampleType = append(b.p.SampleType, SampleTypes(v)...)
+	zw := gzip.NewWriter(w)
+	if err := e.WriteTo(zw, r.Time, 0, comments...); err != nil {
+		return err
 	}
-	for _, row := range rows {
-		at, ok := column[row.Kind.View()]
-		v := values(row)
-		if !ok || v == (Values{}) {
-			continue
-		}
-		s := &profile.Sample{
-			Value:    make([]int64, len(b.p.SampleType)),
-			Label:    map[string][]string{"comm": {row.Comm}, "kind": {row.Kind.String()}, "gpu": {row.GPU()}},
-			NumLabel: map[string][]int64{"pid": {int64(row.PID)}},
-		}
-		copy(s.Value[at:], v[:])
-		for name, value := range map[string]string{"pod_uid": row.Container.PodUID, "container_id": row.Container.ContainerID,
-			"namespace": row.Container.Namespace, "pod": row.Container.Pod, "container": row.Container.Name} {
-			if value != "" {
-				s.Label[name] = []string{value}
-			}
-		}
-		if row.Device.UUID != "" {
-			s.Label["gpu_uuid"] = []string{row.Device.UUID}
-			s.Label["gpu_name"] = []string{row.Device.Name}
-		}
-		for _, f := range row.Frames {
-			s.Location = append(s.Location, b.location(*f))
-		}
-		b.p.Sample = append(b.p.Sample, s)
-	}
-	return b.p
+	return zw.Close()
 }
 
 // Comment returns the lines a profile carries about how it was made, and
@@ -176,69 +125,4 @@ func Comment(r profiler.Report) []string {
 			pk.PID, pk.Comm, pk.GPU, pk.View, pk.Bytes, pk.Count, pk.Time.Format(time.RFC3339Nano)))
 	}
 	return lines
-}
-
-type locationKey struct {
-	module   string
-	address  uint64
-	function string
-	file     string
-	line     int64
-}
-
-type builder struct {
-	p         *profile.Profile
-	mappings  map[string]*profile.Mapping
-	functions map[string]*profile.Function
-	locations map[locationKey]*profile.Location
-}
-
-func (b *builder) location(f symbolize.Frame) *profile.Location {
-	key := locationKey{f.Module, f.Address, f.Name(), f.File, f.Line}
-	if loc, ok := b.locations[key]; ok {
-		return loc
-	}
-	file := f.File // Python frames name their source file
-	if file == "" {
-		file = filepath.Base(f.Module)
-	}
-	loc := &profile.Location{
-		ID:      uint64(len(b.p.Location) + 1),
-		Address: f.Address,
-		Mapping: b.mapping(f.Module),
-		Line:    []profile.Line{{Function: b.function(f.Name(), file), Line: f.Line}},
-	}
-	b.p.Location = append(b.p.Location, loc)
-	b.locations[key] = loc
-	return loc
-}
-
-func (b *builder) mapping(module string) *profile.Mapping {
-	if m, ok := b.mappings[module]; ok {
-		return m
-	}
-	m := &profile.Mapping{
-		ID:           uint64(len(b.p.Mapping) + 1),
-		File:         module,
-		HasFunctions: true,
-	}
-	b.p.Mapping = append(b.p.Mapping, m)
-	b.mappings[module] = m
-	return m
-}
-
-func (b *builder) function(name, file string) *profile.Function {
-	key := name + "\x00" + file
-	if fn, ok := b.functions[key]; ok {
-		return fn
-	}
-	fn := &profile.Function{
-		ID:         uint64(len(b.p.Function) + 1),
-		Name:       name,
-		SystemName: name,
-		Filename:   file,
-	}
-	b.p.Function = append(b.p.Function, fn)
-	b.functions[key] = fn
-	return fn
 }

@@ -37,9 +37,8 @@ func TestViewsAreSampleTypes(t *testing.T) {
 		{PID: 7, GPU: "0", View: tracer.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2},
 			Shares: []accounting.PeakRow{{Key: rows[1].Key, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}}}},
 	}
-	p := Build(profiler.Report{Time: time.Unix(1700000000, 0), Rows: rows, Peaks: peaks})
 	var buf bytes.Buffer
-	if err := p.Write(&buf); err != nil {
+	if err := Write(&buf, profiler.Report{Time: time.Unix(1700000000, 0), Rows: rows, Peaks: peaks}, "how it was made"); err != nil {
 		t.Fatal(err)
 	}
 	p, err := profile.Parse(&buf)
@@ -54,7 +53,7 @@ func TestViewsAreSampleTypes(t *testing.T) {
 		"peak_objects/count", "peak_space/bytes",
 		"tensor_alloc_objects/count", "tensor_alloc_space/bytes", "tensor_inuse_objects/count", "tensor_inuse_space/bytes",
 		"tensor_peak_objects/count", "tensor_peak_space/bytes"}
-	if !slices.Equal(types, want) || p.DefaultSampleType != "inuse_space" {
+	if !slices.Equal(types, want) || p.DefaultSampleType != "inuse_space" || !slices.Equal(p.Comments, []string{"how it was made"}) {
 		t.Fatalf("sample types %v, default %q", types, p.DefaultSampleType)
 	}
 	byKind := map[string][]int64{}
@@ -73,8 +72,16 @@ func TestViewsAreSampleTypes(t *testing.T) {
 
 	// One view alone, as a Pyroscope series is: its types only, its
 	// inuse_space the default, the other view's rows left out.
-	tensors := BuildRows(rows, time.Now(), 0, func(row profiler.Row) Values { return Totals(row, accounting.Amount{}) }, tracer.ViewTensor)
-	if len(tensors.SampleType) != 6 || tensors.DefaultSampleType != "tensor_inuse_space" || len(tensors.Sample) != 1 {
-		t.Errorf("tensor view alone: %v", tensors)
+	enc := NewEncoder(false, tracer.ViewTensor)
+	for i := range rows {
+		enc.Add(&rows[i], accounting.Amount{})
+	}
+	buf.Reset()
+	if err := enc.WriteTo(&buf, time.Now(), 0); err != nil {
+		t.Fatal(err)
+	}
+	tensors, err := profile.ParseData(buf.Bytes())
+	if err != nil || len(tensors.SampleType) != 6 || tensors.DefaultSampleType != "tensor_inuse_space" || len(tensors.Sample) != 1 {
+		t.Errorf("tensor view alone: %v %v", tensors, err)
 	}
 }

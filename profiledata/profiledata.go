@@ -7,7 +7,6 @@ package profiledata
 import (
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
@@ -81,7 +80,7 @@ func (w *Writer) put(d datasource.Data, row profiler.Row) error {
 	for name, v := range map[string]string{
 		schema.Comm: row.Comm, schema.Kind: row.Kind.String(), schema.GPU: row.GPU(),
 		schema.PodUID: row.Container.PodUID, schema.ContainerID: row.Container.ContainerID,
-		schema.Stack: strings.Join(frames, ";"),
+		schema.Stack: schema.JoinFolded(frames),
 	} {
 		errs = append(errs, w.fields[name].PutString(d, v))
 	}
@@ -100,15 +99,25 @@ func (w *Writer) put(d datasource.Data, row profiler.Row) error {
 }
 
 // Reader reads rows of a profile data source. It gives each (process,
-// stack) a stable StackID, so that consecutive arrays can be compared.
+// stack) a stable StackID and frames, so that consecutive arrays can be
+// compared and a sink's encoding of a stack kept between them; a stack
+// missing from an array is forgotten.
 type Reader struct {
 	fields map[string]datasource.FieldAccessor
-	stacks map[string]accounting.StackID
+	stacks map[string]*stack
+	nextID accounting.StackID
+	array  uint64 // arrays read
+}
+
+type stack struct {
+	id     accounting.StackID
+	frames []*symbolize.Frame // innermost first
+	array  uint64             // the last array with the stack
 }
 
 // NewReader finds the row fields of ds, and the name fields when present.
 func NewReader(ds datasource.DataSource) (*Reader, error) {
-	r := &Reader{fields: map[string]datasource.FieldAccessor{}, stacks: map[string]accounting.StackID{}}
+	r := &Reader{fields: map[string]datasource.FieldAccessor{}, stacks: map[string]*stack{}}
 	for _, f := range fields {
 		if r.fields[f.name] = ds.GetField(f.name); r.fields[f.name] == nil {
 			return nil, fmt.Errorf("data source %s: no field %q", ds.Name(), f.name)
@@ -141,6 +150,7 @@ func SubscribeReports(ds datasource.DataSource, priority int, f func(profiler.Re
 
 // Report reads one array. Its frames carry function names only.
 func (r *Reader) Report(arr datasource.DataArray) (profiler.Report, error) {
+	r.array++
 	var rep profiler.Report
 	for n := range arr.Len() {
 		row, err := r.Row(arr.Get(n))
@@ -148,6 +158,11 @@ func (r *Reader) Report(arr datasource.DataArray) (profiler.Report, error) {
 			return rep, err
 		}
 		rep.Rows = append(rep.Rows, row)
+	}
+	for key, s := range r.stacks {
+		if s.array != r.array {
+			delete(r.stacks, key) // its process was dropped
+		}
 	}
 	return rep, nil
 }
@@ -179,18 +194,9 @@ func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
 	case convErr != nil:
 		device = tracer.DeviceUnknown
 	}
-	stack := text(schema.Stack)
-	key := strconv.FormatUint(uint64(pid), 10) + "\x00" + stack
-	id, seen := r.stacks[key]
-	if !seen {
-		id = accounting.StackID(len(r.stacks))
-		r.stacks[key] = id
-	}
-	frames := strings.Split(stack, ";")
-	for n := len(frames) - 1; n >= 0; n-- {
-		row.Frames = append(row.Frames, &symbolize.Frame{Function: frames[n]})
-	}
-	row.Key = accounting.Key{PID: pid, Stack: id, Kind: kind, Device: int32(device)}
+	st := r.stack(pid, text(schema.Stack))
+	row.Frames = st.frames
+	row.Key = accounting.Key{PID: pid, Stack: st.id, Kind: kind, Device: int32(device)}
 	row.Comm = text(schema.Comm)
 	row.Container = k8smeta.Container{PodUID: text(schema.PodUID), ContainerID: text(schema.ContainerID)}
 	if r.fields[schema.Namespace] != nil {
@@ -201,6 +207,23 @@ func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
 	row.FreeBytes = row.AllocBytes - number(schema.LiveBytes)
 	row.FreeCount = row.AllocCount - number(schema.LiveCount)
 	return row, err
+}
+
+// stack is a process's stack, made when first read.
+func (r *Reader) stack(pid uint32, folded string) *stack {
+	key := strconv.FormatUint(uint64(pid), 10) + "\x00" + folded
+	s := r.stacks[key]
+	if s == nil {
+		r.nextID++
+		s = &stack{id: r.nextID}
+		names := schema.SplitFolded(folded)
+		for n := len(names) - 1; n >= 0; n-- {
+			s.frames = append(s.frames, &symbolize.Frame{Function: names[n]})
+		}
+		r.stacks[key] = s
+	}
+	s.array = r.array
+	return s
 }
 
 func firstErr(first, next error) error {

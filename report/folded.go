@@ -8,9 +8,9 @@ import (
 	"io"
 	"iter"
 	"sort"
-	"strings"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -56,11 +56,11 @@ func WriteFolded(w io.Writer, r profiler.Report, v Value, view tracer.View) erro
 			continue
 		}
 		names := make([]string, 0, len(row.Frames)+2)
-		names = append(names, foldedName(row.Comm), "gpu="+row.GPU())
+		names = append(names, row.Comm, "gpu="+row.GPU())
 		for i := len(row.Frames) - 1; i >= 0; i-- {
-			names = append(names, foldedName(row.Frames[i].Name()))
+			names = append(names, row.Frames[i].Name())
 		}
-		sums[strings.Join(names, ";")] += bytes
+		sums[schema.JoinFolded(names)] += bytes
 	}
 	lines := make([]string, 0, len(sums))
 	for stack := range sums {

@@ -2,7 +2,6 @@ package report
 
 import (
 	"strconv"
-	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -19,19 +18,4 @@ func Printable(s string) string {
 		}
 	}
 	return s
-}
-
-// foldedName is a name as one field of a folded line: ';' separates the
-// fields and '\n' the lines, so ';' becomes ':' and each control character
-// a space; invalid UTF-8 becomes U+FFFD.
-func foldedName(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r == ';':
-			return ':'
-		case unicode.IsControl(r):
-			return ' '
-		}
-		return r
-	}, s)
 }

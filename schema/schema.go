@@ -7,7 +7,8 @@ package schema
 // Annotation marks such a data source, with the value "true".
 const Annotation = "gpumem.profile"
 
-// Fields of a row. Stack is the frames, outermost first, joined by ";" (the
+// Fields of a row, and the labels of every output that has labels (pprof
+// samples, Pyroscope series, metrics). Stack is the frames, outermost first, joined by ";" (the
 // folded form); gpu is as tracer.GPU writes it. The names fields are
 // optional: operators/k8smeta adds them.
 const (
@@ -17,6 +18,8 @@ const (
 	GPU         = "gpu"
 	PodUID      = "pod_uid"
 	ContainerID = "container_id"
+	GPUUUID     = "gpu_uuid" // labels only: where the driver names the GPU
+	GPUName     = "gpu_name"
 	Stack       = "stack"
 	AllocBytes  = "alloc_bytes"
 	AllocCount  = "alloc_count"

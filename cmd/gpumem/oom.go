@@ -36,11 +36,10 @@ func (w *oomWriter) write(o profiler.OOM) {
 	logf("%s", report.DescribeOOM(o))
 	base := filepath.Join(w.dir, fmt.Sprintf("oom-%d-%d", o.Failure.PID, w.n))
 	r := profiler.Report{Time: o.Time, Rows: o.Held}
-	prof := pprof.Build(r)
-	prof.Comments = []string{report.DescribeOOM(o), "asked from: " + strings.Join(frameNames(o.Failure), " < ")}
+	comments := []string{report.DescribeOOM(o), "asked from: " + strings.Join(frameNames(o.Failure), " < ")}
 	paths := []string{base + ".pb.gz", base + ".folded"}
 	writers := []func(io.Writer) error{
-		func(f io.Writer) error { return prof.Write(f) },
+		func(f io.Writer) error { return pprof.Write(f, r, comments...) },
 		func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewDriver) },
 	}
 	written := "wrote " + base + ".pb.gz and .folded"

@@ -176,9 +176,7 @@ func (o *recordOptions) write(r profiler.Report) error {
 	written, err := writeReport(o.output, ext, func(w io.Writer) error {
 		switch o.format {
 		case "pprof":
-			prof := pprof.Build(r)
-			prof.Comments = pprof.Comment(r)
-			return prof.Write(w)
+			return pprof.Write(w, r, pprof.Comment(r)...)
 		case "folded":
 			view, _ := report.ParseView(o.view) // checked by validate
 			return report.WriteFolded(w, r, report.Value(o.value), view)

@@ -27,8 +27,8 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/profiledata"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/report"
+	"github.com/gpu-mem/gpu-mem/schema"
 )
 
 type runOptions struct {

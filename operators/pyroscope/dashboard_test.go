@@ -13,6 +13,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -49,7 +50,8 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	pushed := pushedProfileTypes(t)
 	// Labels the exporter sends; namespace and pod come with Kubernetes
 	// metadata (empty, and matched by "All", elsewhere).
-	labels := map[string]bool{LabelService: true, LabelPID: true, LabelComm: true, LabelKind: true, LabelNode: true, LabelGPU: true, "namespace": true, "pod": true}
+	labels := map[string]bool{LabelService: true, schema.PID: true, schema.Comm: true, schema.Kind: true, LabelNode: true, schema.GPU: true,
+		schema.Namespace: true, schema.Pod: true}
 	matcher := regexp.MustCompile(`([a-z_]+)=~?"`)
 	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|peak_bytes|allocated_bytes_total|failures_total)\{`)
 	flames := map[string]int{}   // by profile type
@@ -106,7 +108,7 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 func pushedProfileTypes(t *testing.T) map[string]bool {
 	types := map[string]bool{}
 	for _, kind := range []tracer.Kind{tracer.KindDevice, tracer.KindTensor} {
-		e := &Exporter{series: map[seriesKey]*seriesProfile{}}
+		e := &Exporter{series: map[seriesKey]*series{}}
 		req, _ := e.request(func(add func(*profiler.Row)) time.Time {
 			add(&profiler.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",
 				Frames: []*symbolize.Frame{{Function: "f"}}, Counters: accounting.Counters{AllocBytes: 1, AllocCount: 1}})

@@ -20,9 +20,11 @@ import (
 	"github.com/google/pprof/profile"
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/schema"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -342,7 +344,7 @@ func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 	push := r.Received()[0]
 	types := map[string][]string{} // by kind
 	for _, s := range push.Series {
-		p, kind := parseRaw(t, s), pyroscopetest.Labels(s)[LabelKind]
+		p, kind := parseRaw(t, s), pyroscopetest.Labels(s)[schema.Kind]
 		for _, st := range p.SampleType {
 			types[kind] = append(types[kind], pyroscopetest.ProfileTypeID(s, p, st))
 		}

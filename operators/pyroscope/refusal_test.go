@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -344,7 +345,7 @@ func TestLabelsAreUTF8(t *testing.T) {
 	r := row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})
 	r.Comm = "trainer-\xe6\x97"
 	for _, l := range e.labels(r) {
-		if l.Name == LabelComm && l.Value != "trainer-\uFFFD" || !utf8.ValidString(l.Value) {
+		if l.Name == schema.Comm && l.Value != "trainer-\uFFFD" || !utf8.ValidString(l.Value) {
 			t.Errorf("label %s=%q", l.Name, l.Value)
 		}
 	}

@@ -1,7 +1,9 @@
-package pyroscope
+package pprof
 
 import (
+	"bytes"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -13,7 +15,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
-	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -52,18 +53,51 @@ func samples(t *testing.T, p *profile.Profile) []string {
 	return append(out, strings.Join(types, ","), p.DefaultSampleType, fmt.Sprint(p.TimeNanos, p.DurationNanos, p.Period, p.PeriodType.Type))
 }
 
-// TestEncodeAsPprofBuilds: the exporter's profile of a series, interval
-// after interval, is what the pprof package builds from the same rows, in
-// the series' view: samples, frames (native and Python), labels, values
-// with each row's share of the interval's peak, and the view's own sample
-// types (tensor_* for a tensor series).
-func TestEncodeAsPprofBuilds(t *testing.T) {
+// expectedSamples are what samples must say of a profile of rows, each
+// with the values that values gives it, in view: the oracle, made without
+// the encoder.
+func expectedSamples(rows []profiler.Row, values func(profiler.Row) Values, view tracer.View, at time.Time, duration time.Duration) []string {
+	var out []string
+	for _, row := range rows {
+		v := values(row)
+		if v == (Values{}) {
+			continue
+		}
+		var frames []string
+		for _, f := range row.Frames {
+			file := f.File
+			if file == "" {
+				file = filepath.Base(f.Module)
+			}
+			frames = append(frames, fmt.Sprintf("%s@%s:%d/%s+%#x", f.Name(), file, f.Line, f.Module, f.Address))
+		}
+		labels := []string{fmt.Sprintf("pid=[%d]", row.PID)}
+		for name, value := range rowLabels(&row) {
+			labels = append(labels, name+"="+value)
+		}
+		sort.Strings(labels)
+		out = append(out, fmt.Sprintf("%v %s %s", v[:], strings.Join(frames, ";"), strings.Join(labels, ",")))
+	}
+	sort.Strings(out)
+	var types []string
+	for _, st := range SampleTypes(view) {
+		types = append(types, st.Type+"/"+st.Unit)
+	}
+	return append(out, strings.Join(types, ","), DefaultSampleType(view), fmt.Sprint(at.UnixNano(), duration.Nanoseconds(), 1, PeriodType))
+}
+
+// TestEncodeIntervals: an encoder's profiles of a series, interval after
+// interval (a Pyroscope series'): samples, frames (native and Python),
+// labels, values with what each row allocated during the interval and its
+// share of the interval's peak, and the view's own sample types (tensor_*
+// for a tensor series).
+func TestEncodeIntervals(t *testing.T) {
 	for _, kind := range []tracer.Kind{tracer.KindDevice, tracer.KindTensor} {
-		t.Run(kind.String(), func(t *testing.T) { testEncodeAsPprofBuilds(t, kind) })
+		t.Run(kind.String(), func(t *testing.T) { testEncodeIntervals(t, kind) })
 	}
 }
 
-func testEncodeAsPprofBuilds(t *testing.T, kind tracer.Kind) {
+func testEncodeIntervals(t *testing.T, kind tracer.Kind) {
 	driver := &symbolize.Frame{Function: "cuMemAlloc_v2", Module: "libcuda.so.1"}
 	native := &symbolize.Frame{Function: "at::empty_cuda", Module: "/usr/lib/libtorch_cuda.so", Address: 0x1234}
 	unnamed := &symbolize.Frame{Module: "/usr/lib/libfoo.so", Address: 0x99}
@@ -98,36 +132,37 @@ func testEncodeAsPprofBuilds(t *testing.T, kind tracer.Kind) {
 		{1: {Bytes: 300, Count: 3}},
 		{},
 	}
-	s := newSeriesProfile(kind.View())
-	var enc encoder
+	enc := NewEncoder(true, kind.View())
 	prev := map[accounting.Key]accounting.Counters{}
 	t0 := time.Unix(1700000000, 0)
 	for i, rows := range intervals {
 		at := t0.Add(time.Duration(i+1) * time.Second)
-		s.begin(&rows[0], uint64(i+1))
 		for j := range rows {
-			s.add(&rows[j], peaks[i][rows[j].Stack], uint64(i+1))
+			enc.Add(&rows[j], peaks[i][rows[j].Stack])
 		}
-		raw := enc.finish(s, at, time.Second)
-		got, err := profile.ParseData(raw)
+		var raw bytes.Buffer
+		if err := enc.WriteTo(&raw, at, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		got, err := profile.ParseData(raw.Bytes())
 		if err != nil {
 			t.Fatalf("interval %d: %v", i, err)
 		}
 		before := prev
-		want := pprof.BuildRows(rows, at, time.Second, func(row profiler.Row) pprof.Values {
+		want := expectedSamples(rows, func(row profiler.Row) Values {
 			b := before[row.Key]
-			return pprof.NewValues(accounting.Amount{Bytes: row.AllocBytes - b.AllocBytes, Count: row.AllocCount - b.AllocCount},
+			return NewValues(accounting.Amount{Bytes: row.AllocBytes - b.AllocBytes, Count: row.AllocCount - b.AllocCount},
 				accounting.Amount{Bytes: row.LiveBytes(), Count: row.LiveCount()}, peaks[i][row.Stack])
-		}, kind.View())
+		}, kind.View(), at, time.Second)
 		prev = map[accounting.Key]accounting.Counters{}
 		for _, row := range rows {
 			prev[row.Key] = row.Counters
 		}
-		if g, w := samples(t, got), samples(t, want); !slices.Equal(g, w) {
-			t.Errorf("interval %d:\n got %q\nwant %q", i, g, w)
+		if g := samples(t, got); !slices.Equal(g, want) {
+			t.Errorf("interval %d:\n got %q\nwant %q", i, g, want)
 		}
 	}
-	if len(s.rows) != 2 {
-		t.Errorf("%d rows kept, want the 2 of the last interval", len(s.rows))
+	if len(enc.rows) != 2 {
+		t.Errorf("%d rows kept, want the 2 of the last interval", len(enc.rows))
 	}
 }
