@@ -106,9 +106,12 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 		t.Errorf("the restarted agent counts %v live tensor bytes, want %v", got, want)
 	}
 	second.interrupt()
-	if got := readSemaphores(t, w.pid, allocator, semaphores); !allZero(got) {
-		t.Errorf("semaphores %v after the agent stopped", got)
-	}
+	// As after the kill: the kernel may count a semaphore down a moment
+	// after the process that held the link is gone (seen once in five runs
+	// beside another suite).
+	waitUntil(t, "the semaphores back to zero after the agent stopped", func() bool {
+		return allZero(readSemaphores(t, w.pid, allocator, semaphores))
+	})
 	w.exit()
 }
 
