@@ -7,7 +7,7 @@ package accounting
 import (
 	"maps"
 
-	"github.com/gpu-mem/gpu-mem/tracer"
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // StackID names an interned call stack; the ledger never looks inside.
@@ -17,12 +17,12 @@ type StackID uint64
 type Key struct {
 	PID    uint32
 	Stack  StackID
-	Kind   tracer.Kind
-	Device int32 // device ordinal, or tracer.DeviceUnknown
+	Kind   memory.Kind
+	Device int32 // device ordinal, or memory.DeviceUnknown
 }
 
-// GPU names where the row's memory lives (see tracer.GPU).
-func (k Key) GPU() string { return tracer.GPU(k.Kind, k.Device) }
+// GPU names where the row's memory lives (see memory.GPU).
+func (k Key) GPU() string { return memory.GPU(k.Kind, k.Device) }
 
 // Counters are one row of the books. Live memory is what was allocated and
 // neither freed nor released by the process's exit.
@@ -51,7 +51,7 @@ func (c Counters) LiveCount() uint64 { return c.AllocCount - c.FreeCount - c.Imp
 // FailureKey identifies failed allocations with the same origin and error.
 type FailureKey struct {
 	Key
-	Op     tracer.Op
+	Op     memory.Op
 	Result int32
 }
 
@@ -95,7 +95,7 @@ type process struct {
 // name space.
 type address struct {
 	value uint64
-	space tracer.Space
+	space memory.Space
 }
 
 type allocation struct {
@@ -138,7 +138,7 @@ func (l *Ledger) row(k Key, ts uint64) *row {
 }
 
 // Alloc records a successful allocation returned at time ts.
-func (l *Ledger) Alloc(k Key, addr uint64, space tracer.Space, bytes, ts uint64) {
+func (l *Ledger) Alloc(k Key, addr uint64, space memory.Space, bytes, ts uint64) {
 	p := l.process(k.PID)
 	a := address{addr, space}
 	if old, ok := p.live[a]; ok {
@@ -157,7 +157,7 @@ func (l *Ledger) Alloc(k Key, addr uint64, space tracer.Space, bytes, ts uint64)
 
 // Free records a free of op (its result unread) that entered the driver at
 // time ts.
-func (l *Ledger) Free(pid uint32, op tracer.Op, addr uint64, ts uint64) {
+func (l *Ledger) Free(pid uint32, op memory.Op, addr uint64, ts uint64) {
 	p := l.procs[pid]
 	a := address{addr, op.Space()}
 	if p == nil {
@@ -187,7 +187,7 @@ func (l *Ledger) Free(pid uint32, op tracer.Op, addr uint64, ts uint64) {
 	l.unknownFree(op)
 }
 
-func (l *Ledger) unknownFree(op tracer.Op) {
+func (l *Ledger) unknownFree(op memory.Op) {
 	l.stats.UnknownFrees++
 	if l.stats.UnknownFreesBy == nil {
 		l.stats.UnknownFreesBy = map[string]uint64{}
@@ -204,7 +204,7 @@ func (l *Ledger) Retain(pid uint32, handle uint64) {
 	if p == nil {
 		return
 	}
-	a := address{handle, tracer.SpaceHandle}
+	a := address{handle, memory.SpaceHandle}
 	if cur, ok := p.live[a]; ok {
 		cur.refs++
 		p.live[a] = cur
@@ -217,7 +217,7 @@ func release(a allocation) {
 }
 
 // Fail records an allocation call that returned an error.
-func (l *Ledger) Fail(k Key, op tracer.Op, result int32, bytes uint64) {
+func (l *Ledger) Fail(k Key, op memory.Op, result int32, bytes uint64) {
 	fk := FailureKey{Key: k, Op: op, Result: result}
 	f, ok := l.failures[fk]
 	if !ok {

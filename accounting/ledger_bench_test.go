@@ -3,7 +3,7 @@ package accounting
 import (
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/tracer"
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // BenchmarkAllocFree is the books' cost per allocation + free pair, in
@@ -19,7 +19,7 @@ func BenchmarkAllocFree(b *testing.B) {
 		var ts uint64 = 1 << 20
 		for b.Loop() {
 			ts += 2
-			l.Alloc(benchKey(int(ts)), 1<<30, tracer.SpacePointer, 4096, ts)
+			l.Alloc(benchKey(int(ts)), 1<<30, memory.SpacePointer, 4096, ts)
 			l.Free(1, cuMemFree, 1<<30, ts+1)
 		}
 	})
@@ -30,7 +30,7 @@ func BenchmarkAllocFree(b *testing.B) {
 		var ts uint64 = 1 << 20
 		for b.Loop() {
 			ts += 2
-			l.Alloc(benchKey(int(ts)), 1<<30, tracer.SpacePointer, ts, ts)
+			l.Alloc(benchKey(int(ts)), 1<<30, memory.SpacePointer, ts, ts)
 			l.Free(1, cuMemFree, 1<<30, ts+1)
 		}
 	})
@@ -46,7 +46,7 @@ func BenchmarkAllocFree(b *testing.B) {
 			height++
 			for i := range uint64(wave) {
 				ts++
-				l.Alloc(Key{PID: 1, Stack: StackID(i), Kind: tracer.KindDevice}, i, tracer.SpacePointer, 4096+height, ts)
+				l.Alloc(Key{PID: 1, Stack: StackID(i), Kind: memory.KindDevice}, i, memory.SpacePointer, 4096+height, ts)
 			}
 			for i := range uint64(wave) {
 				ts++
@@ -61,9 +61,9 @@ func BenchmarkAllocFree(b *testing.B) {
 func newBenchLedger(n int) *Ledger {
 	l := New()
 	for i := range n {
-		l.Alloc(benchKey(i), uint64(i), tracer.SpacePointer, 4096, uint64(i+1))
+		l.Alloc(benchKey(i), uint64(i), memory.SpacePointer, 4096, uint64(i+1))
 	}
 	return l
 }
 
-func benchKey(i int) Key { return Key{PID: 1, Stack: StackID(i % 100), Kind: tracer.KindDevice} }
+func benchKey(i int) Key { return Key{PID: 1, Stack: StackID(i % 100), Kind: memory.KindDevice} }

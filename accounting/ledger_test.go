@@ -4,20 +4,20 @@ import (
 	"maps"
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/tracer"
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 var (
-	weights = Key{PID: 10, Stack: 1, Kind: tracer.KindDevice}
-	cache   = Key{PID: 10, Stack: 2, Kind: tracer.KindDevice}
-	other   = Key{PID: 11, Stack: 1, Kind: tracer.KindDevice}
+	weights = Key{PID: 10, Stack: 1, Kind: memory.KindDevice}
+	cache   = Key{PID: 10, Stack: 2, Kind: memory.KindDevice}
+	other   = Key{PID: 11, Stack: 1, Kind: memory.KindDevice}
 )
 
 func TestFreeReleasesWhatItsAllocationCharged(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
-	l.Alloc(weights, 0x2000, tracer.SpacePointer, 200, 2)
-	l.Alloc(cache, 0x3000, tracer.SpacePointer, 300, 3)
+	l.Alloc(weights, 0x1000, memory.SpacePointer, 100, 1)
+	l.Alloc(weights, 0x2000, memory.SpacePointer, 200, 2)
+	l.Alloc(cache, 0x3000, memory.SpacePointer, 300, 3)
 	l.Free(10, cuMemFree, 0x2000, 4)
 	l.Free(10, cuMemFree, 0x3000, 5)
 
@@ -32,9 +32,9 @@ func TestFreeReleasesWhatItsAllocationCharged(t *testing.T) {
 
 func TestHandlesAndPointersAreApart(t *testing.T) {
 	l := New()
-	vmm := Key{PID: 10, Stack: 3, Kind: tracer.KindVMM}
-	l.Alloc(vmm, 0x1000, tracer.SpaceHandle, 64, 1)
-	l.Alloc(weights, 0x1000, tracer.SpacePointer, 32, 2)
+	vmm := Key{PID: 10, Stack: 3, Kind: memory.KindVMM}
+	l.Alloc(vmm, 0x1000, memory.SpaceHandle, 64, 1)
+	l.Alloc(weights, 0x1000, memory.SpacePointer, 32, 2)
 	l.Free(10, cuMemRelease, 0x1000, 3)
 	s := l.Snapshot()
 	if s.Rows[vmm].LiveBytes() != 0 || s.Rows[weights].LiveBytes() != 32 || s.Stats.UnknownFrees != 0 {
@@ -45,7 +45,7 @@ func TestHandlesAndPointersAreApart(t *testing.T) {
 func TestUnknownFrees(t *testing.T) {
 	l := New()
 	l.Free(10, cuMemFree, 0x1000, 1) // process never seen
-	l.Alloc(weights, 0x2000, tracer.SpacePointer, 8, 2)
+	l.Alloc(weights, 0x2000, memory.SpacePointer, 8, 2)
 	l.Free(10, cuMemFree, 0x3000, 3) // pointer never seen
 	l.Free(10, cuMemRelease, 0x4000, 4)
 	s := l.Snapshot().Stats
@@ -60,8 +60,8 @@ func TestUnknownFrees(t *testing.T) {
 // stamped before the reuse, releases the old allocation.
 func TestFreeRacingWithReuse(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
-	l.Alloc(cache, 0x1000, tracer.SpacePointer, 300, 5) // returned at 5
+	l.Alloc(weights, 0x1000, memory.SpacePointer, 100, 1)
+	l.Alloc(cache, 0x1000, memory.SpacePointer, 300, 5) // returned at 5
 	l.Free(10, cuMemFree, 0x1000, 4)                    // entered at 4
 	s := l.Snapshot()
 	if s.Rows[weights].LiveBytes() != 0 || s.Rows[cache].LiveBytes() != 300 || s.Stats.UnknownFrees != 0 {
@@ -77,7 +77,7 @@ func TestFreeRacingWithReuse(t *testing.T) {
 // again, and the new allocation's event arrives first: the free is unknown.
 func TestFreeOfUnseenAllocationBeforeReuse(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 5)
+	l.Alloc(weights, 0x1000, memory.SpacePointer, 100, 5)
 	l.Free(10, cuMemFree, 0x1000, 4)
 	s := l.Snapshot()
 	if s.Rows[weights].LiveBytes() != 100 || s.Stats.UnknownFrees != 1 {
@@ -87,9 +87,9 @@ func TestFreeOfUnseenAllocationBeforeReuse(t *testing.T) {
 
 func TestExitReleasesImplicitly(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
-	l.Alloc(weights, 0x2000, tracer.SpacePointer, 50, 2)
-	l.Alloc(other, 0x1000, tracer.SpacePointer, 7, 3)
+	l.Alloc(weights, 0x1000, memory.SpacePointer, 100, 1)
+	l.Alloc(weights, 0x2000, memory.SpacePointer, 50, 2)
+	l.Alloc(other, 0x1000, memory.SpacePointer, 7, 3)
 	l.Free(10, cuMemFree, 0x2000, 4)
 	l.Exit(10, 5)
 	s := l.Snapshot()
@@ -107,8 +107,8 @@ func TestExitReleasesImplicitly(t *testing.T) {
 
 func TestFailuresAreNotAllocations(t *testing.T) {
 	l := New()
-	l.Fail(weights, 1, tracer.CUDAOutOfMemory, 1<<40)
-	l.Fail(weights, 1, tracer.CUDAOutOfMemory, 1<<40)
+	l.Fail(weights, 1, memory.CUDAOutOfMemory, 1<<40)
+	l.Fail(weights, 1, memory.CUDAOutOfMemory, 1<<40)
 	s := l.Snapshot()
 	if len(s.Rows) != 0 {
 		t.Errorf("rows %+v", s.Rows)
@@ -121,12 +121,12 @@ func TestFailuresAreNotAllocations(t *testing.T) {
 
 func TestDropExited(t *testing.T) {
 	l := New()
-	l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
-	l.Alloc(other, 0x1000, tracer.SpacePointer, 7, 2)
-	l.Fail(other, 1, tracer.CUDAOutOfMemory, 9)
+	l.Alloc(weights, 0x1000, memory.SpacePointer, 100, 1)
+	l.Alloc(other, 0x1000, memory.SpacePointer, 7, 2)
+	l.Fail(other, 1, memory.CUDAOutOfMemory, 9)
 	// A live process whose only calls failed is not dropped.
-	failedOnly := Key{PID: 12, Stack: 1, Kind: tracer.KindDevice}
-	l.Fail(failedOnly, 1, tracer.CUDAOutOfMemory, 9)
+	failedOnly := Key{PID: 12, Stack: 1, Kind: memory.KindDevice}
+	l.Fail(failedOnly, 1, memory.CUDAOutOfMemory, 9)
 	l.Exit(11, 3)
 	// A process kept (its last numbers not yet exported) stays until a
 	// later call.
@@ -144,8 +144,8 @@ func TestDropExited(t *testing.T) {
 // NCCL frees its buffers; the first leaves it live.
 func TestRetainedHandle(t *testing.T) {
 	l := New()
-	k := Key{PID: 1, Stack: 3, Kind: tracer.KindVMM}
-	l.Alloc(k, 0x10, tracer.SpaceHandle, 4096, 1)
+	k := Key{PID: 1, Stack: 3, Kind: memory.KindVMM}
+	l.Alloc(k, 0x10, memory.SpaceHandle, 4096, 1)
 	l.Retain(1, 0x10)
 	l.Free(1, cuMemRelease, 0x10, 2)
 	if live := l.Snapshot().Rows[k].LiveBytes(); live != 4096 {
@@ -165,8 +165,8 @@ func TestRetainedHandle(t *testing.T) {
 
 var cuMemFree, cuMemRelease = opNamed("cuMemFree_v2"), opNamed("cuMemRelease")
 
-func opNamed(symbol string) tracer.Op {
-	for op := range tracer.Op(64) {
+func opNamed(symbol string) memory.Op {
+	for op := range memory.Op(64) {
 		if op.Symbol() == symbol {
 			return op
 		}

@@ -3,13 +3,13 @@ package accounting
 import (
 	"math"
 
-	"github.com/gpu-mem/gpu-mem/tracer"
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // Peaks.
 //
 // Every row belongs to one group: a process's memory in one view
-// (tracer.View: the driver's and the tensors' overlap, so each has peaks of
+// (memory.View: the driver's and the tensors' overlap, so each has peaks of
 // its own) on one GPU as rows label it. A group keeps its live total as
 // allocations enter and leave the live map, and three trackers of the
 // highest total: one over the whole run, one over the agent's interval, one
@@ -44,7 +44,7 @@ import (
 // GPU.
 type PeakKey struct {
 	PID  uint32
-	View tracer.View
+	View memory.View
 	// GPU is where the memory lives, as Key.GPU labels the group's rows: a
 	// device ordinal, "host" (page-locked memory and VMM memory on the
 	// host), "managed" or "unknown".

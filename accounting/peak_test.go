@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/tracer"
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // peakWant is a peak as the tests write it: the total, when, and each row's
@@ -18,8 +18,8 @@ type peakWant struct {
 	rows  map[Key]Amount
 }
 
-func driverOn(gpu string) PeakKey { return PeakKey{PID: 10, View: tracer.ViewDriver, GPU: gpu} }
-func tensorOn(gpu string) PeakKey { return PeakKey{PID: 10, View: tracer.ViewTensor, GPU: gpu} }
+func driverOn(gpu string) PeakKey { return PeakKey{PID: 10, View: memory.ViewDriver, GPU: gpu} }
+func tensorOn(gpu string) PeakKey { return PeakKey{PID: 10, View: memory.ViewTensor, GPU: gpu} }
 
 func checkPeaks(t *testing.T, what string, got []Peak, want map[PeakKey]peakWant) {
 	t.Helper()
@@ -56,11 +56,11 @@ func checkPeaks(t *testing.T, what string, got []Peak, want map[PeakKey]peakWant
 }
 
 var (
-	gpu0Weights = Key{PID: 10, Stack: 1, Kind: tracer.KindDevice, Device: 0}
-	gpu1Weights = Key{PID: 10, Stack: 1, Kind: tracer.KindDevice, Device: 1}
-	gpu1Spike   = Key{PID: 10, Stack: 2, Kind: tracer.KindDevice, Device: 1}
-	gpu1Tensors = Key{PID: 10, Stack: 3, Kind: tracer.KindTensor, Device: 1}
-	gpu1Higher  = Key{PID: 10, Stack: 4, Kind: tracer.KindDevice, Device: 1}
+	gpu0Weights = Key{PID: 10, Stack: 1, Kind: memory.KindDevice, Device: 0}
+	gpu1Weights = Key{PID: 10, Stack: 1, Kind: memory.KindDevice, Device: 1}
+	gpu1Spike   = Key{PID: 10, Stack: 2, Kind: memory.KindDevice, Device: 1}
+	gpu1Tensors = Key{PID: 10, Stack: 3, Kind: memory.KindTensor, Device: 1}
+	gpu1Higher  = Key{PID: 10, Stack: 4, Kind: memory.KindDevice, Device: 1}
 )
 
 // TestSpikesBetweenReads: spikes that rise and fall between two reads are
@@ -69,15 +69,15 @@ var (
 // interval's.
 func TestSpikesBetweenReads(t *testing.T) {
 	l := New()
-	l.Alloc(gpu0Weights, 0x100, tracer.SpacePointer, 100, 1)
-	l.Alloc(gpu1Weights, 0x200, tracer.SpacePointer, 50, 2)
-	l.Alloc(gpu1Spike, 0x300, tracer.SpacePointer, 200, 3)
-	l.Alloc(gpu1Spike, 0x400, tracer.SpacePointer, 300, 4)
+	l.Alloc(gpu0Weights, 0x100, memory.SpacePointer, 100, 1)
+	l.Alloc(gpu1Weights, 0x200, memory.SpacePointer, 50, 2)
+	l.Alloc(gpu1Spike, 0x300, memory.SpacePointer, 200, 3)
+	l.Alloc(gpu1Spike, 0x400, memory.SpacePointer, 300, 4)
 	l.Free(10, cuMemFree, 0x300, 5)
 	l.Free(10, cuMemFree, 0x400, 6)
 	// A tensor inside device memory: the tensor view's peak, not added to
 	// the driver view's.
-	l.Alloc(gpu1Tensors, 0x200, tracer.SpaceTensor, 40, 7)
+	l.Alloc(gpu1Tensors, 0x200, memory.SpaceTensor, 40, 7)
 	l.Free(10, pytorchFree, 0x200, 8)
 
 	first := map[PeakKey]peakWant{
@@ -90,11 +90,11 @@ func TestSpikesBetweenReads(t *testing.T) {
 
 	// A lower spike, then a higher one from another stack, then the lower
 	// one again: the higher replaces the first interval's.
-	l.Alloc(gpu1Spike, 0x300, tracer.SpacePointer, 400, 11)
+	l.Alloc(gpu1Spike, 0x300, memory.SpacePointer, 400, 11)
 	l.Free(10, cuMemFree, 0x300, 12)
-	l.Alloc(gpu1Higher, 0x500, tracer.SpacePointer, 600, 13)
+	l.Alloc(gpu1Higher, 0x500, memory.SpacePointer, 600, 13)
 	l.Free(10, cuMemFree, 0x500, 14)
-	l.Alloc(gpu1Spike, 0x300, tracer.SpacePointer, 100, 15)
+	l.Alloc(gpu1Spike, 0x300, memory.SpacePointer, 100, 15)
 	l.Free(10, cuMemFree, 0x300, 16)
 
 	second := map[PeakKey]peakWant{
@@ -115,16 +115,16 @@ func TestSpikesBetweenReads(t *testing.T) {
 // and freed during it is that interval's peak, at its start.
 func TestIntervalPeakNeverBelowItsStart(t *testing.T) {
 	l := New()
-	l.Alloc(gpu0Weights, 0x100, tracer.SpacePointer, 100, 1)
-	l.Alloc(gpu0Weights, 0x200, tracer.SpacePointer, 30, 2)
+	l.Alloc(gpu0Weights, 0x100, memory.SpacePointer, 100, 1)
+	l.Alloc(gpu0Weights, 0x200, memory.SpacePointer, 30, 2)
 	l.TakeIntervalPeaks(5)
 	l.Free(10, cuMemFree, 0x100, 6)
-	l.Alloc(gpu0Weights, 0x300, tracer.SpacePointer, 90, 7) // 120: below the start
+	l.Alloc(gpu0Weights, 0x300, memory.SpacePointer, 90, 7) // 120: below the start
 	want := map[PeakKey]peakWant{driverOn("0"): {Amount{130, 2}, 5, map[Key]Amount{gpu0Weights: {130, 2}}}}
 	checkPeaks(t, "interval", l.TakeIntervalPeaks(8), want)
 	// The next interval starts at 120, and a rise to it is no higher.
 	l.Free(10, cuMemFree, 0x300, 9)
-	l.Alloc(gpu0Weights, 0x300, tracer.SpacePointer, 90, 10)
+	l.Alloc(gpu0Weights, 0x300, memory.SpacePointer, 90, 10)
 	want = map[PeakKey]peakWant{driverOn("0"): {Amount{120, 2}, 8, map[Key]Amount{gpu0Weights: {120, 2}}}}
 	checkPeaks(t, "next interval", l.TakeIntervalPeaks(11), want)
 }
@@ -134,9 +134,9 @@ func TestIntervalPeakNeverBelowItsStart(t *testing.T) {
 // the process is dropped.
 func TestPeakOutlivesExit(t *testing.T) {
 	l := New()
-	l.Alloc(gpu0Weights, 0x100, tracer.SpacePointer, 100, 1)
-	l.Alloc(gpu1Spike, 0x200, tracer.SpacePointer, 200, 2)
-	l.Alloc(gpu1Spike, 0x300, tracer.SpacePointer, 300, 3) // a growth: not copied yet
+	l.Alloc(gpu0Weights, 0x100, memory.SpacePointer, 100, 1)
+	l.Alloc(gpu1Spike, 0x200, memory.SpacePointer, 200, 2)
+	l.Alloc(gpu1Spike, 0x300, memory.SpacePointer, 300, 3) // a growth: not copied yet
 	l.Exit(10, 4)
 	want := map[PeakKey]peakWant{
 		driverOn("0"): {Amount{100, 1}, 1, map[Key]Amount{gpu0Weights: {100, 1}}},
@@ -161,12 +161,12 @@ func TestPeakWithFreeRacingReuse(t *testing.T) {
 	for _, late := range []string{"free", "exit"} {
 		t.Run(late, func(t *testing.T) {
 			l := New()
-			l.Alloc(weights, 0x1000, tracer.SpacePointer, 100, 1)
-			l.Alloc(cache, 0x1000, tracer.SpacePointer, 300, 5) // returned at 5
+			l.Alloc(weights, 0x1000, memory.SpacePointer, 100, 1)
+			l.Alloc(cache, 0x1000, memory.SpacePointer, 300, 5) // returned at 5
 			if late == "free" {
 				l.Free(10, cuMemFree, 0x1000, 4) // entered at 4
 			}
-			l.Alloc(cache, 0x2000, tracer.SpacePointer, 10, 6)
+			l.Alloc(cache, 0x2000, memory.SpacePointer, 10, 6)
 			l.Exit(10, 7)
 			checkPeaks(t, "run", l.Peaks(), map[PeakKey]peakWant{
 				{PID: 10, GPU: "0"}: {Amount{310, 2}, 6, map[Key]Amount{cache: {310, 2}}},
@@ -183,13 +183,13 @@ func TestPeakWithFreeRacingReuse(t *testing.T) {
 // nothing.
 func TestPeakWithRetainedHandleAndUnknownFrees(t *testing.T) {
 	l := New()
-	vmm := Key{PID: 10, Stack: 5, Kind: tracer.KindVMM}
-	l.Alloc(vmm, 0x10, tracer.SpaceHandle, 4096, 1)
+	vmm := Key{PID: 10, Stack: 5, Kind: memory.KindVMM}
+	l.Alloc(vmm, 0x10, memory.SpaceHandle, 4096, 1)
 	l.Retain(10, 0x10)
 	l.Free(10, cuMemRelease, 0x10, 2)
 	l.Free(10, cuMemFree, 0x999, 3)
 	l.Free(10, cuMemFree, 0x100, 4) // before its allocation, below: unknown
-	l.Alloc(weights, 0x100, tracer.SpacePointer, 100, 5)
+	l.Alloc(weights, 0x100, memory.SpacePointer, 100, 5)
 	l.Free(10, cuMemRelease, 0x10, 6)
 	l.Free(10, cuMemFree, 0x100, 7)
 	checkPeaks(t, "run", l.Peaks(), map[PeakKey]peakWant{
@@ -205,13 +205,13 @@ func TestPeakWithRetainedHandleAndUnknownFrees(t *testing.T) {
 // memory and from each device.
 func TestPeakPlaces(t *testing.T) {
 	l := New()
-	pinned := Key{PID: 10, Stack: 1, Kind: tracer.KindHost, Device: tracer.DeviceUnknown}
-	hostVMM := Key{PID: 10, Stack: 2, Kind: tracer.KindVMM, Device: tracer.DeviceHost}
-	managed := Key{PID: 10, Stack: 3, Kind: tracer.KindManaged, Device: tracer.DeviceUnknown}
-	l.Alloc(pinned, 0x1, tracer.SpacePointer, 1, 1)
-	l.Alloc(hostVMM, 0x2, tracer.SpaceHandle, 2, 2)
-	l.Alloc(managed, 0x3, tracer.SpacePointer, 4, 3)
-	l.Alloc(gpu1Weights, 0x4, tracer.SpacePointer, 8, 4)
+	pinned := Key{PID: 10, Stack: 1, Kind: memory.KindHost, Device: memory.DeviceUnknown}
+	hostVMM := Key{PID: 10, Stack: 2, Kind: memory.KindVMM, Device: memory.DeviceHost}
+	managed := Key{PID: 10, Stack: 3, Kind: memory.KindManaged, Device: memory.DeviceUnknown}
+	l.Alloc(pinned, 0x1, memory.SpacePointer, 1, 1)
+	l.Alloc(hostVMM, 0x2, memory.SpaceHandle, 2, 2)
+	l.Alloc(managed, 0x3, memory.SpacePointer, 4, 3)
+	l.Alloc(gpu1Weights, 0x4, memory.SpacePointer, 8, 4)
 	checkPeaks(t, "run", l.Peaks(), map[PeakKey]peakWant{
 		driverOn("host"):    {Amount{3, 2}, 2, map[Key]Amount{pinned: {1, 1}, hostVMM: {2, 1}}},
 		driverOn("managed"): {Amount{4, 1}, 3, map[Key]Amount{managed: {4, 1}}},
@@ -226,7 +226,7 @@ func TestPeakCopiesOnWrite(t *testing.T) {
 	l := New()
 	const n = 1000
 	for i := range n {
-		l.Alloc(Key{PID: 10, Stack: StackID(i)}, uint64(i), tracer.SpacePointer, 1, uint64(i))
+		l.Alloc(Key{PID: 10, Stack: StackID(i)}, uint64(i), memory.SpacePointer, 1, uint64(i))
 	}
 	g := l.groups[PeakKey{PID: 10, GPU: "0"}]
 	kept := func() (rows []StackID) {
@@ -241,7 +241,7 @@ func TestPeakCopiesOnWrite(t *testing.T) {
 		t.Fatalf("after a growth: rows %v kept, open %v", k, g.trackers[run].open)
 	}
 	l.Free(10, cuMemFree, 0, n) // seals the peak: row 0 keeps its share
-	l.Alloc(Key{PID: 10, Stack: 0}, 0, tracer.SpacePointer, 1, n+1)
+	l.Alloc(Key{PID: 10, Stack: 0}, 0, memory.SpacePointer, 1, n+1)
 	l.Free(10, cuMemFree, 0, n+2) // kept already
 	l.Free(10, cuMemFree, 1, n+3)
 	if k := kept(); !slices.Equal(k, []StackID{0, 1}) || g.trackers[run].open {
@@ -251,7 +251,7 @@ func TestPeakCopiesOnWrite(t *testing.T) {
 		t.Errorf("peak %+v", p)
 	}
 	// A new high by one row: open again, no copy.
-	l.Alloc(Key{PID: 10, Stack: 0}, 0, tracer.SpacePointer, 3, n+4)
+	l.Alloc(Key{PID: 10, Stack: 0}, 0, memory.SpacePointer, 3, n+4)
 	if k := kept(); !slices.Equal(k, []StackID{0, 1}) || !g.trackers[run].open {
 		t.Fatalf("after a new high: rows %v kept, open %v", k, g.trackers[run].open)
 	}
@@ -284,18 +284,18 @@ func TestPeaksMatchFullRecount(t *testing.T) {
 		addr := uint64(rng.IntN(64))
 		switch n := rng.IntN(100); {
 		case n < 45:
-			kinds := []tracer.Kind{tracer.KindDevice, tracer.KindVMM, tracer.KindTensor, tracer.KindHost}
+			kinds := []memory.Kind{memory.KindDevice, memory.KindVMM, memory.KindTensor, memory.KindHost}
 			k := Key{PID: pid, Stack: StackID(rng.IntN(8)), Kind: kinds[rng.IntN(len(kinds))], Device: int32(rng.IntN(2))}
-			space := tracer.SpacePointer
+			space := memory.SpacePointer
 			switch k.Kind {
-			case tracer.KindVMM:
-				space = tracer.SpaceHandle
-			case tracer.KindTensor:
-				space = tracer.SpaceTensor
+			case memory.KindVMM:
+				space = memory.SpaceHandle
+			case memory.KindTensor:
+				space = memory.SpaceTensor
 			}
 			l.Alloc(k, addr, space, uint64(1+rng.IntN(1000)), ts)
 		case n < 88:
-			ops := []tracer.Op{cuMemFree, cuMemRelease, pytorchFree}
+			ops := []memory.Op{cuMemFree, cuMemRelease, pytorchFree}
 			// Some frees are late: stamped before events already accounted.
 			l.Free(pid, ops[rng.IntN(len(ops))], addr, ts-uint64(rng.IntN(3)))
 		case n < 93:
@@ -365,7 +365,7 @@ func nonZero(peaks map[PeakKey]peakWant) map[PeakKey]peakWant {
 func BenchmarkTakeIntervalPeaks(b *testing.B) {
 	l := New()
 	for i := range 100000 {
-		l.Alloc(Key{PID: 1, Stack: StackID(i), Kind: tracer.KindDevice}, uint64(i), tracer.SpacePointer, 4096, uint64(i))
+		l.Alloc(Key{PID: 1, Stack: StackID(i), Kind: memory.KindDevice}, uint64(i), memory.SpacePointer, 4096, uint64(i))
 	}
 	l.Free(1, cuMemFree, 0, 1<<20) // sealed: the shares of the rows since kept
 	var now uint64 = 1 << 20

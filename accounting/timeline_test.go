@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/tracer"
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // moment is a group's rows after a change, as the tests recount them.
@@ -156,16 +156,16 @@ func TestTimelineMatchesRecount(t *testing.T) {
 		pid := uint32(10 + rng.IntN(2))
 		switch n := rng.IntN(100); {
 		case n < 52:
-			kinds := []tracer.Kind{tracer.KindDevice, tracer.KindTensor}
+			kinds := []memory.Kind{memory.KindDevice, memory.KindTensor}
 			k := Key{PID: pid, Stack: StackID(rng.IntN(24)), Kind: kinds[rng.IntN(2)], Device: int32(rng.IntN(2))}
-			space := tracer.SpacePointer
-			if k.Kind == tracer.KindTensor {
-				space = tracer.SpaceTensor
+			space := memory.SpacePointer
+			if k.Kind == memory.KindTensor {
+				space = memory.SpaceTensor
 			}
 			next++
 			l.Alloc(k, next, space, uint64(1+rng.IntN(1000)), ts)
 		case n < 99:
-			ops := []tracer.Op{cuMemFree, pytorchFree}
+			ops := []memory.Op{cuMemFree, pytorchFree}
 			l.Free(pid, ops[rng.IntN(2)], next-uint64(rng.IntN(400)), ts)
 		default:
 			l.Exit(pid, ts)
@@ -208,12 +208,12 @@ func TestTimelineKeepsSpikeThroughMerges(t *testing.T) {
 	const ms = uint64(time.Millisecond)
 	l := New()
 	l.StartTimeline(0)
-	l.Alloc(gpu1Weights, 1, tracer.SpacePointer, 100, 5*ms)
-	l.Alloc(gpu1Spike, 2, tracer.SpacePointer, 900, 7*ms)
+	l.Alloc(gpu1Weights, 1, memory.SpacePointer, 100, 5*ms)
+	l.Alloc(gpu1Spike, 2, memory.SpacePointer, 900, 7*ms)
 	l.Free(10, cuMemFree, 2, 7*ms+1000)
-	l.Alloc(gpu1Higher, 3, tracer.SpacePointer, 900, 300*ms) // as high, later
+	l.Alloc(gpu1Higher, 3, memory.SpacePointer, 900, 300*ms) // as high, later
 	l.Free(10, cuMemFree, 3, 300*ms+1000)
-	l.Alloc(gpu1Spike, 2, tracer.SpacePointer, 50, 600*ms)
+	l.Alloc(gpu1Spike, 2, memory.SpacePointer, 50, 600*ms)
 	tl := l.Timeline(1 << 50)
 	if doublings := tl.Width / ms; doublings < 1<<20 {
 		t.Fatalf("width %v", time.Duration(tl.Width))
@@ -239,9 +239,9 @@ func TestTimelineLateEvent(t *testing.T) {
 	const ms = uint64(time.Millisecond)
 	l := New()
 	l.StartTimeline(0)
-	l.Alloc(gpu1Weights, 1, tracer.SpacePointer, 100, ms/2)
-	l.Alloc(gpu1Spike, 2, tracer.SpacePointer, 200, 3*ms+5)
-	l.Alloc(gpu1Spike, 3, tracer.SpacePointer, 200, 3*ms+10)
+	l.Alloc(gpu1Weights, 1, memory.SpacePointer, 100, ms/2)
+	l.Alloc(gpu1Spike, 2, memory.SpacePointer, 200, 3*ms+5)
+	l.Alloc(gpu1Spike, 3, memory.SpacePointer, 200, 3*ms+10)
 	l.Free(10, cuMemFree, 1, 2*ms) // late: the open bucket is 3
 	b := l.Timeline(4 * ms).Series[0].Buckets
 	if len(b) != 5 || b[2].Min != 100 || b[3].Min != 100 || b[3].Max != 500 || b[3].MaxTime != 3*ms+10 || b[4].Min != 400 || b[4].Max != 400 {
@@ -260,8 +260,8 @@ func TestTimelineBounded(t *testing.T) {
 	run := func(n int) {
 		for i := range n {
 			ts += uint64(time.Second)
-			k := Key{PID: 10, Stack: StackID(i % 40), Kind: tracer.KindDevice}
-			l.Alloc(k, uint64(i%60), tracer.SpacePointer, uint64(1+i%977), ts)
+			k := Key{PID: 10, Stack: StackID(i % 40), Kind: memory.KindDevice}
+			l.Alloc(k, uint64(i%60), memory.SpacePointer, uint64(1+i%977), ts)
 			l.Free(10, cuMemFree, uint64((i+30)%60), ts+1)
 		}
 	}
@@ -308,7 +308,7 @@ func BenchmarkAllocFreeTimeline(b *testing.B) {
 		var ts uint64 = 1 << 20
 		for b.Loop() {
 			ts += 1000
-			l.Alloc(benchKey(int(ts)), 1<<30, tracer.SpacePointer, 4096, ts)
+			l.Alloc(benchKey(int(ts)), 1<<30, memory.SpacePointer, 4096, ts)
 			l.Free(1, cuMemFree, 1<<30, ts+1)
 		}
 	})
@@ -321,7 +321,7 @@ func BenchmarkAllocFreeTimeline(b *testing.B) {
 			height++
 			for i := range uint64(wave) {
 				ts += 1000
-				l.Alloc(Key{PID: 1, Stack: StackID(i), Kind: tracer.KindDevice}, i, tracer.SpacePointer, 4096+height, ts)
+				l.Alloc(Key{PID: 1, Stack: StackID(i), Kind: memory.KindDevice}, i, memory.SpacePointer, 4096+height, ts)
 			}
 			for i := range uint64(wave) {
 				ts += 1000

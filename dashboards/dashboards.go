@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/common"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
@@ -30,7 +32,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/schema"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Outputs are where the generator writes the dashboard, relative to the
@@ -84,7 +85,7 @@ type flameGraph struct {
 	id          uint32
 	title       string
 	description string
-	view        tracer.View
+	view        memory.View
 	sampleType  int // where in pprof.SampleTypes(view)
 }
 
@@ -97,26 +98,26 @@ var flameGraphs = []flameGraph{
 		"What the GPU holds: memory from the CUDA driver that each function holds at the end of each interval " +
 			"(summed over the time range). Under PyTorch's caching allocator, its segments, under the code whose " +
 			"tensor made it grow. Wide bars at the top are where memory is allocated. " + neverAdd,
-		tracer.ViewDriver, pprof.InuseSpace},
+		memory.ViewDriver, pprof.InuseSpace},
 	{2, "Live tensors by function (tensor view)",
 		"What PyTorch's tensors hold at the end of each interval, by the code that made them (the caching " +
 			"allocator's probes). The difference to the driver view is the allocator's cache. " + neverAdd,
-		tracer.ViewTensor, pprof.InuseSpace},
+		memory.ViewTensor, pprof.InuseSpace},
 	{3, "GPU memory allocated by function (driver view)",
 		"Bytes allocated from the CUDA driver during the time range, by the code that allocated them. " + neverAdd,
-		tracer.ViewDriver, pprof.AllocSpace},
+		memory.ViewDriver, pprof.AllocSpace},
 	{4, "Tensors allocated by function (tensor view)",
 		"Bytes of PyTorch tensors allocated during the time range, by the code that made them. " + neverAdd,
-		tracer.ViewTensor, pprof.AllocSpace},
+		memory.ViewTensor, pprof.AllocSpace},
 	{9, "GPU memory at each interval's peak, by function (driver view)",
 		"What held the GPU's memory at its worst moment: the most each process held at once on a GPU during " +
 			"each interval, however briefly, and each function's share of it (a spike of activations freed before " +
 			"the interval's end is here, not in the live bytes). " + peakRange + " " + neverAdd,
-		tracer.ViewDriver, pprof.PeakSpace},
+		memory.ViewDriver, pprof.PeakSpace},
 	{10, "Tensors at each interval's peak, by function (tensor view)",
 		"What PyTorch's tensors held at each process's peak of tensors on a GPU during each interval, by the " +
 			"code that made them. " + peakRange + " " + neverAdd,
-		tracer.ViewTensor, pprof.PeakSpace},
+		memory.ViewTensor, pprof.PeakSpace},
 }
 
 // series is one Prometheus time series panel.
@@ -131,8 +132,8 @@ type series struct {
 }
 
 var (
-	driverMetrics = metrics.ViewNames(tracer.ViewDriver)
-	tensorMetrics = metrics.ViewNames(tracer.ViewTensor)
+	driverMetrics = metrics.ViewNames(memory.ViewDriver)
+	tensorMetrics = metrics.ViewNames(memory.ViewTensor)
 	// perPod and perGPU are how panels sum series, and their legends.
 	perPod       = []string{schema.Namespace, schema.Pod}
 	perGPU       = []string{schema.Namespace, schema.Pod, schema.PID, schema.GPU}
@@ -157,7 +158,7 @@ var seriesPanels = []series{
 	{8, "Out-of-memory failures per pod",
 		"Allocations the driver refused with CUDA_ERROR_OUT_OF_MEMORY.",
 		seriesWidth, units.Short,
-		sumBy(perPod, "increase("+selector(metrics.FailuresName, equal(metrics.LabelCode, strconv.Itoa(tracer.CUDAOutOfMemory)))+"[5m])"),
+		sumBy(perPod, "increase("+selector(metrics.FailuresName, equal(metrics.LabelCode, strconv.Itoa(memory.CUDAOutOfMemory)))+"[5m])"),
 		perPodLegend},
 	{11, "Peak GPU memory per process and GPU (driver view)",
 		"The most bytes each process held at once on each GPU during the agent's last interval, however briefly: " +
@@ -229,7 +230,7 @@ func source(plugin, variable string) common.DataSourceRef {
 }
 
 // profileTypeID is the Pyroscope profile type of a sample type of a view.
-func profileTypeID(v tracer.View, sampleType int) string {
+func profileTypeID(v memory.View, sampleType int) string {
 	return pyroscope.ProfileTypeID(pprof.SampleTypes(v)[sampleType])
 }
 
@@ -247,7 +248,7 @@ func labelVariable(name, label string) *dashboard.QueryVariableBuilder {
 		Query(dashboard.StringOrMap{Map: map[string]any{
 			"queryType":     "labelValue",
 			"labelName":     label,
-			"profileTypeId": profileTypeID(tracer.ViewDriver, pprof.InuseSpace),
+			"profileTypeId": profileTypeID(memory.ViewDriver, pprof.InuseSpace),
 			"refId":         name,
 		}}).
 		IncludeAll(true).

@@ -12,12 +12,13 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Source is what a scrape reads: the profiler's totals.
@@ -51,14 +52,14 @@ type Names struct {
 
 // ViewNames are view v's metric names: gpumem_* for the driver view,
 // gpumem_tensor_* for the tensor view.
-func ViewNames(v tracer.View) Names { return viewNames[v] }
+func ViewNames(v memory.View) Names { return viewNames[v] }
 
 func newNames(prefix string) Names {
 	return Names{LiveBytes: prefix + "live_bytes", AllocatedBytes: prefix + "allocated_bytes_total",
 		Allocations: prefix + "allocations_total", Frees: prefix + "frees_total", PeakBytes: prefix + "peak_bytes"}
 }
 
-var viewNames = [...]Names{tracer.ViewDriver: newNames("gpumem_"), tracer.ViewTensor: newNames("gpumem_tensor_")}
+var viewNames = [...]Names{memory.ViewDriver: newNames("gpumem_"), memory.ViewTensor: newNames("gpumem_tensor_")}
 
 // Names of the metrics of neither view.
 const (
@@ -85,10 +86,10 @@ func newViewMetrics(n Names, what string) viewMetrics {
 	}
 }
 
-// views are each view's metrics, by tracer.View.
+// views are each view's metrics, by memory.View.
 var views = [...]viewMetrics{
-	tracer.ViewDriver: newViewMetrics(viewNames[tracer.ViewDriver], "Driver view (memory from the CUDA driver, what the GPU holds)"),
-	tracer.ViewTensor: newViewMetrics(viewNames[tracer.ViewTensor], "Tensor view (PyTorch's tensors, inside the driver view's segments: not to be added to it)"),
+	memory.ViewDriver: newViewMetrics(viewNames[memory.ViewDriver], "Driver view (memory from the CUDA driver, what the GPU holds)"),
+	memory.ViewTensor: newViewMetrics(viewNames[memory.ViewTensor], "Tensor view (PyTorch's tensors, inside the driver view's segments: not to be added to it)"),
 }
 
 var (

@@ -4,6 +4,8 @@ import (
 	"maps"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -11,7 +13,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 type noTotals struct{}
@@ -26,9 +27,9 @@ func TestPeakGauges(t *testing.T) {
 	held := profiler.Row{Frames: []*symbolize.Frame{{Function: "forward"}}}
 	var last LastPeaks
 	last.Set([]profiler.Peak{
-		{PID: 7, Comm: "python3", GPU: "0", View: tracer.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4}, Rows: []profiler.Row{held}},
-		{PID: 7, Comm: "python3", GPU: "0", View: tracer.ViewTensor, Container: pod, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}},
-		{PID: 7, Comm: "python3", GPU: "1", View: tracer.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 2 << 20, Count: 1}},
+		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4}, Rows: []profiler.Row{held}},
+		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Container: pod, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}},
+		{PID: 7, Comm: "python3", GPU: "1", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 2 << 20, Count: 1}},
 	})
 	if rows := last.Peaks()[0].Rows; rows != nil {
 		t.Errorf("rows kept: %v", rows)

@@ -10,6 +10,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -19,7 +21,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // profile.proto field numbers.
@@ -75,7 +76,7 @@ const (
 // pprof's own reader reads the result (encode_test).
 type Encoder struct {
 	intervals   bool
-	column      map[tracer.View]int // where a view's values start
+	column      map[memory.View]int // where a view's values start
 	types       []*profile.ValueType
 	defaultType string
 	strings     map[string]uint64
@@ -114,7 +115,7 @@ type labels struct {
 
 type labelsKey struct {
 	pid    uint32
-	kind   tracer.Kind
+	kind   memory.Kind
 	device int32
 }
 
@@ -128,10 +129,10 @@ type locationKey struct {
 // in order, the first view's inuse_space the default. With intervals, a
 // profile's allocations are those since the previous profile (a series
 // pushed every interval); else since tracing began.
-func NewEncoder(intervals bool, views ...tracer.View) *Encoder {
+func NewEncoder(intervals bool, views ...memory.View) *Encoder {
 	e := &Encoder{
 		intervals: intervals,
-		column:    map[tracer.View]int{},
+		column:    map[memory.View]int{},
 		strings:   map[string]uint64{},
 		mappings:  map[string]uint64{},
 		functions: map[[2]string]uint64{},

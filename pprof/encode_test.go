@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
@@ -17,7 +19,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // samples describes a profile's samples as text, in an order of their own:
@@ -56,7 +57,7 @@ func samples(t *testing.T, p *profile.Profile) []string {
 // expectedSamples are what samples must say of a profile of rows, each
 // with the values that values gives it, in view: the oracle, made without
 // the encoder.
-func expectedSamples(rows []profiler.Row, values func(profiler.Row) Values, view tracer.View, at time.Time, duration time.Duration) []string {
+func expectedSamples(rows []profiler.Row, values func(profiler.Row) Values, view memory.View, at time.Time, duration time.Duration) []string {
 	var out []string
 	for _, row := range rows {
 		v := values(row)
@@ -92,12 +93,12 @@ func expectedSamples(rows []profiler.Row, values func(profiler.Row) Values, view
 // share of the interval's peak, and the view's own sample types (tensor_*
 // for a tensor series).
 func TestEncodeIntervals(t *testing.T) {
-	for _, kind := range []tracer.Kind{tracer.KindDevice, tracer.KindTensor} {
+	for _, kind := range []memory.Kind{memory.KindDevice, memory.KindTensor} {
 		t.Run(kind.String(), func(t *testing.T) { testEncodeIntervals(t, kind) })
 	}
 }
 
-func testEncodeIntervals(t *testing.T, kind tracer.Kind) {
+func testEncodeIntervals(t *testing.T, kind memory.Kind) {
 	driver := &symbolize.Frame{Function: "cuMemAlloc_v2", Module: "libcuda.so.1"}
 	native := &symbolize.Frame{Function: "at::empty_cuda", Module: "/usr/lib/libtorch_cuda.so", Address: 0x1234}
 	unnamed := &symbolize.Frame{Module: "/usr/lib/libfoo.so", Address: 0x99}

@@ -11,12 +11,13 @@ import (
 	"io"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Values are a row's values, in the order of its view's sample types:
@@ -61,9 +62,9 @@ func PeakShares(peaks []profiler.Peak) map[accounting.Key]accounting.Amount {
 // at different moments, so their sum is no peak of both). The tensor view
 // has the same names prefixed with "tensor_", so that it is never summed
 // with the driver view and is read with -sample_index=tensor_inuse_space.
-func SampleTypes(v tracer.View) []*profile.ValueType {
+func SampleTypes(v memory.View) []*profile.ValueType {
 	prefix := ""
-	if v == tracer.ViewTensor {
+	if v == memory.ViewTensor {
 		prefix = "tensor_"
 	}
 	return []*profile.ValueType{
@@ -84,10 +85,10 @@ const (
 )
 
 // DefaultSampleType is the sample type a profile of view v opens with.
-func DefaultSampleType(v tracer.View) string { return SampleTypes(v)[InuseSpace].Type }
+func DefaultSampleType(v memory.View) string { return SampleTypes(v)[InuseSpace].Type }
 
 // PeakSampleType is the sample type of view v's peak bytes.
-func PeakSampleType(v tracer.View) string { return SampleTypes(v)[PeakSpace].Type }
+func PeakSampleType(v memory.View) string { return SampleTypes(v)[PeakSpace].Type }
 
 // Write writes a profile of the report's rows, gzipped, one sample per
 // (process, stack, memory kind, device) labelled with pid, comm, kind and
@@ -96,7 +97,7 @@ func PeakSampleType(v tracer.View) string { return SampleTypes(v)[PeakSpace].Typ
 // the same books at the same moment). Comments say how it was made
 // (Comment).
 func Write(w io.Writer, r profiler.Report, comments ...string) error {
-	e := NewEncoder(false, tracer.Views...)
+	e := NewEncoder(false, memory.Views...)
 	shares := PeakShares(r.Peaks)
 	for i := range r.Rows {
 		e.Add(&r.Rows[i], shares[r.Rows[i].Key])

@@ -6,12 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // TestViewsAreSampleTypes: the driver view under Go heap profiles' sample
@@ -21,20 +22,20 @@ import (
 // twice; a row not in its peak has a peak of 0.
 func TestViewsAreSampleTypes(t *testing.T) {
 	frames := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "load_weights", File: "train.py", Line: 3}}
-	row := func(stack accounting.StackID, kind tracer.Kind, c accounting.Counters) profiler.Row {
+	row := func(stack accounting.StackID, kind memory.Kind, c accounting.Counters) profiler.Row {
 		return profiler.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames, Counters: c}
 	}
 	rows := []profiler.Row{
-		row(1, tracer.KindDevice, accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
-		row(2, tracer.KindTensor, accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
-		row(3, tracer.KindHost, accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
+		row(1, memory.KindDevice, accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
+		row(2, memory.KindTensor, accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
+		row(3, memory.KindHost, accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
 	}
 	// At the peaks, the device row held 20 MiB, the tensor row 16 MiB, the
 	// host row nothing.
 	peaks := []profiler.Peak{
-		{PID: 7, GPU: "0", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 20 << 20, Count: 1},
+		{PID: 7, GPU: "0", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 20 << 20, Count: 1},
 			Shares: []accounting.PeakRow{{Key: rows[0].Key, Amount: accounting.Amount{Bytes: 20 << 20, Count: 1}}}},
-		{PID: 7, GPU: "0", View: tracer.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2},
+		{PID: 7, GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2},
 			Shares: []accounting.PeakRow{{Key: rows[1].Key, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}}}},
 	}
 	var buf bytes.Buffer
@@ -72,7 +73,7 @@ func TestViewsAreSampleTypes(t *testing.T) {
 
 	// One view alone, as a Pyroscope series is: its types only, its
 	// inuse_space the default, the other view's rows left out.
-	enc := NewEncoder(false, tracer.ViewTensor)
+	enc := NewEncoder(false, memory.ViewTensor)
 	for i := range rows {
 		enc.Add(&rows[i], accounting.Amount{})
 	}

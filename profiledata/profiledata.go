@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
 
@@ -17,7 +19,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // fields are the row fields every profile data source has, with their kinds.
@@ -183,16 +184,16 @@ func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
 	}
 	pid, e := r.fields[schema.PID].Uint32(d)
 	err = firstErr(err, e)
-	kind, ok := tracer.ParseKind(text(schema.Kind))
+	kind, ok := memory.ParseKind(text(schema.Kind))
 	if !ok {
 		err = firstErr(err, fmt.Errorf("unknown kind"))
 	}
 	device, convErr := strconv.Atoi(text(schema.GPU))
 	switch {
 	case text(schema.GPU) == "host":
-		device = tracer.DeviceHost // GPU names host memory so whatever its kind
+		device = memory.DeviceHost // GPU names host memory so whatever its kind
 	case convErr != nil:
-		device = tracer.DeviceUnknown
+		device = memory.DeviceUnknown
 	}
 	st := r.stack(pid, text(schema.Stack))
 	row.Frames = st.frames

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // OOM is an allocation the driver refused for want of memory, with what the
@@ -127,7 +127,7 @@ func sortByLive(rows []Row) {
 }
 
 // HeldBy sums the live bytes of an OOM's rows of one kind.
-func (o OOM) HeldBy(kind tracer.Kind) uint64 {
+func (o OOM) HeldBy(kind memory.Kind) uint64 {
 	var n uint64
 	for _, r := range o.Held {
 		if r.Kind == kind {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Peak is the most memory one process held at once on one GPU in one view,
@@ -27,7 +27,7 @@ type Peak struct {
 	GPU       string         // where, as Row.GPU labels rows: a device ordinal, "host", "managed" or "unknown"
 	Device    gpuinfo.Device // the GPU, where the driver says which it is
 	Container k8smeta.Container
-	View      tracer.View
+	View      memory.View
 	// Timestamp is the BPF timestamp (ns since boot) of the event that
 	// reached the peak, the first if it was reached again; for an
 	// interval's peak at the level the interval began with (held all

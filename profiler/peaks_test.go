@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // namedStack interns a stack of pid named function, as resolve would.
 func namedStack(p *Profiler, pid uint32, function string, pc uint64) accounting.StackID {
-	ev := &tracer.Event{PID: pid, Op: tracer.Op(1), Stack: []uint64{pc}}
+	ev := &tracer.Event{PID: pid, Op: memory.Op(1), Stack: []uint64{pc}}
 	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
 	id, check, _ := p.stacks.lookup([]byte(raw.key))
 	p.stacks.add(id, check, raw)
@@ -46,24 +47,24 @@ func TestPeaksNamed(t *testing.T) {
 	tensors := namedStack(p, 7, "forward", 0x403000)
 	start := bpfNow()
 	l := p.ledger
-	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: tracer.KindDevice, Device: 1}, 0x1000, tracer.SpacePointer, 100, start)
-	l.Alloc(accounting.Key{PID: 7, Stack: activations, Kind: tracer.KindDevice, Device: 1}, 0x2000, tracer.SpacePointer, 300, start+1)
-	l.Alloc(accounting.Key{PID: 7, Stack: tensors, Kind: tracer.KindTensor, Device: 1}, 0x2000, tracer.SpaceTensor, 250, start+2)
-	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: tracer.KindDevice, Device: 0}, 0x3000, tracer.SpacePointer, 64, start+4)
+	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: memory.KindDevice, Device: 1}, 0x1000, memory.SpacePointer, 100, start)
+	l.Alloc(accounting.Key{PID: 7, Stack: activations, Kind: memory.KindDevice, Device: 1}, 0x2000, memory.SpacePointer, 300, start+1)
+	l.Alloc(accounting.Key{PID: 7, Stack: tensors, Kind: memory.KindTensor, Device: 1}, 0x2000, memory.SpaceTensor, 250, start+2)
+	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: memory.KindDevice, Device: 0}, 0x3000, memory.SpacePointer, 64, start+4)
 	freeOp := freeOpOf(t)
 	l.Free(7, freeOp, 0x2000, start+5)
 
 	peaks := p.IntervalPeaks()
 	want := []struct {
 		gpu    string
-		view   tracer.View
+		view   memory.View
 		bytes  uint64
 		ts     uint64
 		shares map[string]uint64
 	}{
-		{"0", tracer.ViewDriver, 64, start + 4, map[string]uint64{"load_weights": 64}},
-		{"1", tracer.ViewDriver, 400, start + 1, map[string]uint64{"load_weights": 100, "activations": 300}},
-		{"1", tracer.ViewTensor, 250, start + 2, map[string]uint64{"forward": 250}},
+		{"0", memory.ViewDriver, 64, start + 4, map[string]uint64{"load_weights": 64}},
+		{"1", memory.ViewDriver, 400, start + 1, map[string]uint64{"load_weights": 100, "activations": 300}},
+		{"1", memory.ViewTensor, 250, start + 2, map[string]uint64{"forward": 250}},
 	}
 	if len(peaks) != len(want) {
 		t.Fatalf("%d peaks, want %d: %+v", len(peaks), len(want), peaks)
@@ -95,13 +96,13 @@ func TestPeaksNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Peaks) != 2 || r.Peaks[0].GPU != "1" || r.Peaks[0].Bytes != 400 || r.Peaks[1].View != tracer.ViewTensor {
+	if len(r.Peaks) != 2 || r.Peaks[0].GPU != "1" || r.Peaks[0].Bytes != 400 || r.Peaks[1].View != memory.ViewTensor {
 		t.Errorf("report peaks on GPU 1: %+v", r.Peaks)
 	}
 }
 
-func freeOpOf(t *testing.T) tracer.Op {
-	for op := range tracer.Op(64) {
+func freeOpOf(t *testing.T) memory.Op {
+	for op := range memory.Op(64) {
 		if op.Symbol() == "cuMemFree_v2" {
 			return op
 		}
@@ -116,15 +117,15 @@ func freeOpOf(t *testing.T) tracer.Op {
 // cannot wait for the next interval.
 func TestIntervalPeaksNameTheirStacks(t *testing.T) {
 	p := bareProfiler()
-	ev := &tracer.Event{PID: 8, Op: tracer.Op(1), Stack: []uint64{0x401000}}
+	ev := &tracer.Event{PID: 8, Op: memory.Op(1), Stack: []uint64{0x401000}}
 	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
 	id, check, _ := p.stacks.lookup([]byte(raw.key))
 	p.stacks.add(id, check, raw)
 	p.pidStacks[8] = []accounting.StackID{id}
 	p.unresolved = append(p.unresolved, id)
-	key := accounting.Key{PID: 8, Stack: id, Kind: tracer.KindDevice}
+	key := accounting.Key{PID: 8, Stack: id, Kind: memory.KindDevice}
 	start := bpfNow()
-	p.ledger.Alloc(key, 0x1000, tracer.SpacePointer, 64, start)
+	p.ledger.Alloc(key, 0x1000, memory.SpacePointer, 64, start)
 	p.ledger.Free(8, freeOpOf(t), 0x1000, start+1)
 
 	peaks := p.IntervalPeaks()

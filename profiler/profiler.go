@@ -19,6 +19,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/schema"
@@ -338,14 +339,14 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 		p.ledger.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)
 	case ev.Op.IsRetain():
 		p.ledger.Retain(ev.PID, ev.Address)
-	case ev.Result == tracer.CUDASuccess:
+	case ev.Result == memory.CUDASuccess:
 		p.countStacks(ev)
 		p.ledger.Alloc(p.key(ev), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)
 	default:
 		p.countStacks(ev)
 		k := p.key(ev)
 		p.ledger.Fail(k, ev.Op, ev.Result, ev.Bytes)
-		if ev.Result == tracer.CUDAOutOfMemory {
+		if ev.Result == memory.CUDAOutOfMemory {
 			p.takeOOM(accounting.FailureKey{Key: k, Op: ev.Op, Result: ev.Result}, ev.Bytes)
 			return true
 		}
@@ -357,8 +358,8 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 // not live on the device of the context they were made in.
 func (p *Profiler) key(ev *tracer.Event) accounting.Key {
 	k := accounting.Key{PID: ev.PID, Stack: p.intern(ev), Kind: ev.Op.Kind(), Device: ev.Device}
-	if k.Kind == tracer.KindHost || k.Kind == tracer.KindManaged {
-		k.Device = tracer.DeviceUnknown
+	if k.Kind == memory.KindHost || k.Kind == memory.KindManaged {
+		k.Device = memory.DeviceUnknown
 	}
 	return k
 }
@@ -627,7 +628,7 @@ func (p *Profiler) storeFrames(ids []accounting.StackID, raws []*rawStack, named
 // share most of their frames, and 100,000 stacks would otherwise hold a
 // copy each. Indices rather than pointers: half the size, and nothing for
 // the garbage collector to follow.
-func (p *Profiler) internFrames(op tracer.Op, frames []symbolize.Frame) []uint32 {
+func (p *Profiler) internFrames(op memory.Op, frames []symbolize.Frame) []uint32 {
 	out := make([]uint32, 0, len(frames)+1)
 	out = append(out, p.internFrame(symbolize.Frame{Function: op.Symbol(), Module: "libcuda.so.1"}))
 	for _, f := range frames {

@@ -6,13 +6,14 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Report is the books at one moment, with stacks resolved.
@@ -219,7 +220,7 @@ func (p *Profiler) appendFrames(dst []*symbolize.Frame, id accounting.StackID) [
 	s := p.stacks.m[id]
 	indices := s.frames
 	if indices == nil {
-		var op tracer.Op
+		var op memory.Op
 		var python []pystack.Frame
 		if s.raw != nil {
 			op, python = s.raw.op, s.raw.python

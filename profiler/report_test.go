@@ -3,6 +3,8 @@ package profiler
 import (
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -39,13 +41,13 @@ func listRows(p *Profiler) []Row {
 // the listing after that one begins.
 func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
 	p := bareProfiler()
-	ev := &tracer.Event{PID: 42, Op: tracer.Op(1), Stack: []uint64{0x401000}}
+	ev := &tracer.Event{PID: 42, Op: memory.Op(1), Stack: []uint64{0x401000}}
 	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
 	id, check, _ := p.stacks.lookup([]byte(raw.key))
 	p.stacks.add(id, check, raw)
 	p.pidStacks[42] = []accounting.StackID{id}
-	key := accounting.Key{PID: 42, Stack: id, Kind: tracer.KindDevice}
-	p.ledger.Alloc(key, 0x1000, tracer.SpacePointer, 100, 1)
+	key := accounting.Key{PID: 42, Stack: id, Kind: memory.KindDevice}
+	p.ledger.Alloc(key, 0x1000, memory.SpacePointer, 100, 1)
 
 	if rows := listRows(p); len(rows) != 0 {
 		t.Fatalf("listed %+v before its stack was named", rows)
@@ -55,7 +57,7 @@ func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
 	default:
 		t.Error("naming not asked for")
 	}
-	p.ledger.Alloc(key, 0x2000, tracer.SpacePointer, 50, 2)
+	p.ledger.Alloc(key, 0x2000, memory.SpacePointer, 50, 2)
 	p.ledger.Exit(42, 3)
 	p.exited(42)
 	// Exited after the first listing began: kept by the second, which

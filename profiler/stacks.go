@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -48,7 +49,7 @@ func (s stack) named() bool { return s.raw == nil }
 // rawStack is a stack as its first event carried it, kept until named.
 type rawStack struct {
 	key    string // what the ID hashes
-	op     tracer.Op
+	op     memory.Op
 	python []pystack.Frame
 }
 

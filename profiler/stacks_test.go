@@ -4,12 +4,14 @@ import (
 	"hash/maphash"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 func TestStackKeyReadsBack(t *testing.T) {
-	ev := &tracer.Event{PID: 4242, Op: tracer.Op(3), Stack: []uint64{0x401000, 0x7f0000123456}, PyFrames: []tracer.PyFrame{{Code: 1, Instr: 2}}}
+	ev := &tracer.Event{PID: 4242, Op: memory.Op(3), Stack: []uint64{0x401000, 0x7f0000123456}, PyFrames: []tracer.PyFrame{{Code: 1, Instr: 2}}}
 	raw := rawStack{key: string(stackKey(nil, ev))}
 	if raw.pid() != 4242 {
 		t.Errorf("pid %d", raw.pid())

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Timeline is each process's live bytes per GPU and view over time (with
@@ -29,7 +29,7 @@ type TimelineSeries struct {
 	PID     uint32
 	Comm    string
 	GPU     string // as Row.GPU labels rows
-	View    tracer.View
+	View    memory.View
 	Buckets []TimelineBucket
 }
 
@@ -46,7 +46,7 @@ type TimelineBucket struct {
 
 // Holder is what one stack held at one moment.
 type Holder struct {
-	Kind   tracer.Kind
+	Kind   memory.Kind
 	Frames []*symbolize.Frame // innermost first, shared: read-only
 	Bytes  uint64
 }

@@ -4,8 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // TestTimelineNamed: a report's timeline names each bucket's stacks, by
@@ -23,10 +24,10 @@ func TestTimelineNamed(t *testing.T) {
 	start := bpfNow()
 	l := p.ledger
 	l.StartTimeline(start)
-	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: tracer.KindDevice, Device: 1}, 0x1000, tracer.SpacePointer, 100, start+1)
-	l.Alloc(accounting.Key{PID: 7, Stack: activations, Kind: tracer.KindDevice, Device: 1}, 0x2000, tracer.SpacePointer, 300, start+2)
+	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: memory.KindDevice, Device: 1}, 0x1000, memory.SpacePointer, 100, start+1)
+	l.Alloc(accounting.Key{PID: 7, Stack: activations, Kind: memory.KindDevice, Device: 1}, 0x2000, memory.SpacePointer, 300, start+2)
 	l.Free(7, freeOpOf(t), 0x2000, start+3)
-	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: tracer.KindTensor, Device: 0}, 0x3000, tracer.SpaceTensor, 64, start+4)
+	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: memory.KindTensor, Device: 0}, 0x3000, memory.SpaceTensor, 64, start+4)
 
 	p.cfg.GPUs = []int{1}
 	r, err := p.Report()
@@ -42,8 +43,8 @@ func TestTimelineNamed(t *testing.T) {
 	}
 	s := tl.Series[0]
 	b := s.Buckets[0]
-	if s.PID != 7 || s.Comm != "train" || s.GPU != "1" || s.View != tracer.ViewDriver || b.Max != 400 || b.MaxTime != 2 ||
-		len(b.Top) != 2 || b.Top[0].Frames[1].Function != "activations" || b.Top[0].Bytes != 300 || b.Top[1].Kind != tracer.KindDevice {
+	if s.PID != 7 || s.Comm != "train" || s.GPU != "1" || s.View != memory.ViewDriver || b.Max != 400 || b.MaxTime != 2 ||
+		len(b.Top) != 2 || b.Top[0].Frames[1].Function != "activations" || b.Top[0].Bytes != 300 || b.Top[1].Kind != memory.KindDevice {
 		t.Errorf("series %+v, bucket 0 %+v", s, b)
 	}
 }

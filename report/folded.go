@@ -9,9 +9,10 @@ import (
 	"iter"
 	"sort"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Value selects the number a folded line carries.
@@ -24,8 +25,8 @@ const (
 )
 
 // ParseView checks a --view flag.
-func ParseView(s string) (tracer.View, error) {
-	if v, ok := tracer.ParseView(s); ok {
+func ParseView(s string) (memory.View, error) {
+	if v, ok := memory.ParseView(s); ok {
 		return v, nil
 	}
 	return 0, fmt.Errorf("unknown view %q: want driver or tensor", s)
@@ -49,7 +50,7 @@ func ParseValue(s string) (Value, error) {
 // are those of each process's peak on each GPU, each with its share: a
 // process's lines on one GPU sum to its peak there (two processes of one
 // name are summed, their peaks reached at different moments).
-func WriteFolded(w io.Writer, r profiler.Report, v Value, view tracer.View) error {
+func WriteFolded(w io.Writer, r profiler.Report, v Value, view memory.View) error {
 	sums := map[string]uint64{}
 	for row, bytes := range foldedRows(r, v, view) {
 		if bytes == 0 {
@@ -76,7 +77,7 @@ func WriteFolded(w io.Writer, r profiler.Report, v Value, view tracer.View) erro
 
 // foldedRows yields the rows of view v in a report with the bytes that
 // value v gives each.
-func foldedRows(r profiler.Report, v Value, view tracer.View) iter.Seq2[*profiler.Row, uint64] {
+func foldedRows(r profiler.Report, v Value, view memory.View) iter.Seq2[*profiler.Row, uint64] {
 	return func(yield func(*profiler.Row, uint64) bool) {
 		if v == Peak {
 			for i := range r.Peaks {

@@ -17,6 +17,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 	"golang.org/x/net/html"
 
@@ -26,7 +28,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // fail fails the test, naming the writer.
@@ -49,14 +50,14 @@ func hostileReport(n names) profiler.Report {
 	b := []*symbolize.Frame{{Function: "pytorch:malloc"}, {Function: n.fn2}, {Function: n.fn1, File: n.file, Line: 9}, {Module: n.module, Address: 0x30}}
 	c := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: n.fn2}, {Function: n.fn1 + n.fn2}, {Function: "main", File: n.file, Line: 1}}
 	pod := k8smeta.Container{PodUID: "5f3b8a1e-2c4d-4e6f-8a0b-1c2d3e4f5a6b", Namespace: n.pod, Pod: n.pod, Name: n.pod, Workload: n.pod}
-	row := func(pid uint32, comm string, stack accounting.StackID, kind tracer.Kind, frames []*symbolize.Frame, alloc, free uint64) profiler.Row {
+	row := func(pid uint32, comm string, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, alloc, free uint64) profiler.Row {
 		return profiler.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: comm, Container: pod, Frames: frames,
 			Counters: accounting.Counters{AllocBytes: alloc, AllocCount: 2, FreeBytes: free, FreeCount: 1}}
 	}
 	rows := []profiler.Row{
-		row(7, n.comm, 1, tracer.KindDevice, a, 20*MiB, 0),
-		row(7, n.comm, 2, tracer.KindTensor, b, 16*MiB, 4*MiB),
-		row(8, n.comm+n.pod, 3, tracer.KindDevice, c, 8*MiB, 0),
+		row(7, n.comm, 1, memory.KindDevice, a, 20*MiB, 0),
+		row(7, n.comm, 2, memory.KindTensor, b, 16*MiB, 4*MiB),
+		row(8, n.comm+n.pod, 3, memory.KindDevice, c, 8*MiB, 0),
 	}
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	failure := profiler.Failure{FailureKey: accounting.FailureKey{Key: rows[0].Key, Op: 1, Result: 2}, Comm: n.comm, Frames: a,
@@ -64,11 +65,11 @@ func hostileReport(n names) profiler.Report {
 	return profiler.Report{
 		Time: at, Rows: rows, Failures: []profiler.Failure{failure},
 		OOMs: []profiler.OOM{{Time: at, Failure: failure, Held: rows[:1]}},
-		Peaks: []profiler.Peak{{PID: 7, Comm: n.comm, GPU: "0", Container: pod, View: tracer.ViewDriver, Timestamp: 1000, Time: at,
+		Peaks: []profiler.Peak{{PID: 7, Comm: n.comm, GPU: "0", Container: pod, View: memory.ViewDriver, Timestamp: 1000, Time: at,
 			Amount: accounting.Amount{Bytes: 20 * MiB, Count: 2}, Rows: rows[:1]}},
 		Timeline: &profiler.Timeline{Start: at, Timestamp: 1000, Width: time.Millisecond, End: 2 * time.Millisecond,
-			Series: []profiler.TimelineSeries{{PID: 7, Comm: n.comm, GPU: "0", View: tracer.ViewDriver, Buckets: []profiler.TimelineBucket{
-				{Max: 20 * MiB, MaxTime: time.Millisecond / 2, Top: []profiler.Holder{{Kind: tracer.KindDevice, Frames: a, Bytes: 20 * MiB}}}}}}},
+			Series: []profiler.TimelineSeries{{PID: 7, Comm: n.comm, GPU: "0", View: memory.ViewDriver, Buckets: []profiler.TimelineBucket{
+				{Max: 20 * MiB, MaxTime: time.Millisecond / 2, Top: []profiler.Holder{{Kind: memory.KindDevice, Frames: a, Bytes: 20 * MiB}}}}}}},
 		Libraries: []string{n.module},
 	}
 }
@@ -215,7 +216,7 @@ func FuzzFolded(f *testing.F) {
 	f.Fuzz(func(t *testing.T, comm, fn1, fn2, file, module, pod string) {
 		n := names{comm, fn1, fn2, file, module, pod}
 		for _, v := range []Value{InUse, Allocated, Peak} {
-			for _, view := range tracer.Views {
+			for _, view := range memory.Views {
 				var got, want bytes.Buffer
 				if err := WriteFolded(&got, hostileReport(n), v, view); err != nil {
 					continue // refused: clean

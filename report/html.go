@@ -8,9 +8,10 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 //go:embed flamegraph.html
@@ -85,7 +86,7 @@ type summaryRow struct {
 // shown, a click on a moment showing its flame graph.
 func WriteHTML(w io.Writer, r profiler.Report) error {
 	page := flamePage{Views: map[string]*flameNode{}, Summary: []summaryRow{}, Timeline: newTimelinePage(r)}
-	for _, v := range tracer.Views {
+	for _, v := range memory.Views {
 		page.Views[v.String()] = flameTree(r.Rows, v)
 	}
 	for _, p := range ByProcessGPU(r.Rows) {
@@ -104,7 +105,7 @@ func WriteHTML(w io.Writer, r profiler.Report) error {
 }
 
 // flameTree is the flame graph of one view's rows.
-func flameTree(rows []profiler.Row, v tracer.View) *flameNode {
+func flameTree(rows []profiler.Row, v memory.View) *flameNode {
 	root := &flameNode{Name: "all processes"}
 	for _, row := range rows {
 		if row.Kind.View() != v {

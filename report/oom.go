@@ -3,8 +3,9 @@ package report
 import (
 	"fmt"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // DescribeOOM is one line: who asked for how much, and what held the memory.
@@ -12,7 +13,7 @@ func DescribeOOM(o profiler.OOM) string {
 	f := o.Failure
 	s := fmt.Sprintf("out of memory: pid %d (%s) asked %s through %s on gpu %s; it held %s in tensors, %s from the driver",
 		f.PID, Printable(f.Comm), HumanBytes(f.Bytes), f.Op.Symbol(), f.GPU(),
-		HumanBytes(o.HeldBy(tracer.KindTensor)), HumanBytes(o.HeldBy(tracer.KindDevice)+o.HeldBy(tracer.KindVMM)))
+		HumanBytes(o.HeldBy(memory.KindTensor)), HumanBytes(o.HeldBy(memory.KindDevice)+o.HeldBy(memory.KindVMM)))
 	if len(o.Held) > 0 {
 		s += fmt.Sprintf("; most (%s, %s) by %s", HumanBytes(o.Held[0].LiveBytes()), o.Held[0].Kind, Printable(HottestFrame(o.Held[0].Frames)))
 	}

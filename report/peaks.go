@@ -7,8 +7,9 @@ import (
 	"slices"
 	"text/tabwriter"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Peaks, for people: each process's most memory at once on a GPU, per
@@ -20,7 +21,7 @@ const PeakTimeFormat = "15:04:05.000"
 
 // PeaksOf are the peaks of view v, by bytes, descending, then by PID and
 // GPU.
-func PeaksOf(peaks []profiler.Peak, v tracer.View) []profiler.Peak {
+func PeaksOf(peaks []profiler.Peak, v memory.View) []profiler.Peak {
 	var out []profiler.Peak
 	for _, pk := range peaks {
 		if pk.View == v {
@@ -35,7 +36,7 @@ func PeaksOf(peaks []profiler.Peak, v tracer.View) []profiler.Peak {
 
 // LiveAt is what process pid holds now on gpu in view v: its peak's
 // counterpart at the report's time.
-func LiveAt(rows []profiler.Row, pid uint32, gpu string, v tracer.View) uint64 {
+func LiveAt(rows []profiler.Row, pid uint32, gpu string, v memory.View) uint64 {
 	var live uint64
 	for _, row := range rows {
 		if row.PID == pid && row.Kind.View() == v && row.GPU() == gpu {
@@ -64,7 +65,7 @@ func DescribePeak(pk profiler.Peak, live uint64) string {
 
 // writeViewPeaks writes at most n peaks of view v, one line each, under a
 // heading; nothing when the view has none.
-func writeViewPeaks(w io.Writer, r profiler.Report, v tracer.View, n int) {
+func writeViewPeaks(w io.Writer, r profiler.Report, v memory.View, n int) {
 	peaks := PeaksOf(r.Peaks, v)
 	if len(peaks) == 0 {
 		return
@@ -86,7 +87,7 @@ func writePeakTable(w io.Writer, r profiler.Report, limit int) error {
 	fmt.Fprintln(w, "peaks since start (the most each process held at once, per GPU and view; never added):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "PID\tCOMM\tPOD\tGPU\tVIEW\tLIVE\tPEAK\tPEAK AT\t MOST AT PEAK\n")
-	for _, v := range tracer.Views {
+	for _, v := range memory.Views {
 		peaks := PeaksOf(r.Peaks, v)
 		if limit > 0 && len(peaks) > limit {
 			peaks = peaks[:limit]

@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 var spikeFrames = []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "forward_activation"}}
@@ -22,30 +23,30 @@ var spikeFrames = []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "fo
 func peakReport() profiler.Report {
 	rows := viewRows()
 	at := time.Date(2026, 12, 1, 12, 3, 4, 123000000, time.UTC)
-	share := func(pid uint32, stack accounting.StackID, kind tracer.Kind, frames []*symbolize.Frame, bytes, count uint64) profiler.Row {
+	share := func(pid uint32, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, bytes, count uint64) profiler.Row {
 		return profiler.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames,
 			Counters: accounting.Counters{AllocBytes: bytes, AllocCount: count}}
 	}
-	spike := share(7, 9, tracer.KindDevice, spikeFrames, 30*MiB, 3)
+	spike := share(7, 9, memory.KindDevice, spikeFrames, 30*MiB, 3)
 	spike.Counters.FreeBytes, spike.Counters.FreeCount = 30*MiB, 3
 	return profiler.Report{Rows: append(rows, spike), Peaks: []profiler.Peak{
-		{PID: 7, Comm: "python3", GPU: "0", View: tracer.ViewDriver, Time: at, Amount: accounting.Amount{Bytes: 50 * MiB, Count: 4},
-			Rows: []profiler.Row{share(7, 9, tracer.KindDevice, spikeFrames, 30*MiB, 3), share(7, 1, tracer.KindDevice, allocFrames, 20*MiB, 1)}},
-		{PID: 7, Comm: "python3", GPU: "0", View: tracer.ViewTensor, Time: at.Add(time.Second), Amount: accounting.Amount{Bytes: 16 * MiB, Count: 2},
-			Rows: []profiler.Row{share(7, 2, tracer.KindTensor, tensorFrames, 16*MiB, 2)}},
-		{PID: 8, Comm: "python3", GPU: "0", View: tracer.ViewDriver, Time: at.Add(-time.Minute), Amount: accounting.Amount{Bytes: 8 * MiB, Count: 1},
-			Rows: []profiler.Row{share(8, 4, tracer.KindDevice, cublasFrames, 8*MiB, 1)}},
+		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Time: at, Amount: accounting.Amount{Bytes: 50 * MiB, Count: 4},
+			Rows: []profiler.Row{share(7, 9, memory.KindDevice, spikeFrames, 30*MiB, 3), share(7, 1, memory.KindDevice, allocFrames, 20*MiB, 1)}},
+		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Time: at.Add(time.Second), Amount: accounting.Amount{Bytes: 16 * MiB, Count: 2},
+			Rows: []profiler.Row{share(7, 2, memory.KindTensor, tensorFrames, 16*MiB, 2)}},
+		{PID: 8, Comm: "python3", GPU: "0", View: memory.ViewDriver, Time: at.Add(-time.Minute), Amount: accounting.Amount{Bytes: 8 * MiB, Count: 1},
+			Rows: []profiler.Row{share(8, 4, memory.KindDevice, cublasFrames, 8*MiB, 1)}},
 	}}
 }
 
 // TestFoldedPeak: --value peak folds each process's peak rows in one view,
 // each with its share; a stack freed before the report is there.
 func TestFoldedPeak(t *testing.T) {
-	for view, want := range map[tracer.View]string{
-		tracer.ViewDriver: "python3;gpu=0;cublasCreate_v2;cuMemAlloc_v2 8388608\n" +
+	for view, want := range map[memory.View]string{
+		memory.ViewDriver: "python3;gpu=0;cublasCreate_v2;cuMemAlloc_v2 8388608\n" +
 			"python3;gpu=0;forward_activation;cuMemAlloc_v2 31457280\n" +
 			"python3;gpu=0;load_weights;c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block;cuMemAlloc_v2 20971520\n",
-		tracer.ViewTensor: "python3;gpu=0;load_weights;c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc;pytorch:malloc 16777216\n",
+		memory.ViewTensor: "python3;gpu=0;load_weights;c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc;pytorch:malloc 16777216\n",
 	} {
 		var buf bytes.Buffer
 		if err := WriteFolded(&buf, peakReport(), Peak, view); err != nil {

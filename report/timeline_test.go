@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // timelineReport: a process on GPU 0 holding weights, with a spike of
@@ -21,23 +22,23 @@ func timelineReport() profiler.Report {
 	weights := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "load_weights", File: "train.py", Line: 3}, {Function: "main"}}
 	spikeA := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "activations"}, {Function: "main"}}
 	spikeB := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "activations"}, {Function: "main"}}
-	held := []profiler.Holder{{Kind: tracer.KindDevice, Frames: weights, Bytes: 8 * MiB}}
-	spike := []profiler.Holder{{Kind: tracer.KindDevice, Frames: spikeA, Bytes: 5 * MiB}, {Kind: tracer.KindDevice, Frames: weights, Bytes: 8 * MiB},
-		{Kind: tracer.KindDevice, Frames: spikeB, Bytes: 4 * MiB}}
+	held := []profiler.Holder{{Kind: memory.KindDevice, Frames: weights, Bytes: 8 * MiB}}
+	spike := []profiler.Holder{{Kind: memory.KindDevice, Frames: spikeA, Bytes: 5 * MiB}, {Kind: memory.KindDevice, Frames: weights, Bytes: 8 * MiB},
+		{Kind: memory.KindDevice, Frames: spikeB, Bytes: 4 * MiB}}
 	ms := time.Millisecond
 	tl := &profiler.Timeline{Timestamp: 1000, Width: 10 * ms, End: 35 * ms, Series: []profiler.TimelineSeries{{
-		PID: 7, Comm: "python3", GPU: "0", View: tracer.ViewDriver, Buckets: []profiler.TimelineBucket{
+		PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Buckets: []profiler.TimelineBucket{
 			{Min: 0, Max: 8 * MiB, MaxTime: 2 * ms, Top: held},
 			{Min: 8 * MiB, Max: 17*MiB + 100, MaxTime: 14 * ms, Top: spike, Other: 100},
 			{Min: 8 * MiB, Max: 8 * MiB, MaxTime: 20 * ms, Top: held},
 			{Min: 8 * MiB, Max: 8 * MiB, MaxTime: 30 * ms, Top: held},
 		}}}}
-	peak := profiler.Peak{PID: 7, GPU: "0", View: tracer.ViewDriver, Timestamp: 1000 + uint64(14*ms), Amount: accounting.Amount{Bytes: 17*MiB + 100},
+	peak := profiler.Peak{PID: 7, GPU: "0", View: memory.ViewDriver, Timestamp: 1000 + uint64(14*ms), Amount: accounting.Amount{Bytes: 17*MiB + 100},
 		Rows: []profiler.Row{
-			{Key: accounting.Key{PID: 7, Kind: tracer.KindDevice}, Frames: weights, Counters: accounting.Counters{AllocBytes: 8 * MiB}},
-			{Key: accounting.Key{PID: 7, Kind: tracer.KindDevice}, Frames: spikeA, Counters: accounting.Counters{AllocBytes: 5 * MiB}},
-			{Key: accounting.Key{PID: 7, Kind: tracer.KindDevice}, Frames: spikeB, Counters: accounting.Counters{AllocBytes: 4 * MiB}},
-			{Key: accounting.Key{PID: 7, Kind: tracer.KindDevice}, Frames: []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "small"}},
+			{Key: accounting.Key{PID: 7, Kind: memory.KindDevice}, Frames: weights, Counters: accounting.Counters{AllocBytes: 8 * MiB}},
+			{Key: accounting.Key{PID: 7, Kind: memory.KindDevice}, Frames: spikeA, Counters: accounting.Counters{AllocBytes: 5 * MiB}},
+			{Key: accounting.Key{PID: 7, Kind: memory.KindDevice}, Frames: spikeB, Counters: accounting.Counters{AllocBytes: 4 * MiB}},
+			{Key: accounting.Key{PID: 7, Kind: memory.KindDevice}, Frames: []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "small"}},
 				Counters: accounting.Counters{AllocBytes: 100}},
 		}}
 	return profiler.Report{Timeline: tl, Peaks: []profiler.Peak{peak}}

@@ -6,18 +6,19 @@ import (
 	"sort"
 	"text/tabwriter"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // TopRow is one line of `gpumem top`: one process, kind of memory and device.
 type TopRow struct {
 	PID       uint32
 	Comm      string
-	Kind      tracer.Kind
+	Kind      memory.Kind
 	GPU       string
 	Pod       string // namespace/pod, the pod UID, or "-"
 	Live      uint64
@@ -35,11 +36,11 @@ type TopRow struct {
 func Top(r profiler.Report, grew map[accounting.Key]int64) []TopRow {
 	type key struct {
 		pid  uint32
-		kind tracer.Kind
+		kind memory.Kind
 		gpu  string
 	}
 	rows := map[key]*TopRow{}
-	get := func(pid uint32, comm string, kind tracer.Kind, gpu string, c k8smeta.Container) *TopRow {
+	get := func(pid uint32, comm string, kind memory.Kind, gpu string, c k8smeta.Container) *TopRow {
 		k := key{pid, kind, gpu}
 		if rows[k] == nil {
 			rows[k] = &TopRow{PID: pid, Comm: comm, Kind: kind, GPU: gpu, Pod: podName(c)}
@@ -136,8 +137,8 @@ func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 // bytes; the tensor view's only when tensors were traced. The kinds under
 // each are in the table's KIND column (tensor: the tensor view).
 func writeViewTotals(w io.Writer, rows []profiler.Row) {
-	for _, v := range tracer.Views {
-		if v == tracer.ViewTensor && !HasTensors(rows) {
+	for _, v := range memory.Views {
+		if v == memory.ViewTensor && !HasTensors(rows) {
 			continue
 		}
 		sum := ViewTotal(rows, v)
@@ -146,8 +147,8 @@ func writeViewTotals(w io.Writer, rows []profiler.Row) {
 }
 
 // viewNote says, after a view's total, why it is not added to the other.
-func viewNote(v tracer.View) string {
-	if v == tracer.ViewTensor {
+func viewNote(v memory.View) string {
+	if v == memory.ViewTensor {
 		return " (inside the driver view's segments: not added to it)"
 	}
 	return ""
@@ -172,8 +173,8 @@ func HumanBytes(n uint64) string {
 // highest peaks of processes on GPUs beside what they hold now, then each
 // view's total; the tensor view only when tensors were traced.
 func WriteStacks(w io.Writer, r profiler.Report, n int) error {
-	for _, v := range tracer.Views {
-		if v == tracer.ViewTensor && !HasTensors(r.Rows) {
+	for _, v := range memory.Views {
+		if v == memory.ViewTensor && !HasTensors(r.Rows) {
 			continue
 		}
 		fmt.Fprintf(w, "%s, stacks holding the most:\n", ViewName(v))

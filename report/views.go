@@ -5,17 +5,18 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-// The driver view and the tensor view overlap (tracer.View): every output
+// The driver view and the tensor view overlap (memory.View): every output
 // shows them apart, and these are the totals each shows.
 
 // ViewTotal sums the counters of the rows of one view.
-func ViewTotal(rows []profiler.Row, v tracer.View) accounting.Counters {
+func ViewTotal(rows []profiler.Row, v memory.View) accounting.Counters {
 	var sum accounting.Counters
 	for _, row := range rows {
 		if row.Kind.View() == v {
@@ -28,12 +29,12 @@ func ViewTotal(rows []profiler.Row, v tracer.View) accounting.Counters {
 // HasTensors says whether any row is in the tensor view: without PyTorch's
 // allocator traced, outputs need not mention the view.
 func HasTensors(rows []profiler.Row) bool {
-	return slices.ContainsFunc(rows, func(row profiler.Row) bool { return row.Kind.View() == tracer.ViewTensor })
+	return slices.ContainsFunc(rows, func(row profiler.Row) bool { return row.Kind.View() == memory.ViewTensor })
 }
 
 // ViewName is how outputs for people name a view.
-func ViewName(v tracer.View) string {
-	if v == tracer.ViewTensor {
+func ViewName(v memory.View) string {
+	if v == memory.ViewTensor {
 		return "tensors (tensor view)"
 	}
 	return "GPU memory (driver view)"
@@ -85,7 +86,7 @@ func ByProcessGPU(rows []profiler.Row) []ProcessGPU {
 		}
 		p := &out[i]
 		switch {
-		case row.Kind.View() == tracer.ViewTensor:
+		case row.Kind.View() == memory.ViewTensor:
 			p.Tensors += row.LiveBytes()
 		case AllocatorSegment(row.Frames):
 			p.Held += row.LiveBytes()

@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 const MiB = 1 << 20
@@ -33,15 +34,15 @@ var (
 // 12 MiB of tensors in it and 6 MiB from cuBLAS on GPU 0, and 4 KiB pinned;
 // another process without PyTorch.
 func viewRows() []profiler.Row {
-	row := func(pid uint32, stack accounting.StackID, kind tracer.Kind, frames []*symbolize.Frame, c accounting.Counters) profiler.Row {
+	row := func(pid uint32, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, c accounting.Counters) profiler.Row {
 		return profiler.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames, Counters: c}
 	}
 	return []profiler.Row{ // by live bytes, as reports are
-		row(7, 1, tracer.KindDevice, allocFrames, accounting.Counters{AllocBytes: 20 * MiB, AllocCount: 1}),
-		row(7, 2, tracer.KindTensor, tensorFrames, accounting.Counters{AllocBytes: 16 * MiB, AllocCount: 2, FreeBytes: 4 * MiB, FreeCount: 1}),
-		row(8, 4, tracer.KindDevice, cublasFrames, accounting.Counters{AllocBytes: 8 * MiB, AllocCount: 1}),
-		row(7, 3, tracer.KindDevice, cublasFrames, accounting.Counters{AllocBytes: 6 * MiB, AllocCount: 1}),
-		row(7, 5, tracer.KindHost, cublasFrames, accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
+		row(7, 1, memory.KindDevice, allocFrames, accounting.Counters{AllocBytes: 20 * MiB, AllocCount: 1}),
+		row(7, 2, memory.KindTensor, tensorFrames, accounting.Counters{AllocBytes: 16 * MiB, AllocCount: 2, FreeBytes: 4 * MiB, FreeCount: 1}),
+		row(8, 4, memory.KindDevice, cublasFrames, accounting.Counters{AllocBytes: 8 * MiB, AllocCount: 1}),
+		row(7, 3, memory.KindDevice, cublasFrames, accounting.Counters{AllocBytes: 6 * MiB, AllocCount: 1}),
+		row(7, 5, memory.KindHost, cublasFrames, accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
 	}
 }
 
@@ -70,11 +71,11 @@ func TestByProcessGPU(t *testing.T) {
 // TestFoldedPerView: folded output holds one view, never both.
 func TestFoldedPerView(t *testing.T) {
 	r := profiler.Report{Rows: viewRows()}
-	for view, want := range map[tracer.View]string{
-		tracer.ViewDriver: "python3;gpu=0;cublasCreate_v2;cuMemAlloc_v2 14680064\n" +
+	for view, want := range map[memory.View]string{
+		memory.ViewDriver: "python3;gpu=0;cublasCreate_v2;cuMemAlloc_v2 14680064\n" +
 			"python3;gpu=0;load_weights;c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block;cuMemAlloc_v2 20971520\n" +
 			"python3;gpu=host;cublasCreate_v2;cuMemAlloc_v2 4096\n",
-		tracer.ViewTensor: "python3;gpu=0;load_weights;c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc;pytorch:malloc 12582912\n",
+		memory.ViewTensor: "python3;gpu=0;load_weights;c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc;pytorch:malloc 12582912\n",
 	} {
 		var buf bytes.Buffer
 		if err := WriteFolded(&buf, r, InUse, view); err != nil {

@@ -9,7 +9,7 @@ const Annotation = "gpumem.profile"
 
 // Fields of a row, and the labels of every output that has labels (pprof
 // samples, Pyroscope series, metrics). Stack is the frames, outermost first, joined by ";" (the
-// folded form); gpu is as tracer.GPU writes it. The names fields are
+// folded form); gpu is as memory.GPU writes it. The names fields are
 // optional: operators/k8smeta adds them.
 const (
 	PID         = "pid"

@@ -7,8 +7,9 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 const MiB = 1 << 20
@@ -24,7 +25,7 @@ func TestEveryByteOnItsDevice(t *testing.T) {
 	r := s.report()
 	type where struct {
 		gpu  string
-		kind tracer.Kind
+		kind memory.Kind
 	}
 	live := map[where]uint64{}
 	for _, row := range r.Rows {
@@ -33,13 +34,13 @@ func TestEveryByteOnItsDevice(t *testing.T) {
 		}
 	}
 	want := map[where]uint64{
-		{"0", tracer.KindDevice}:        5*MiB + 13*MiB,
-		{"1", tracer.KindDevice}:        2*MiB + 11*MiB + 17*MiB,
-		{"2", tracer.KindDevice}:        3*MiB + 7*MiB,
-		{"2", tracer.KindVMM}:           19 * MiB,
-		{"host", tracer.KindVMM}:        6 * MiB,
-		{"host", tracer.KindHost}:       4096,
-		{"managed", tracer.KindManaged}: 8192,
+		{"0", memory.KindDevice}:        5*MiB + 13*MiB,
+		{"1", memory.KindDevice}:        2*MiB + 11*MiB + 17*MiB,
+		{"2", memory.KindDevice}:        3*MiB + 7*MiB,
+		{"2", memory.KindVMM}:           19 * MiB,
+		{"host", memory.KindVMM}:        6 * MiB,
+		{"host", memory.KindHost}:       4096,
+		{"managed", memory.KindManaged}: 8192,
 	}
 	if len(live) != len(want) {
 		t.Errorf("live %v, want %v", live, want)

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 	dto "github.com/prometheus/client_model/go"
 
@@ -22,14 +24,13 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/report"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // peakKey names a peak: one process's memory on one GPU in one view.
 type peakKey struct {
 	pid  int
 	gpu  string
-	view tracer.View
+	view memory.View
 }
 
 // peakWant is what a peak must be: its bytes and each function's share (the
@@ -132,7 +133,7 @@ func TestPeakInEveryOutput(t *testing.T) {
 	// The agent: each interval's peak, the spike in its interval, the
 	// level held in the intervals after.
 	gpu1 := func(bytes uint64, by map[string]uint64, spike string) peakWant {
-		return peakWant{peakKey: peakKey{c.pid, "1", tracer.ViewDriver}, bytes: bytes, by: by, spike: spike}
+		return peakWant{peakKey: peakKey{c.pid, "1", memory.ViewDriver}, bytes: bytes, by: by, spike: spike}
 	}
 	first := c.run()
 	agent.wait(gpu1(first["gpu1_peak"], map[string]uint64{"spike_base": first["gpu1_base"], "first_spike": first["first_spike"]}, "first_spike"))
@@ -145,22 +146,22 @@ func TestPeakInEveryOutput(t *testing.T) {
 	if spike["tensor_peak"] != 42*MiB || spike["allocated_peak"] != spike["tensor_peak"] || spike["reserved_peak"] != 60*MiB {
 		t.Fatalf("workload: %v", spike)
 	}
-	pyPeak := func(view tracer.View, bytes uint64, by map[string]uint64, live uint64, spike string) peakWant {
+	pyPeak := func(view memory.View, bytes uint64, by map[string]uint64, live uint64, spike string) peakWant {
 		return peakWant{peakKey: peakKey{py.pid, "0", view}, bytes: bytes, by: by, live: live, spike: spike}
 	}
-	tensors := pyPeak(tracer.ViewTensor, spike["tensor_peak"],
+	tensors := pyPeak(memory.ViewTensor, spike["tensor_peak"],
 		map[string]uint64{"load_weights": spike["peak_load_weights"], "activation_spike": spike["peak_activation_spike"]}, spike["tensor_live"], "activation_spike")
 	// The allocator's segments: a 20 MiB one that load_weights grew, two
 	// that activation_spike grew, emptied (the cache emptied at once: so
 	// soon that an interval may end between, which the driver view's spike
 	// check would not survive).
-	segments := pyPeak(tracer.ViewDriver, spike["reserved_peak"],
+	segments := pyPeak(memory.ViewDriver, spike["reserved_peak"],
 		map[string]uint64{"load_weights": 20 * MiB, "activation_spike": 40 * MiB}, spike["reserved"], "")
 	agent.wait(tensors, segments)
 
 	// The run's peaks, in record and top.
 	higher.live = second["gpu1_base"]
-	gpu0 := peakWant{peakKey: peakKey{c.pid, "0", tracer.ViewDriver}, bytes: second["gpu0_base"],
+	gpu0 := peakWant{peakKey: peakKey{c.pid, "0", memory.ViewDriver}, bytes: second["gpu0_base"],
 		by: map[string]uint64{"spike_base": second["gpu0_base"]}, live: second["gpu0_base"]}
 	run := []peakWant{gpu0, higher, segments, tensors}
 	comms := map[int]string{c.pid: "simwork", py.pid: filepath.Base(pythons(t)[2])}
@@ -175,7 +176,7 @@ func TestPeakInEveryOutput(t *testing.T) {
 
 	checkPprofPeaks(t, file("gpu.pb.gz"), run)
 	checkJSONPeaks(t, file("gpu.json"), run, started)
-	for view, path := range map[tracer.View]string{tracer.ViewDriver: file("driver.folded"), tracer.ViewTensor: file("tensor.folded")} {
+	for view, path := range map[memory.View]string{memory.ViewDriver: file("driver.folded"), memory.ViewTensor: file("tensor.folded")} {
 		checkFoldedPeaks(t, path, view, run, comms)
 	}
 	checkTopPeaks(t, clis["pprof"].stderr, run, comms)
@@ -251,7 +252,7 @@ func (a agentPeaks) pushed(w peakWant) *peakSeen {
 // peakGauge is the gauge of a process's peak on a GPU in a view.
 func peakGauge(f map[string]*dto.MetricFamily, k peakKey) float64 {
 	name := "gpumem_peak_bytes"
-	if k.view == tracer.ViewTensor {
+	if k.view == memory.ViewTensor {
 		name = "gpumem_tensor_peak_bytes"
 	}
 	for _, m := range f[name].GetMetric() {
@@ -271,7 +272,7 @@ func addProfilePeaks(peaks map[peakKey]*peakSeen, p *profile.Profile) {
 	}
 	for _, s := range p.Sample {
 		fn := profileHottest(s)
-		for _, v := range tracer.Views {
+		for _, v := range memory.Views {
 			peak, ok := column[pprof.PeakSampleType(v)]
 			if !ok {
 				continue
@@ -318,7 +319,7 @@ func checkPprofPeaks(t *testing.T, path string, wants []peakWant) {
 	p := readProfile(t, path)
 	got := map[peakKey]*peakSeen{}
 	addProfilePeaks(got, p)
-	totals := map[tracer.View]uint64{}
+	totals := map[memory.View]uint64{}
 	for _, w := range wants {
 		totals[w.view] += w.bytes
 		if s := got[w.peakKey]; !s.matches(w) {
@@ -366,7 +367,7 @@ func checkJSONPeaks(t *testing.T, path string, wants []peakWant, started time.Ti
 	}
 	got := map[peakKey]*peakSeen{}
 	for _, pk := range out.Peaks {
-		view, _ := tracer.ParseView(pk.View)
+		view, _ := memory.ParseView(pk.View)
 		seen := &peakSeen{bytes: pk.Bytes, by: map[string]uint64{}}
 		var allocations uint64
 		for _, s := range pk.Stacks {
@@ -394,7 +395,7 @@ func checkJSONPeaks(t *testing.T, path string, wants []peakWant, started time.Ti
 
 // checkFoldedPeaks reads folded --value peak of one view: each process's
 // lines on a GPU sum to its peak there, each function's to its share.
-func checkFoldedPeaks(t *testing.T, path string, view tracer.View, wants []peakWant, comms map[int]string) {
+func checkFoldedPeaks(t *testing.T, path string, view memory.View, wants []peakWant, comms map[int]string) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {

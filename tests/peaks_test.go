@@ -4,9 +4,10 @@ import (
 	"maps"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // TestPeaksBetweenReads: on GPU 1, a spike that rises and falls between two
@@ -97,7 +98,7 @@ func peaksOf(t *testing.T, peaks []profiler.Peak, pid int) map[string]profiler.P
 		if pk.PID != uint32(pid) {
 			continue
 		}
-		if pk.View != tracer.ViewDriver {
+		if pk.View != memory.ViewDriver {
 			t.Errorf("peak in the %s view: %+v", pk.View, pk)
 		}
 		byGPU[pk.GPU] = pk

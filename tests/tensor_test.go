@@ -10,9 +10,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // startTensors starts simwork.py's tensor scenario under python, with the
@@ -34,7 +35,7 @@ func startTensors(t *testing.T, cfg profiler.Config, python, scenario string, en
 
 // byPythonFunction sums a process's rows of one kind by their innermost
 // Python frame.
-func byPythonFunction(r profiler.Report, pid int, kind tracer.Kind) map[string]profiler.Row {
+func byPythonFunction(r profiler.Report, pid int, kind memory.Kind) map[string]profiler.Row {
 	rows := map[string]profiler.Row{}
 	for _, row := range r.Rows {
 		if row.PID != uint32(pid) || row.Kind != kind {
@@ -68,7 +69,7 @@ func testTensorsExact(t *testing.T, python string) {
 	expect := w.run()
 	r := s.report()
 	const MiB = 1 << 20
-	tensors := byPythonFunction(r, w.pid, tracer.KindTensor)
+	tensors := byPythonFunction(r, w.pid, memory.KindTensor)
 	if tensors["activations"].LiveBytes() != expect["tensor_activations"] {
 		t.Errorf("activations live %d, workload holds %d", tensors["activations"].LiveBytes(), expect["tensor_activations"])
 	}
@@ -86,7 +87,7 @@ func testTensorsExact(t *testing.T, python string) {
 	if len(tensors) != 0 {
 		t.Errorf("tensor rows elsewhere: %v", tensors)
 	}
-	segments := byPythonFunction(r, w.pid, tracer.KindDevice)
+	segments := byPythonFunction(r, w.pid, memory.KindDevice)
 	for fn, want := range map[string]uint64{"load_weights": 20 * MiB, "kv_cache": 12 * MiB, "activations": 4 * MiB} {
 		if row := segments[fn]; row.LiveBytes() != want || row.AllocBytes != want || row.Key.Device != 0 {
 			t.Errorf("segments of %s: %+v on device %d, want %d live", fn, row.Counters, row.Key.Device, want)
@@ -137,8 +138,8 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 		o.Failure.Op.Symbol() != "cuMemAlloc_v2" || o.Failure.PID != uint32(w.pid) {
 		t.Errorf("failure %+v at %v", o.Failure.FailureKey, frameNames(o.Failure.Frames))
 	}
-	if o.HeldBy(tracer.KindTensor) != 72*MiB || o.HeldBy(tracer.KindDevice) != 72*MiB || len(o.Held) != 2 {
-		t.Errorf("held %d in tensors, %d in segments, %d rows", o.HeldBy(tracer.KindTensor), o.HeldBy(tracer.KindDevice), len(o.Held))
+	if o.HeldBy(memory.KindTensor) != 72*MiB || o.HeldBy(memory.KindDevice) != 72*MiB || len(o.Held) != 2 {
+		t.Errorf("held %d in tensors, %d in segments, %d rows", o.HeldBy(memory.KindTensor), o.HeldBy(memory.KindDevice), len(o.Held))
 	}
 	for _, row := range o.Held {
 		if py := pythonFrames(row.Frames); len(py) == 0 || py[0].Function != "fill_cache" || row.LiveCount() != 6 {
@@ -146,7 +147,7 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 		}
 	}
 	// After the failed attempts, the books go on exactly.
-	if after := byPythonFunction(r, w.pid, tracer.KindTensor)["after_oom"]; after.LiveBytes() != expect["tensor_after_oom"] || after.AllocCount != 4 {
+	if after := byPythonFunction(r, w.pid, memory.KindTensor)["after_oom"]; after.LiveBytes() != expect["tensor_after_oom"] || after.AllocCount != 4 {
 		t.Errorf("after the out-of-memory: %+v, workload holds %d", after.Counters, expect["tensor_after_oom"])
 	}
 	assertNoLosses(t, r)
@@ -188,10 +189,10 @@ func TestTensorViewOff(t *testing.T) {
 	s, w := startTensors(t, profiler.Config{Library: simLib, NoTensors: true}, pythons(t)[2], "tensors")
 	w.run()
 	r := s.report()
-	if rows := byPythonFunction(r, w.pid, tracer.KindTensor); len(rows) != 0 {
+	if rows := byPythonFunction(r, w.pid, memory.KindTensor); len(rows) != 0 {
 		t.Errorf("tensor rows with the tensor view off: %v", rows)
 	}
-	if segments := byPythonFunction(r, w.pid, tracer.KindDevice); segments["kv_cache"].LiveBytes() != 12<<20 {
+	if segments := byPythonFunction(r, w.pid, memory.KindDevice); segments["kv_cache"].LiveBytes() != 12<<20 {
 		t.Errorf("driver view: %v", segments)
 	}
 	w.exit()
@@ -206,7 +207,7 @@ func TestTensorNativeStacks(t *testing.T) {
 	for _, walk := range []bool{false, true} {
 		s, w := startTensors(t, profiler.Config{Library: simLib, TensorNativeStacks: walk}, python, "tensors")
 		expect := w.run()
-		row := byPythonFunction(s.report(), w.pid, tracer.KindTensor)["load_weights"]
+		row := byPythonFunction(s.report(), w.pid, memory.KindTensor)["load_weights"]
 		if row.AllocBytes != expect["tensor_load_weights"] {
 			t.Errorf("native walk %v: load_weights allocated %d, want %d", walk, row.AllocBytes, expect["tensor_load_weights"])
 		}

@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // site names a row: the driver function and the function that called it.
@@ -66,19 +67,19 @@ func TestEveryCallExact(t *testing.T) {
 
 	const MiB = 1 << 20
 	want := map[site]struct {
-		kind tracer.Kind
+		kind memory.Kind
 		c    accounting.Counters
 	}{
-		{"cuMemAlloc_v2", "alloc_device"}:                   {tracer.KindDevice, accounting.Counters{AllocBytes: 3 * MiB, AllocCount: 3, FreeBytes: MiB, FreeCount: 1}},
-		{"cuMemAllocPitch_v2", "alloc_pitched"}:             {tracer.KindDevice, accounting.Counters{AllocBytes: 1024 * 30, AllocCount: 1}},
-		{"cuMemAllocManaged", "alloc_managed"}:              {tracer.KindManaged, accounting.Counters{AllocBytes: 2 * MiB, AllocCount: 1}},
-		{"cuMemAllocHost_v2", "alloc_host"}:                 {tracer.KindHost, accounting.Counters{AllocBytes: 4096, AllocCount: 1}},
-		{"cuMemHostAlloc", "alloc_host"}:                    {tracer.KindHost, accounting.Counters{AllocBytes: 8192, AllocCount: 1, FreeBytes: 8192, FreeCount: 1}},
-		{"cuMemAllocAsync", "alloc_async"}:                  {tracer.KindDevice, accounting.Counters{AllocBytes: 2 * 65536, AllocCount: 2, FreeBytes: 65536, FreeCount: 1}},
-		{"cuMemAllocAsync_ptsz", "alloc_async"}:             {tracer.KindDevice, accounting.Counters{AllocBytes: 32768, AllocCount: 1, FreeBytes: 32768, FreeCount: 1}},
-		{"cuMemAllocFromPoolAsync", "alloc_async"}:          {tracer.KindDevice, accounting.Counters{AllocBytes: 131072, AllocCount: 1}},
-		{"cuMemAllocFromPoolAsync_ptsz", "alloc_pool_ptsz"}: {tracer.KindDevice, accounting.Counters{AllocBytes: 16384, AllocCount: 1, FreeBytes: 16384, FreeCount: 1}},
-		{"cuMemCreate", "alloc_vmm"}:                        {tracer.KindVMM, accounting.Counters{AllocBytes: 6 * MiB, AllocCount: 2, FreeBytes: 2 * MiB, FreeCount: 1}},
+		{"cuMemAlloc_v2", "alloc_device"}:                   {memory.KindDevice, accounting.Counters{AllocBytes: 3 * MiB, AllocCount: 3, FreeBytes: MiB, FreeCount: 1}},
+		{"cuMemAllocPitch_v2", "alloc_pitched"}:             {memory.KindDevice, accounting.Counters{AllocBytes: 1024 * 30, AllocCount: 1}},
+		{"cuMemAllocManaged", "alloc_managed"}:              {memory.KindManaged, accounting.Counters{AllocBytes: 2 * MiB, AllocCount: 1}},
+		{"cuMemAllocHost_v2", "alloc_host"}:                 {memory.KindHost, accounting.Counters{AllocBytes: 4096, AllocCount: 1}},
+		{"cuMemHostAlloc", "alloc_host"}:                    {memory.KindHost, accounting.Counters{AllocBytes: 8192, AllocCount: 1, FreeBytes: 8192, FreeCount: 1}},
+		{"cuMemAllocAsync", "alloc_async"}:                  {memory.KindDevice, accounting.Counters{AllocBytes: 2 * 65536, AllocCount: 2, FreeBytes: 65536, FreeCount: 1}},
+		{"cuMemAllocAsync_ptsz", "alloc_async"}:             {memory.KindDevice, accounting.Counters{AllocBytes: 32768, AllocCount: 1, FreeBytes: 32768, FreeCount: 1}},
+		{"cuMemAllocFromPoolAsync", "alloc_async"}:          {memory.KindDevice, accounting.Counters{AllocBytes: 131072, AllocCount: 1}},
+		{"cuMemAllocFromPoolAsync_ptsz", "alloc_pool_ptsz"}: {memory.KindDevice, accounting.Counters{AllocBytes: 16384, AllocCount: 1, FreeBytes: 16384, FreeCount: 1}},
+		{"cuMemCreate", "alloc_vmm"}:                        {memory.KindVMM, accounting.Counters{AllocBytes: 6 * MiB, AllocCount: 2, FreeBytes: 2 * MiB, FreeCount: 1}},
 	}
 	got := rowsBySite(t, r, w.pid)
 	if len(got) != len(want) {
@@ -174,7 +175,7 @@ func TestExitReleasesHeldMemory(t *testing.T) {
 func TestOutOfMemoryIsAFailure(t *testing.T) {
 	w := startWorkload(t, []string{"SIMCUDA_CAPACITY=1000000"}, simwork, "oom", "1000001")
 	s := startProfiler(t, profiler.Config{Library: simLib}, w)
-	if got := w.run()["result"]; got != tracer.CUDAOutOfMemory {
+	if got := w.run()["result"]; got != memory.CUDAOutOfMemory {
 		t.Fatalf("driver returned %d", got)
 	}
 	r := s.report()
@@ -191,7 +192,7 @@ func TestOutOfMemoryIsAFailure(t *testing.T) {
 		t.Fatalf("failures %+v", failures)
 	}
 	f := failures[0]
-	if f.Result != 2 || f.Bytes != 1000001 || f.Count != 1 || f.Op.Symbol() != "cuMemAlloc_v2" || f.Kind != tracer.KindDevice {
+	if f.Result != 2 || f.Bytes != 1000001 || f.Count != 1 || f.Op.Symbol() != "cuMemAlloc_v2" || f.Kind != memory.KindDevice {
 		t.Errorf("failure %+v", f)
 	}
 	if len(f.Frames) < 2 || f.Frames[1].Function != "allocate_too_much" {

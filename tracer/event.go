@@ -6,19 +6,21 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // Event is one driver call, or the exit of a traced process.
 type Event struct {
-	Exit      bool   // the last thread of process PID exited; only PID, TID, Comm are set
-	Op        Op     // the driver function
-	Result    int32  // its CUresult
-	PID, TID  uint32 //
-	Comm      string //
-	Address   uint64 // pointer or VMM handle allocated or freed
-	Bytes     uint64 // allocated bytes; requested bytes when the call failed
-	Device    int32  // device ordinal of the calling thread's context, or DeviceUnknown
-	Timestamp uint64 // ns since boot: an allocation's return, a free's entry
+	Exit      bool      // the last thread of process PID exited; only PID, TID, Comm are set
+	Op        memory.Op // the driver function
+	Result    int32     // its CUresult
+	PID, TID  uint32    //
+	Comm      string    //
+	Address   uint64    // pointer or VMM handle allocated or freed
+	Bytes     uint64    // allocated bytes; requested bytes when the call failed
+	Device    int32     // device ordinal of the calling thread's context, or DeviceUnknown
+	Timestamp uint64    // ns since boot: an allocation's return, a free's entry
 	// Stack holds user return addresses, innermost first, taken when the
 	// driver call returned: the first is in the caller of the driver.
 	Stack []uint64
@@ -68,7 +70,7 @@ func decode(raw []byte, ev *Event) error {
 	}
 	*ev = Event{
 		Exit:      e.Type == uint16(gpumemGpumemEventTypeGPUMEM_EVENT_EXIT),
-		Op:        Op(e.Op),
+		Op:        memory.Op(e.Op),
 		Result:    e.Result,
 		PID:       e.Proc.Pid,
 		TID:       e.Proc.Tid,

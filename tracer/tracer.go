@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
 
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/usdt"
 )
@@ -199,7 +200,7 @@ func withoutFrees(symbols []string, cookies []uint64) ([]string, []uint64) {
 	var s []string
 	var c []uint64
 	for i, op := range cookies {
-		if !Op(op).IsFree() {
+		if !memory.Op(op).IsFree() {
 			s, c = append(s, symbols[i]), append(c, op)
 		}
 	}
@@ -294,9 +295,9 @@ func DriverFunctions(path string) ([]string, []uint64, error) {
 	}
 	var symbols []string
 	var cookies []uint64
-	for op, info := range ops {
-		if exported[info.symbol] {
-			symbols = append(symbols, info.symbol)
+	for symbol, op := range memory.Ops() {
+		if exported[symbol] {
+			symbols = append(symbols, symbol)
 			cookies = append(cookies, uint64(op))
 		}
 	}

@@ -7,10 +7,11 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // oomWriter writes each out-of-memory snapshot into a directory: what the
@@ -40,12 +41,12 @@ func (w *oomWriter) write(o profiler.OOM) {
 	paths := []string{base + ".pb.gz", base + ".folded"}
 	writers := []func(io.Writer) error{
 		func(f io.Writer) error { return pprof.Write(f, r, comments...) },
-		func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewDriver) },
+		func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, memory.ViewDriver) },
 	}
 	written := "wrote " + base + ".pb.gz and .folded"
 	if report.HasTensors(r.Rows) {
 		paths = append(paths, base+".tensor.folded")
-		writers = append(writers, func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, tracer.ViewTensor) })
+		writers = append(writers, func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, memory.ViewTensor) })
 		written = "wrote " + base + ".pb.gz, .folded (driver view) and .tensor.folded (tensor view)"
 	}
 	for i, path := range paths {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
@@ -15,7 +17,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // TestDashboardQueriesWhatIsPushed: the dashboard's Pyroscope queries name
@@ -107,7 +108,7 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 // exporter pushes under, for a series of each view.
 func pushedProfileTypes(t *testing.T) map[string]bool {
 	types := map[string]bool{}
-	for _, kind := range []tracer.Kind{tracer.KindDevice, tracer.KindTensor} {
+	for _, kind := range []memory.Kind{memory.KindDevice, memory.KindTensor} {
 		e := &Exporter{series: map[seriesKey]*series{}}
 		req, _ := e.request(func(add func(*profiler.Row)) time.Time {
 			add(&profiler.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",

@@ -30,6 +30,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	typesv1 "github.com/grafana/pyroscope/api/gen/proto/go/types/v1"
@@ -41,7 +43,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // Labels every series carries besides a row's (package schema's);
@@ -269,7 +270,7 @@ func (e *Exporter) ExportRows(each func(add func(*profiler.Row)) time.Time, peak
 
 type seriesKey struct {
 	pid  uint32
-	kind tracer.Kind
+	kind memory.Kind
 	gpu  string
 }
 

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 
@@ -29,7 +31,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 type receiver = pyroscopetest.Receiver
@@ -46,7 +47,7 @@ func listen(t *testing.T) net.Listener {
 	return lis
 }
 
-func row(pid uint32, stack accounting.StackID, kind tracer.Kind, fn string, c accounting.Counters) profiler.Row {
+func row(pid uint32, stack accounting.StackID, kind memory.Kind, fn string, c accounting.Counters) profiler.Row {
 	return profiler.Row{
 		Key:      accounting.Key{PID: pid, Stack: stack, Kind: kind},
 		Comm:     "train",
@@ -94,13 +95,13 @@ func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 
 	t0 := time.Now()
 	e.Export(profiler.Report{Time: t0, Rows: []profiler.Row{
-		row(10, 1, tracer.KindDevice, "load_weights", accounting.Counters{AllocBytes: 100, AllocCount: 1}),
-		row(10, 2, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
+		row(10, 1, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 100, AllocCount: 1}),
+		row(10, 2, memory.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
 	}})
 	// In the second interval load_weights allocates 50 more and frees 100.
 	e.Export(profiler.Report{Time: t0.Add(time.Second), Rows: []profiler.Row{
-		row(10, 1, tracer.KindDevice, "load_weights", accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 100, FreeCount: 1}),
-		row(10, 2, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
+		row(10, 1, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 100, FreeCount: 1}),
+		row(10, 2, memory.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
 	}})
 	waitFor(t, "two pushes", func() bool { return len(r.Received()) == 2 })
 
@@ -163,7 +164,7 @@ func TestCredentialsAndTenant(t *testing.T) {
 			cfg := tc.cfg
 			cfg.URL, cfg.Interval, cfg.QueueSize = "http://"+lis.Addr().String(), time.Second, 2
 			e := start(t, cfg)
-			e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}})
+			e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}})
 			if tc.ok {
 				waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
 				if cfg.TenantID != "" && r.Metadata()[0]["x-scope-orgid"][0] != "team-a" {
@@ -210,7 +211,7 @@ func TestTLS(t *testing.T) {
 	tlsRecv, plainRecv := &receiver{}, &receiver{}
 	serve(t, tlsRecv, tlsLis, grpc.Creds(credentials.NewTLS(serverTLS)))
 	serve(t, plainRecv, plainLis)
-	report := profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}}
+	report := profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}}
 
 	ok := start(t, Config{URL: "https://" + tlsLis.Addr().String(), CAFile: caFile, Interval: time.Second, QueueSize: 2})
 	ok.Export(report)
@@ -274,7 +275,7 @@ func TestReceiverDownThenUp(t *testing.T) {
 			t0 := time.Now()
 			for i := range intervals {
 				e.Export(profiler.Report{Time: t0.Add(time.Duration(i+1) * time.Second), Rows: []profiler.Row{
-					row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: uint64(i + 1), AllocCount: uint64(i + 1)}),
+					row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: uint64(i + 1), AllocCount: uint64(i + 1)}),
 				}})
 				time.Sleep(time.Second)
 			}
@@ -325,19 +326,19 @@ func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 	rows := []profiler.Row{
 		// The allocator's 20 MiB segment, the 12 MiB tensor inside it, a
 		// pinned buffer, and a 30 MiB spike freed since.
-		row(10, 1, tracer.KindDevice, "load_weights", accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
-		row(10, 2, tracer.KindTensor, "load_weights", accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
-		row(10, 3, tracer.KindHost, "pin", accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
-		row(10, 4, tracer.KindDevice, "forward_activation", accounting.Counters{AllocBytes: 30 << 20, AllocCount: 3, FreeBytes: 30 << 20, FreeCount: 3}),
+		row(10, 1, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
+		row(10, 2, memory.KindTensor, "load_weights", accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
+		row(10, 3, memory.KindHost, "pin", accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
+		row(10, 4, memory.KindDevice, "forward_activation", accounting.Counters{AllocBytes: 30 << 20, AllocCount: 3, FreeBytes: 30 << 20, FreeCount: 3}),
 	}
 	share := func(r profiler.Row, bytes, count uint64) accounting.PeakRow {
 		return accounting.PeakRow{Key: r.Key, Amount: accounting.Amount{Bytes: bytes, Count: count}}
 	}
 	peaks := []profiler.Peak{
-		{PID: 10, GPU: "0", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4},
+		{PID: 10, GPU: "0", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4},
 			Shares: []accounting.PeakRow{share(rows[3], 30<<20, 3), share(rows[0], 20<<20, 1)}},
-		{PID: 10, GPU: "host", View: tracer.ViewDriver, Amount: accounting.Amount{Bytes: 4096, Count: 1}, Shares: []accounting.PeakRow{share(rows[2], 4096, 1)}},
-		{PID: 10, GPU: "0", View: tracer.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}, Shares: []accounting.PeakRow{share(rows[1], 16<<20, 2)}},
+		{PID: 10, GPU: "host", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 4096, Count: 1}, Shares: []accounting.PeakRow{share(rows[2], 4096, 1)}},
+		{PID: 10, GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}, Shares: []accounting.PeakRow{share(rows[1], 16<<20, 2)}},
 	}
 	e.Export(profiler.Report{Time: time.Now(), Rows: rows, Peaks: peaks})
 	waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })

@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gpu-mem/gpu-mem/memory"
+
 	"github.com/google/pprof/profile"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,7 +20,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // The exporter against the strict receiver (pyroscopetest), which refuses
@@ -28,7 +29,7 @@ import (
 // at t.
 func interval(t time.Time, bytes uint64) profiler.Report {
 	return profiler.Report{Time: t, Rows: []profiler.Row{
-		row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: bytes, AllocCount: bytes}),
+		row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: bytes, AllocCount: bytes}),
 	}}
 }
 
@@ -67,10 +68,10 @@ func TestNoPushWithoutSeries(t *testing.T) {
 	e.Export(profiler.Report{Time: t0}) // no process yet
 	// A process allocates and frees 100 bytes: something to push.
 	freed := accounting.Counters{AllocBytes: 100, AllocCount: 1, FreeBytes: 100, FreeCount: 1}
-	e.Export(profiler.Report{Time: t0.Add(time.Second), Rows: []profiler.Row{row(1, 1, tracer.KindDevice, "f", freed)}})
+	e.Export(profiler.Report{Time: t0.Add(time.Second), Rows: []profiler.Row{row(1, 1, memory.KindDevice, "f", freed)}})
 	waitFor(t, "the first push", func() bool { return e.Stats().Pushed >= 1 })
 	// Then nothing allocated and nothing live: every value zero.
-	e.Export(profiler.Report{Time: t0.Add(2 * time.Second), Rows: []profiler.Row{row(1, 1, tracer.KindDevice, "f", freed)}})
+	e.Export(profiler.Report{Time: t0.Add(2 * time.Second), Rows: []profiler.Row{row(1, 1, memory.KindDevice, "f", freed)}})
 	e.Export(profiler.Report{Time: t0.Add(3 * time.Second)})
 	if s := e.Stats(); s.Queued != 0 {
 		t.Errorf("empty intervals queued: %+v", s)
@@ -342,7 +343,7 @@ func TestLabelsAreUTF8(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	r := row(1, 1, tracer.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})
+	r := row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})
 	r.Comm = "trainer-\xe6\x97"
 	for _, l := range e.labels(r) {
 		if l.Name == schema.Comm && l.Value != "trainer-\uFFFD" || !utf8.ValidString(l.Value) {
@@ -358,7 +359,7 @@ func TestNamesAreUTF8(t *testing.T) {
 	r := &receiver{}
 	serve(t, r, lis)
 	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
-	bad := row(1, 1, tracer.KindDevice, "load_\xe6\x97", accounting.Counters{AllocBytes: 10, AllocCount: 1})
+	bad := row(1, 1, memory.KindDevice, "load_\xe6\x97", accounting.Counters{AllocBytes: 10, AllocCount: 1})
 	bad.Comm = "trainer-\xe6\x97"
 	e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{bad}})
 	waitFor(t, "a push", func() bool { return e.Stats().Pushed+e.Stats().Rejected > 0 })

@@ -1,9 +1,44 @@
-package tracer
+// Package memory is gpu-mem's vocabulary of GPU memory, shared by the
+// tracer, the books and every output: the kinds of memory, the two views
+// of it, the driver functions (ops) that allocate and free it, and where
+// it lives.
+package memory
 
 import "strconv"
 
-// Op is the driver function a call event comes from (enum gpumem_op).
+// Op is the driver function a call event comes from. The values are those
+// of enum gpumem_op (gadgets/include/gpumem.h), which the BPF program
+// sends; package tracer checks that they agree.
 type Op uint16
+
+const (
+	OpMemAlloc                  Op = 1
+	OpMemAllocPitch             Op = 2
+	OpMemAllocManaged           Op = 3
+	OpMemAllocHost              Op = 4
+	OpMemHostAlloc              Op = 5
+	OpMemAllocAsync             Op = 6
+	OpMemAllocAsyncPtsz         Op = 7
+	OpMemAllocFromPoolAsync     Op = 8
+	OpMemAllocFromPoolAsyncPtsz Op = 9
+	OpMemCreate                 Op = 10
+	OpMemFree                   Op = 11
+	OpMemFreeHost               Op = 12
+	OpMemFreeAsync              Op = 13
+	OpMemFreeAsyncPtsz          Op = 14
+	OpMemRelease                Op = 15
+	OpTensorAlloc               Op = 16
+	OpTensorFree                Op = 17
+	OpMemRetainAllocationHandle Op = 24
+	OpCtxSetCurrent             Op = 32
+	OpCtxPushCurrent            Op = 33
+	OpCtxPopCurrent             Op = 34
+	OpDevicePrimaryCtxRetain    Op = 35
+	OpCtxCreate                 Op = 36
+	OpCtxCreateV3               Op = 37
+	OpCtxCreateV4               Op = 38
+	OpCtxDestroy                Op = 39
+)
 
 // Kind is the kind of memory an allocation holds.
 type Kind uint8
@@ -94,41 +129,50 @@ type opInfo struct {
 	kind   Kind // the memory an allocation holds; zero for other calls
 }
 
-// ops describes each enum gpumem_op of gadgets/include/gpumem.h.
+// ops describes each op.
 var ops = map[Op]opInfo{
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_ALLOC):                      {"cuMemAlloc_v2", KindDevice},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_ALLOC_PITCH):                {"cuMemAllocPitch_v2", KindDevice},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_ALLOC_MANAGED):              {"cuMemAllocManaged", KindManaged},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_ALLOC_HOST):                 {"cuMemAllocHost_v2", KindHost},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_HOST_ALLOC):                 {"cuMemHostAlloc", KindHost},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_ALLOC_ASYNC):                {"cuMemAllocAsync", KindDevice},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_ALLOC_ASYNC_PTSZ):           {"cuMemAllocAsync_ptsz", KindDevice},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_ALLOC_FROM_POOL_ASYNC):      {"cuMemAllocFromPoolAsync", KindDevice},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ): {"cuMemAllocFromPoolAsync_ptsz", KindDevice},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_CREATE):                     {"cuMemCreate", KindVMM},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE):                       {"cuMemFree_v2", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE_HOST):                  {"cuMemFreeHost", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC):                 {"cuMemFreeAsync", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE_ASYNC_PTSZ):            {"cuMemFreeAsync_ptsz", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE):                    {"cuMemRelease", 0},
+	OpMemAlloc:                  {"cuMemAlloc_v2", KindDevice},
+	OpMemAllocPitch:             {"cuMemAllocPitch_v2", KindDevice},
+	OpMemAllocManaged:           {"cuMemAllocManaged", KindManaged},
+	OpMemAllocHost:              {"cuMemAllocHost_v2", KindHost},
+	OpMemHostAlloc:              {"cuMemHostAlloc", KindHost},
+	OpMemAllocAsync:             {"cuMemAllocAsync", KindDevice},
+	OpMemAllocAsyncPtsz:         {"cuMemAllocAsync_ptsz", KindDevice},
+	OpMemAllocFromPoolAsync:     {"cuMemAllocFromPoolAsync", KindDevice},
+	OpMemAllocFromPoolAsyncPtsz: {"cuMemAllocFromPoolAsync_ptsz", KindDevice},
+	OpMemCreate:                 {"cuMemCreate", KindVMM},
+	OpMemFree:                   {"cuMemFree_v2", 0},
+	OpMemFreeHost:               {"cuMemFreeHost", 0},
+	OpMemFreeAsync:              {"cuMemFreeAsync", 0},
+	OpMemFreeAsyncPtsz:          {"cuMemFreeAsync_ptsz", 0},
+	OpMemRelease:                {"cuMemRelease", 0},
 
 	// A VMM handle's extra reference (NCCL frees its buffers so).
-	Op(gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE): {"cuMemRetainAllocationHandle", 0},
+	OpMemRetainAllocationHandle: {"cuMemRetainAllocationHandle", 0},
 
 	// PyTorch's caching allocator, from its USDT probes.
-	Op(gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC): {"pytorch:malloc", KindTensor},
-	Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE):  {"pytorch:free", 0},
+	OpTensorAlloc: {"pytorch:malloc", KindTensor},
+	OpTensorFree:  {"pytorch:free", 0},
 
 	// Context calls, followed in BPF only: they say which device the
 	// calling thread allocates on.
-	Op(gpumemGpumemOpGPUMEM_OP_CTX_SET_CURRENT):           {"cuCtxSetCurrent", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_CTX_PUSH_CURRENT):          {"cuCtxPushCurrent_v2", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_CTX_POP_CURRENT):           {"cuCtxPopCurrent_v2", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN): {"cuDevicePrimaryCtxRetain", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_CTX_CREATE):                {"cuCtxCreate_v2", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V3):             {"cuCtxCreate_v3", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V4):             {"cuCtxCreate_v4", 0},
-	Op(gpumemGpumemOpGPUMEM_OP_CTX_DESTROY):               {"cuCtxDestroy_v2", 0},
+	OpCtxSetCurrent:          {"cuCtxSetCurrent", 0},
+	OpCtxPushCurrent:         {"cuCtxPushCurrent_v2", 0},
+	OpCtxPopCurrent:          {"cuCtxPopCurrent_v2", 0},
+	OpDevicePrimaryCtxRetain: {"cuDevicePrimaryCtxRetain", 0},
+	OpCtxCreate:              {"cuCtxCreate_v2", 0},
+	OpCtxCreateV3:            {"cuCtxCreate_v3", 0},
+	OpCtxCreateV4:            {"cuCtxCreate_v4", 0},
+	OpCtxDestroy:             {"cuCtxDestroy_v2", 0},
+}
+
+// Ops are every op, by the driver function's name.
+func Ops() map[string]Op {
+	bySymbol := make(map[string]Op, len(ops))
+	for op, info := range ops {
+		bySymbol[info.symbol] = op
+	}
+	return bySymbol
 }
 
 // Symbol is the driver function's name.
@@ -141,12 +185,12 @@ func (o Op) Symbol() string {
 
 // IsFree tells frees from allocations; events carry nothing else.
 func (o Op) IsFree() bool {
-	return o >= Op(gpumemGpumemOpGPUMEM_OP_MEM_FREE) && o <= Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE) ||
-		o == Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE)
+	return o >= OpMemFree && o <= OpMemRelease ||
+		o == OpTensorFree
 }
 
 // IsRetain says whether the op adds a reference to a VMM handle.
-func (o Op) IsRetain() bool { return o == Op(gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE) }
+func (o Op) IsRetain() bool { return o == OpMemRetainAllocationHandle }
 
 // Kind is the memory an allocation op hands out.
 func (o Op) Kind() Kind { return ops[o].kind }
@@ -165,10 +209,10 @@ const (
 // Space says which name space the op's address is in.
 func (o Op) Space() Space {
 	switch o {
-	case Op(gpumemGpumemOpGPUMEM_OP_MEM_CREATE), Op(gpumemGpumemOpGPUMEM_OP_MEM_RELEASE),
-		Op(gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE):
+	case OpMemCreate, OpMemRelease,
+		OpMemRetainAllocationHandle:
 		return SpaceHandle
-	case Op(gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC), Op(gpumemGpumemOpGPUMEM_OP_TENSOR_FREE):
+	case OpTensorAlloc, OpTensorFree:
 		return SpaceTensor
 	}
 	return SpacePointer
