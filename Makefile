@@ -90,7 +90,7 @@ FUZZ_TARGETS = \
 	discover:FuzzParseMapsLine discover:FuzzLibrariesIn \
 	usdt:FuzzParseArg usdt:FuzzNotes usdt:FuzzRead \
 	symbolize:FuzzParseELF symbolize:FuzzSymbolTable \
-	operators/k8smeta:FuzzFromCgroupFile operators/k8smeta:FuzzKubeconfig \
+	container:FuzzFromCgroupFile operators/k8smeta:FuzzKubeconfig \
 	operators/k8smeta:FuzzPodList operators/k8smeta:FuzzWatch \
 	pystack:FuzzFrames pystack:FuzzLineTable pystack:FuzzDetect \
 	report:FuzzHTML report:FuzzFolded report:FuzzJSON report:FuzzTop report:FuzzPprof

@@ -12,11 +12,12 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/memory"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
@@ -185,6 +186,6 @@ func (l *LastPeaks) Peaks() []profiler.Peak {
 	return l.peaks
 }
 
-func containerLabels(c k8smeta.Container) []string {
+func containerLabels(c container.Identity) []string {
 	return []string{c.Namespace, c.Pod, c.Name, c.PodUID, c.ContainerID}
 }

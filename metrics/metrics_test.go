@@ -4,13 +4,14 @@ import (
 	"maps"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/memory"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -23,7 +24,7 @@ func (noTotals) Totals() (profiler.Totals, error) { return profiler.Totals{}, ni
 // gauge, labelled as the live bytes are but for kind; the rows of the
 // peaks are not kept.
 func TestPeakGauges(t *testing.T) {
-	pod := k8smeta.Container{Namespace: "ml", Pod: "trainer-1", Name: "trainer", PodUID: "uid", ContainerID: "cid"}
+	pod := container.Identity{Namespace: "ml", Pod: "trainer-1", Name: "trainer", PodUID: "uid", ContainerID: "cid"}
 	held := profiler.Row{Frames: []*symbolize.Frame{{Function: "forward"}}}
 	var last LastPeaks
 	last.Set([]profiler.Peak{

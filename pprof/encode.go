@@ -10,6 +10,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/memory"
 
 	"github.com/google/pprof/profile"
@@ -17,7 +19,6 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -108,7 +109,7 @@ type rowSample struct {
 // device, made again when one of what they were made from changed.
 type labels struct {
 	comm      string
-	container k8smeta.Container
+	container container.Identity
 	device    gpuinfo.Device
 	encoded   []byte
 }

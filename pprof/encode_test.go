@@ -10,13 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/memory"
 
 	"github.com/google/pprof/profile"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -103,7 +104,7 @@ func testEncodeIntervals(t *testing.T, kind memory.Kind) {
 	native := &symbolize.Frame{Function: "at::empty_cuda", Module: "/usr/lib/libtorch_cuda.so", Address: 0x1234}
 	unnamed := &symbolize.Frame{Module: "/usr/lib/libfoo.so", Address: 0x99}
 	python := &symbolize.Frame{Function: "load_weights", File: "train.py", Line: 42}
-	c := k8smeta.Container{PodUID: "uid", ContainerID: "cid", Namespace: "ml", Pod: "trainer-1", Name: "trainer"}
+	c := container.Identity{PodUID: "uid", ContainerID: "cid", Namespace: "ml", Pod: "trainer-1", Name: "trainer"}
 	gpu := gpuinfo.Device{Name: "NVIDIA H200", UUID: "GPU-1"}
 	row := func(stack accounting.StackID, frames []*symbolize.Frame, counters accounting.Counters) profiler.Row {
 		return profiler.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: kind, Device: 0}, Comm: "python3",

@@ -9,13 +9,14 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/memory"
 
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -199,7 +200,7 @@ func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
 	row.Frames = st.frames
 	row.Key = accounting.Key{PID: pid, Stack: st.id, Kind: kind, Device: int32(device)}
 	row.Comm = text(schema.Comm)
-	row.Container = k8smeta.Container{PodUID: text(schema.PodUID), ContainerID: text(schema.ContainerID)}
+	row.Container = container.Identity{PodUID: text(schema.PodUID), ContainerID: text(schema.ContainerID)}
 	if r.fields[schema.Namespace] != nil {
 		row.Container.Namespace, row.Container.Pod = text(schema.Namespace), text(schema.Pod)
 		row.Container.Name, row.Container.Workload = text(schema.Container), text(schema.Workload)

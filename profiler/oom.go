@@ -108,7 +108,7 @@ func (p *Profiler) oom(s oomSnapshot) OOM {
 		if c.LiveBytes() == 0 {
 			continue
 		}
-		o.Held = append(o.Held, Row{Key: k, Comm: comm, Device: p.device(k), Container: p.containers[k.PID].Named(p.cfg.Pods), Frames: p.frames(k.Stack), Counters: c})
+		o.Held = append(o.Held, Row{Key: k, Comm: comm, Device: p.device(k), Container: p.container(k.PID), Frames: p.frames(k.Stack), Counters: c})
 	}
 	sortByLive(o.Held)
 	return o

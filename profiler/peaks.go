@@ -6,12 +6,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 )
 
 // Peak is the most memory one process held at once on one GPU in one view,
@@ -26,7 +27,7 @@ type Peak struct {
 	Comm      string
 	GPU       string         // where, as Row.GPU labels rows: a device ordinal, "host", "managed" or "unknown"
 	Device    gpuinfo.Device // the GPU, where the driver says which it is
-	Container k8smeta.Container
+	Container container.Identity
 	View      memory.View
 	// Timestamp is the BPF timestamp (ns since boot) of the event that
 	// reached the peak, the first if it was reached again; for an
@@ -67,7 +68,7 @@ type Peak struct {
 func (p *Profiler) IntervalPeaks() []Peak {
 	p.mu.Lock()
 	p.startInterval(true)
-	peaks := p.peaks(p.ledger.TakeIntervalPeaks(bpfNow()), map[uint32]k8smeta.Container{}, false)
+	peaks := p.peaks(p.ledger.TakeIntervalPeaks(bpfNow()), map[uint32]container.Identity{}, false)
 	naming := p.sharesNaming(peaks)
 	p.mu.Unlock()
 	if naming {
@@ -91,7 +92,7 @@ func (p *Profiler) sharesNaming(peaks []Peak) bool {
 
 // peaks are the books' peaks, on the GPUs the reports are limited to, with
 // their rows named if withRows. The caller holds p.mu.
-func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]k8smeta.Container, withRows bool) []Peak {
+func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]container.Identity, withRows bool) []Peak {
 	out := make([]Peak, 0, len(peaks))
 	for _, pk := range peaks {
 		if p.peakOnGPU(pk.PeakKey) {
@@ -106,9 +107,9 @@ func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]k8smeta.Conta
 
 // peak is one of the books' peaks, its rows named if withRows. The caller
 // holds p.mu.
-func (p *Profiler) peak(pk accounting.Peak, named map[uint32]k8smeta.Container, withRows bool) Peak {
+func (p *Profiler) peak(pk accounting.Peak, named map[uint32]container.Identity, withRows bool) Peak {
 	out := Peak{PID: pk.PID, Comm: p.comms[pk.PID], GPU: pk.GPU, Device: p.peakDevice(pk.PeakKey),
-		Container: p.container(pk.PID, named), View: pk.View, Timestamp: pk.Time, Time: wallTime(pk.Time),
+		Container: p.namedOnce(pk.PID, named), View: pk.View, Timestamp: pk.Time, Time: wallTime(pk.Time),
 		Amount: pk.Amount, Shares: pk.Rows}
 	if !withRows {
 		return out

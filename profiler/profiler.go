@@ -14,13 +14,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -55,8 +56,9 @@ type Config struct {
 	// GPUDir is where the NVIDIA driver describes its GPUs; gpuinfo.DriverDir
 	// by default.
 	GPUDir string
-	// Pods names the pods of the node, when an API server is known.
-	Pods *k8smeta.Pods
+	// Pods names the pods and containers of the node (k8smeta.Pods), when
+	// an API server is known.
+	Pods container.Namer
 	// ProcRoot is where processes are read from; /proc by default.
 	ProcRoot string
 	// ScanInterval is how often /proc is scanned for new driver libraries
@@ -110,7 +112,7 @@ type Profiler struct {
 	frameIndex      map[symbolize.Frame]uint32        // where in frameTable
 	devices         []gpuinfo.Device                  // the driver's GPUs
 	ordinals        map[uint32]map[int]gpuinfo.Device // each process's CUDA ordinals
-	containers      map[uint32]k8smeta.Container      // each process's pod and container
+	containers      map[uint32]container.Identity     // each process's pod and container
 	// Exited processes, dropped as intervals begin (exited.go).
 	clock      uint64            // counts exits and intervals begun: orders them
 	exitedAt   map[uint32]uint64 // processes that exited, when (clock)
@@ -172,7 +174,7 @@ func New(cfg Config) (*Profiler, error) {
 		devices:    gpuinfo.Devices(cfg.GPUDir),
 		frameIndex: map[symbolize.Frame]uint32{},
 		ordinals:   map[uint32]map[int]gpuinfo.Device{},
-		containers: map[uint32]k8smeta.Container{},
+		containers: map[uint32]container.Identity{},
 		exitedAt:   map[uint32]uint64{},
 	}
 	p.flushed = sync.NewCond(&p.mu)
@@ -331,7 +333,7 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	}
 	if _, seen := p.comms[ev.PID]; !seen {
 		p.ordinals[ev.PID] = gpuinfo.Ordinals(p.devices, p.environ(ev.PID))
-		p.containers[ev.PID] = k8smeta.ForProcess(p.cfg.ProcRoot, int(ev.PID))
+		p.containers[ev.PID] = container.OfProcess(p.cfg.ProcRoot, int(ev.PID))
 	}
 	p.comms[ev.PID] = ev.Comm
 	switch {
@@ -374,6 +376,15 @@ type PythonStats struct {
 	NoThread   uint64 `json:"no_thread"`   // no thread state for the calling thread
 	Truncated  uint64 `json:"truncated"`   // deeper than 128 frames: outermost dropped
 	ReadErrors uint64 `json:"read_errors"` // the frame chain broke while read
+}
+
+// container is where process pid runs, named when the API server is known.
+func (p *Profiler) container(pid uint32) container.Identity {
+	c := p.containers[pid]
+	if p.cfg.Pods != nil {
+		c = p.cfg.Pods.Name(c)
+	}
+	return c
 }
 
 // countStacks counts how whole an allocation event's stacks are: native

@@ -6,11 +6,12 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/memory"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -39,7 +40,7 @@ type Row struct {
 	accounting.Key
 	Comm      string
 	Device    gpuinfo.Device     // the GPU, where the driver says which it is
-	Container k8smeta.Container  // the pod and container, from the process's cgroup
+	Container container.Identity // the pod and container, from the process's cgroup
 	Frames    []*symbolize.Frame // innermost first, shared with other rows: read-only
 	accounting.Counters
 }
@@ -77,7 +78,7 @@ func (p *Profiler) ReportTo(r *Report) error {
 		r.Libraries = append(r.Libraries, lib.Path)
 	}
 	sort.Strings(r.Libraries)
-	named := map[uint32]k8smeta.Container{}
+	named := map[uint32]container.Identity{}
 	// The previous report's rows, with their frame slices, are written over;
 	// grown at once: 100,000 rows are 25 MB.
 	rows := r.Rows[:cap(r.Rows)]
@@ -162,7 +163,7 @@ func (p *Profiler) EachRow(fn func(*Row)) time.Time {
 	}
 	const chunk = 1024
 	rows := make([]Row, chunk)
-	named := map[uint32]k8smeta.Container{}
+	named := map[uint32]container.Identity{}
 	for len(keys) > 0 {
 		n := 0
 		p.mu.Lock()
@@ -185,17 +186,17 @@ func (p *Profiler) EachRow(fn func(*Row)) time.Time {
 
 // row is the report row of key k, its frames appended to frames. named
 // holds each process's pod and container, named once per listing.
-func (p *Profiler) row(k accounting.Key, c accounting.Counters, frames []*symbolize.Frame, named map[uint32]k8smeta.Container) Row {
-	return Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: p.container(k.PID, named),
+func (p *Profiler) row(k accounting.Key, c accounting.Counters, frames []*symbolize.Frame, named map[uint32]container.Identity) Row {
+	return Row{Key: k, Comm: p.comms[k.PID], Device: p.device(k), Container: p.namedOnce(k.PID, named),
 		Frames: p.appendFrames(frames, k.Stack), Counters: c}
 }
 
-// container is a process's pod and container, named once per listing in
+// namedOnce is a process's pod and container, named once per listing in
 // named.
-func (p *Profiler) container(pid uint32, named map[uint32]k8smeta.Container) k8smeta.Container {
+func (p *Profiler) namedOnce(pid uint32, named map[uint32]container.Identity) container.Identity {
 	c, ok := named[pid]
 	if !ok {
-		c = p.containers[pid].Named(p.cfg.Pods)
+		c = p.container(pid)
 		named[pid] = c
 	}
 	return c

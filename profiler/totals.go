@@ -2,7 +2,8 @@ package profiler
 
 import (
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
+	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
 
@@ -16,22 +17,35 @@ type Totals struct {
 	Events       uint64 // events read
 }
 
+// SeriesKey names a process's memory of one kind on one device: the key
+// of the rows summed over their stacks.
+type SeriesKey struct {
+	PID    uint32
+	Kind   memory.Kind
+	Device int32
+}
+
+func seriesOf(k accounting.Key) SeriesKey { return SeriesKey{k.PID, k.Kind, k.Device} }
+
+// GPU is where the series' memory lives (memory.GPU).
+func (k SeriesKey) GPU() string { return memory.GPU(k.Kind, k.Device) }
+
 // Series is one process's memory of one kind on one device.
 type Series struct {
-	accounting.Key // Stack is zero: summed over stacks
-	Comm           string
-	Container      k8smeta.Container
+	SeriesKey
+	Comm      string
+	Container container.Identity
 	accounting.Counters
 }
 
 // SeriesFailures counts one process's failed allocations of one kind on
 // one device with one result.
 type SeriesFailures struct {
-	accounting.Key // Stack is zero
-	Comm           string
-	Container      k8smeta.Container
-	Result         int32
-	Count          uint64
+	SeriesKey
+	Comm      string
+	Container container.Identity
+	Result    int32
+	Count     uint64
 }
 
 // Totals sums the books. Loss counters that cannot be read are an error.
@@ -40,32 +54,35 @@ func (p *Profiler) Totals() (Totals, error) {
 	defer p.mu.Unlock()
 	losses, err := p.currentLosses()
 	t := Totals{Losses: losses, UnknownFrees: p.ledger.Stats().UnknownFrees, Events: p.events}
-	series := map[accounting.Key]int{}
+	series := map[SeriesKey]int{}
 	p.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 		if !p.onGPU(k) {
 			return
 		}
-		k.Stack = 0
-		i, ok := series[k]
+		sk := seriesOf(k)
+		i, ok := series[sk]
 		if !ok {
 			i = len(t.Series)
-			series[k] = i
-			t.Series = append(t.Series, Series{Key: k, Comm: p.comms[k.PID], Container: p.containers[k.PID].Named(p.cfg.Pods)})
+			series[sk] = i
+			t.Series = append(t.Series, Series{SeriesKey: sk, Comm: p.comms[k.PID], Container: p.container(k.PID)})
 		}
 		t.Series[i].Counters.Add(c)
 	})
-	failures := map[accounting.FailureKey]int{}
+	type failureKey struct {
+		SeriesKey
+		result int32
+	}
+	failures := map[failureKey]int{}
 	p.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
 		if !p.onGPU(k.Key) {
 			return
 		}
-		k.Stack = 0
-		k.Op = 0
-		i, ok := failures[k]
+		fk := failureKey{seriesOf(k.Key), k.Result}
+		i, ok := failures[fk]
 		if !ok {
 			i = len(t.Failures)
-			failures[k] = i
-			t.Failures = append(t.Failures, SeriesFailures{Key: k.Key, Comm: p.comms[k.PID], Container: p.containers[k.PID].Named(p.cfg.Pods), Result: k.Result})
+			failures[fk] = i
+			t.Failures = append(t.Failures, SeriesFailures{SeriesKey: fk.SeriesKey, Comm: p.comms[k.PID], Container: p.container(k.PID), Result: k.Result})
 		}
 		t.Failures[i].Count += f.Count
 	})

@@ -17,6 +17,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/memory"
 
 	"github.com/google/pprof/profile"
@@ -24,7 +26,6 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/internal/fuzzseed"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -49,7 +50,7 @@ func hostileReport(n names) profiler.Report {
 		{Function: n.fn2, Module: n.module, Address: 0x10}, {Module: n.module, Address: 0x20}}
 	b := []*symbolize.Frame{{Function: "pytorch:malloc"}, {Function: n.fn2}, {Function: n.fn1, File: n.file, Line: 9}, {Module: n.module, Address: 0x30}}
 	c := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: n.fn2}, {Function: n.fn1 + n.fn2}, {Function: "main", File: n.file, Line: 1}}
-	pod := k8smeta.Container{PodUID: "5f3b8a1e-2c4d-4e6f-8a0b-1c2d3e4f5a6b", Namespace: n.pod, Pod: n.pod, Name: n.pod, Workload: n.pod}
+	pod := container.Identity{PodUID: "5f3b8a1e-2c4d-4e6f-8a0b-1c2d3e4f5a6b", Namespace: n.pod, Pod: n.pod, Name: n.pod, Workload: n.pod}
 	row := func(pid uint32, comm string, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, alloc, free uint64) profiler.Row {
 		return profiler.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: comm, Container: pod, Frames: frames,
 			Counters: accounting.Counters{AllocBytes: alloc, AllocCount: 2, FreeBytes: free, FreeCount: 1}}

@@ -5,9 +5,10 @@ import (
 	"io"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -49,7 +50,7 @@ type jsonWhere struct {
 	ContainerID string `json:"container_id,omitempty"`
 }
 
-func newJSONWhere(d gpuinfo.Device, c k8smeta.Container) jsonWhere {
+func newJSONWhere(d gpuinfo.Device, c container.Identity) jsonWhere {
 	return jsonWhere{GPUName: d.Name, GPUUUID: d.UUID, GPUBus: d.Bus,
 		Namespace: c.Namespace, Pod: c.Pod, Container: c.Name, PodUID: c.PodUID, ContainerID: c.ContainerID}
 }

@@ -6,10 +6,11 @@ import (
 	"sort"
 	"text/tabwriter"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/gpu-mem/gpu-mem/memory"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -40,7 +41,7 @@ func Top(r profiler.Report, grew map[accounting.Key]int64) []TopRow {
 		gpu  string
 	}
 	rows := map[key]*TopRow{}
-	get := func(pid uint32, comm string, kind memory.Kind, gpu string, c k8smeta.Container) *TopRow {
+	get := func(pid uint32, comm string, kind memory.Kind, gpu string, c container.Identity) *TopRow {
 		k := key{pid, kind, gpu}
 		if rows[k] == nil {
 			rows[k] = &TopRow{PID: pid, Comm: comm, Kind: kind, GPU: gpu, Pod: podName(c)}
@@ -60,7 +61,7 @@ func Top(r profiler.Report, grew map[accounting.Key]int64) []TopRow {
 		}
 	}
 	for _, f := range r.Failures {
-		get(f.PID, f.Comm, f.Kind, f.GPU(), k8smeta.Container{}).Failures += f.Count
+		get(f.PID, f.Comm, f.Kind, f.GPU(), container.Identity{}).Failures += f.Count
 	}
 	out := make([]TopRow, 0, len(rows))
 	for _, t := range rows {
@@ -198,7 +199,7 @@ func WriteStacks(w io.Writer, r profiler.Report, n int) error {
 }
 
 // podName is how top names a process's pod.
-func podName(c k8smeta.Container) string {
+func podName(c container.Identity) string {
 	switch {
 	case c.Pod != "":
 		return c.Namespace + "/" + c.Pod

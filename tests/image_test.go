@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/metadata"
+	"github.com/gpu-mem/gpu-mem/gadgetyaml"
 )
 
 // The image tests build the repository's gadget into IG's local image
@@ -120,7 +120,7 @@ func TestIGRuntimeReadsImage(t *testing.T) {
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("iginfo output: %v\n%s", err, out)
 	}
-	m, err := metadata.Read(filepath.Join(repoRoot, "gadget.yaml"))
+	m, err := gadgetyaml.Read(filepath.Join(repoRoot, "gadget.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	igimage "github.com/inspektor-gadget/inspektor-gadget/cmd/common/image"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/oci"
 
-	"github.com/gpu-mem/gpu-mem/metadata"
+	"github.com/gpu-mem/gpu-mem/gadgetyaml"
 )
 
 // newImageCommand is IG's own image commands, on IG's local image store
@@ -52,7 +52,7 @@ func newImageBuildCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if err := metadata.Check(m, nil); err != nil {
+		if err := gadgetyaml.Check(m, nil); err != nil {
 			return usageError{fmt.Errorf("gadget.yaml:\n%w", err)}
 		}
 		out := cmd.Flags().Lookup("output")
@@ -76,7 +76,7 @@ func newImageBuildCommand() *cobra.Command {
 		if err != nil {
 			return fmt.Errorf("read the built object: %w", err)
 		}
-		if err := metadata.Check(m, spec); err != nil {
+		if err := gadgetyaml.Check(m, spec); err != nil {
 			if tag := cmd.Flags().Lookup("tag").Value.String(); tag != "" {
 				oci.DeleteGadgetImage(context.Background(), tag)
 			}
@@ -90,7 +90,7 @@ func newImageBuildCommand() *cobra.Command {
 
 // readMetadata reads the gadget.yaml that buildFile names (IG's default
 // when it does not exist), relative to the gadget's directory.
-func readMetadata(dir, buildFile string) (*metadata.Metadata, error) {
+func readMetadata(dir, buildFile string) (*gadgetyaml.Metadata, error) {
 	conf := struct {
 		Metadata string `yaml:"metadata"`
 	}{Metadata: "gadget.yaml"}
@@ -101,5 +101,5 @@ func readMetadata(dir, buildFile string) (*metadata.Metadata, error) {
 	if err := yaml.Unmarshal(data, &conf); err != nil {
 		return nil, fmt.Errorf("build.yaml: %w", err)
 	}
-	return metadata.Read(filepath.Join(dir, conf.Metadata))
+	return gadgetyaml.Read(filepath.Join(dir, conf.Metadata))
 }

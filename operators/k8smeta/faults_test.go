@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/gpu-mem/gpu-mem/container"
 )
 
 // TestAPIServerGoneAndBack (issue 21, point 3; docs/faults.md): the API
@@ -47,8 +49,8 @@ func TestAPIServerGoneAndBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c1 := Container{PodUID: "uid-1", ContainerID: "c1"}
-	if got := c1.Named(pods); got.Pod != "trainer-5d9f8-x2x7z" {
+	c1 := container.Identity{PodUID: "uid-1", ContainerID: "c1"}
+	if got := pods.Name(c1); got.Pod != "trainer-5d9f8-x2x7z" {
 		t.Fatalf("named %+v", got)
 	}
 	// A watch event goes through: the watch is on.
@@ -65,7 +67,7 @@ func TestAPIServerGoneAndBack(t *testing.T) {
 	// One item: the fake joins the list's items with spaces.
 	f.pods = []string{f.pods[0] + "," + podJSON("uid-2", "created-while-down", "11", "c2")}
 	f.mu.Unlock()
-	if got := c1.Named(pods); got.Pod != "trainer-5d9f8-x2x7z" {
+	if got := pods.Name(c1); got.Pod != "trainer-5d9f8-x2x7z" {
 		t.Errorf("while gone, named %+v", got)
 	}
 
@@ -80,9 +82,9 @@ func TestAPIServerGoneAndBack(t *testing.T) {
 	f.srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
 	f.srv.StartTLS()
 	t.Cleanup(f.srv.Close)
-	c2 := Container{PodUID: "uid-2", ContainerID: "c2"}
+	c2 := container.Identity{PodUID: "uid-2", ContainerID: "c2"}
 	waitFor(t, "the pod created while gone", func() bool { _, ok := pods.Lookup(c2); return ok })
-	if got := c2.Named(pods); got.Pod != "created-while-down" || got.Namespace != "ml" {
+	if got := pods.Name(c2); got.Pod != "created-while-down" || got.Namespace != "ml" {
 		t.Errorf("named %+v", got)
 	}
 	waitFor(t, "the return said", func() bool { return said("pods: the API server answers again: 2 pods of the node listed") == 1 })

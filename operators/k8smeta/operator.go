@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/gpu-mem/gpu-mem/container"
+
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators"
@@ -86,7 +88,7 @@ func name(ds datasource.DataSource, pods *Pods) error {
 		added[field] = acc
 	}
 	return ds.Subscribe(func(ds datasource.DataSource, d datasource.Data) error {
-		var c Container
+		var c container.Identity
 		var err error
 		if c.PodUID, err = uid.String(d); err != nil {
 			return err
@@ -94,7 +96,7 @@ func name(ds datasource.DataSource, pods *Pods) error {
 		if c.ContainerID, err = id.String(d); err != nil {
 			return err
 		}
-		c = c.Named(pods)
+		c = pods.Name(c)
 		for field, value := range map[string]string{schema.Namespace: c.Namespace, schema.Pod: c.Pod,
 			schema.Container: c.Name, schema.Workload: c.Workload} {
 			if err := added[field].PutString(d, value); err != nil {

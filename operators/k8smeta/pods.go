@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpu-mem/gpu-mem/container"
 )
 
 // Pod is what the API server says of a pod.
@@ -267,8 +269,18 @@ func (pod *apiPod) workload() string {
 	return pod.Metadata.Name
 }
 
+// Name fills in the names the API server gave a container, its pod's and
+// its own (a container.Namer); a nil Pods names nothing.
+func (p *Pods) Name(c container.Identity) container.Identity {
+	if pod, ok := p.Lookup(c); ok {
+		c.Namespace, c.Pod, c.Workload = pod.Namespace, pod.Name, pod.Workload
+		c.Name = pod.Containers[c.ContainerID]
+	}
+	return c
+}
+
 // Lookup returns what is known of the pod a container runs in.
-func (p *Pods) Lookup(c Container) (Pod, bool) {
+func (p *Pods) Lookup(c container.Identity) (Pod, bool) {
 	if p == nil || c.PodUID == "" {
 		return Pod{}, false
 	}

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpu-mem/gpu-mem/container"
 )
 
 // fakeServer serves /api/v1/pods as the API server does: a list, then
@@ -140,8 +142,8 @@ func TestPodsInCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c1 := Container{PodUID: "uid-1", ContainerID: "c1"}
-	if got := c1.Named(pods); got.Namespace != "ml" || got.Pod != "trainer-5d9f8-x2x7z" || got.Name != "trainer" || got.Workload != "trainer" {
+	c1 := container.Identity{PodUID: "uid-1", ContainerID: "c1"}
+	if got := pods.Name(c1); got.Namespace != "ml" || got.Pod != "trainer-5d9f8-x2x7z" || got.Name != "trainer" || got.Workload != "trainer" {
 		t.Errorf("named %+v", got)
 	}
 	// The first watch is refused as too old: a second list, then a watch.
@@ -149,10 +151,10 @@ func TestPodsInCluster(t *testing.T) {
 
 	f.events <- `{"type":"ADDED","object":` + podJSON("uid-2", "other", "11", "c2") + `}`
 	f.events <- `{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"12"}}}`
-	waitFor(t, "the added pod", func() bool { _, ok := pods.Lookup(Container{PodUID: "uid-2"}); return ok })
+	waitFor(t, "the added pod", func() bool { _, ok := pods.Lookup(container.Identity{PodUID: "uid-2"}); return ok })
 	f.events <- `{"type":"DELETED","object":` + podJSON("uid-1", "trainer-5d9f8-x2x7z", "13", "c1") + `}`
 	waitFor(t, "the deleted pod", func() bool { _, ok := pods.Lookup(c1); return !ok })
-	if got := (Container{PodUID: "uid-2", ContainerID: "c2"}).Named(pods); got.Pod != "other" || got.Name != "trainer" {
+	if got := pods.Name(container.Identity{PodUID: "uid-2", ContainerID: "c2"}); got.Pod != "other" || got.Name != "trainer" {
 		t.Errorf("named %+v", got)
 	}
 	_, auth, _ := f.seen()
@@ -195,7 +197,7 @@ current-context: test
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := pods.Lookup(Container{PodUID: "uid-1"}); !ok {
+	if _, ok := pods.Lookup(container.Identity{PodUID: "uid-1"}); !ok {
 		t.Error("the listed pod is unknown")
 	}
 	if _, _, certs := f.seen(); len(certs) == 0 || certs[0] != "admin" {

@@ -1,8 +1,8 @@
-// Package metadata checks a gadget's gadget.yaml strictly: IG reads it
+// Package gadgetyaml checks a gadget's gadget.yaml strictly: IG reads it
 // leniently (an unknown key or a misspelt annotation is silently ignored,
 // and a bad value shows up only as odd output on a cluster), so the image
 // build refuses what IG would let through.
-package metadata
+package gadgetyaml
 
 import (
 	"bytes"

@@ -1,8 +1,9 @@
-// Package k8smeta tells which Kubernetes pod and container a process runs
-// in. This file reads what the process's cgroup says (pod UID and container
-// ID, cgroup v1 and v2, systemd and cgroupfs drivers, containerd, CRI-O and
-// Docker naming); names from the API server are to come.
-package k8smeta
+// Package container tells which Kubernetes pod and container a process
+// runs in, from what its cgroup says: pod UID and container ID (cgroup v1
+// and v2, systemd and cgroupfs drivers, containerd, CRI-O and Docker
+// naming). The names come from the API server (package
+// operators/k8smeta, a Namer).
+package container
 
 import (
 	"bufio"
@@ -14,9 +15,9 @@ import (
 	"strings"
 )
 
-// Container is where a process runs; empty outside Kubernetes pods. The
+// Identity is where a process runs; empty outside Kubernetes pods. The
 // cgroup gives the UID and ID; the API server, when there is one, the names.
-type Container struct {
+type Identity struct {
 	PodUID      string // "5f3b8a1e-..." (dashes, as the API server has it)
 	ContainerID string // 64 hex digits
 	Namespace   string
@@ -25,13 +26,9 @@ type Container struct {
 	Workload    string // see Pod.Workload
 }
 
-// Named fills in the names the API server gave.
-func (c Container) Named(pods *Pods) Container {
-	if pod, ok := pods.Lookup(c); ok {
-		c.Namespace, c.Pod, c.Workload = pod.Namespace, pod.Name, pod.Workload
-		c.Name = pod.Containers[c.ContainerID]
-	}
-	return c
+// Namer fills in the names of an Identity (the API server's).
+type Namer interface {
+	Name(Identity) Identity
 }
 
 var (
@@ -47,7 +44,7 @@ var (
 // FromCgroupFile reads the contents of /proc/PID/cgroup: the first line
 // naming a pod gives the pod UID, and the path element under the pod's the
 // container.
-func FromCgroupFile(data []byte) Container {
+func FromCgroupFile(data []byte) Identity {
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		// hierarchy-ID:controllers:path
@@ -59,7 +56,7 @@ func FromCgroupFile(data []byte) Container {
 			return c
 		}
 	}
-	return Container{}
+	return Identity{}
 }
 
 // fromPath reads a cgroup path: the first element naming a pod, the one
@@ -67,14 +64,14 @@ func FromCgroupFile(data []byte) Container {
 // may create cgroups under its own (a container given cgroup delegation)
 // can name them as it likes: what it makes below its container's cgroup
 // must not pass it off as another pod or container.
-func fromPath(path string) Container {
+func fromPath(path string) Identity {
 	elems := strings.Split(path, "/")
 	for i, elem := range elems {
 		m := podUID.FindStringSubmatch(elem)
 		if m == nil {
 			continue
 		}
-		c := Container{PodUID: strings.ReplaceAll(m[1], "_", "-")}
+		c := Identity{PodUID: strings.ReplaceAll(m[1], "_", "-")}
 		if i+1 < len(elems) {
 			if m := containerID.FindStringSubmatch(elems[i+1]); m != nil {
 				c.ContainerID = m[1]
@@ -82,15 +79,15 @@ func fromPath(path string) Container {
 		}
 		return c
 	}
-	return Container{}
+	return Identity{}
 }
 
-// ForProcess reads a process's cgroup; empty when it cannot be read or the
+// OfProcess reads a process's cgroup; empty when it cannot be read or the
 // process is in no pod.
-func ForProcess(procRoot string, pid int) Container {
+func OfProcess(procRoot string, pid int) Identity {
 	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
 	if err != nil {
-		return Container{}
+		return Identity{}
 	}
 	return FromCgroupFile(data)
 }
