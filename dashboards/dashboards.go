@@ -18,8 +18,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/common"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
@@ -28,6 +26,7 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
 	"github.com/grafana/grafana-foundation-sdk/go/units"
 
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/pprof"

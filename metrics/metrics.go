@@ -12,12 +12,10 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 )

@@ -4,14 +4,12 @@ import (
 	"maps"
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )

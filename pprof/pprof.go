@@ -11,11 +11,10 @@ import (
 	"io"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/google/pprof/profile"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 )

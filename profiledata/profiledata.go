@@ -9,14 +9,12 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"

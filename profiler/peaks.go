@@ -6,11 +6,10 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/memory"
 )

@@ -14,11 +14,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/memory"

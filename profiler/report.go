@@ -6,12 +6,10 @@ import (
 	"sort"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"

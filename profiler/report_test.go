@@ -3,9 +3,8 @@ package profiler
 import (
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )

@@ -4,9 +4,8 @@ import (
 	"hash/maphash"
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 

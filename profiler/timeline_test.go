@@ -4,9 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // TestTimelineNamed: a report's timeline names each bucket's stacks, by

@@ -10,7 +10,6 @@ import (
 	"sort"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
 )

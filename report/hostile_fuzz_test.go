@@ -17,15 +17,13 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/google/pprof/profile"
 	"golang.org/x/net/html"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/internal/fuzzseed"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )

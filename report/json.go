@@ -5,9 +5,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"

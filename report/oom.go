@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
 

@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
 

@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )

@@ -5,9 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )

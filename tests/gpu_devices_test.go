@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
 

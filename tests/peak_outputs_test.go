@@ -15,11 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/google/pprof/profile"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/pprof"

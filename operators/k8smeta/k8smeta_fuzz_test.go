@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/container"
-
 	"github.com/gpu-mem/gpu-mem/internal/fuzzseed"
 )
 

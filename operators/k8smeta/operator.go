@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/gpu-mem/gpu-mem/container"
-
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/params"
 
+	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
 

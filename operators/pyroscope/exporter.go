@@ -30,8 +30,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/google/pprof/profile"
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	typesv1 "github.com/grafana/pyroscope/api/gen/proto/go/types/v1"
@@ -40,6 +38,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"

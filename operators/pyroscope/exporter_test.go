@@ -17,19 +17,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/memory"
-
 	"github.com/google/pprof/profile"
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
-	"github.com/gpu-mem/gpu-mem/schema"
-
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
