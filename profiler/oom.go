@@ -70,8 +70,10 @@ func pythonFrames(frames []*symbolize.Frame) []symbolize.Frame {
 }
 
 // deliverOOMs resolves the stacks of the snapshots taken and hands them to
-// Config.OnOOM; Report keeps the latest MaxOOMs.
+// Config.OnOOM, in the order taken; Report keeps the latest MaxOOMs.
 func (p *Profiler) deliverOOMs() {
+	p.delivering.Lock()
+	defer p.delivering.Unlock()
 	p.mu.Lock()
 	pending := p.oomPending
 	p.oomPending = nil

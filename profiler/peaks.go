@@ -65,6 +65,7 @@ type Peak struct {
 // bytes are. The events do not flow while the books' peaks are read
 // (about 13 ns a row of the books).
 func (p *Profiler) IntervalPeaks() []Peak {
+	p.enrichNoted() // every row of a process read has its pod and GPUs
 	p.mu.Lock()
 	p.startInterval(true)
 	peaks := p.peaks(p.ledger.TakeIntervalPeaks(bpfNow()), map[uint32]container.Identity{}, false)

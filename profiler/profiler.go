@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -75,7 +74,14 @@ type Config struct {
 }
 
 // Profiler is safe for concurrent use: Run in one goroutine, Report and
-// Sync from others.
+// Sync from others. Run reads the events on one goroutine into the books,
+// which reads no file: what takes files or waits is done on goroutines of
+// their own, each woken by a signal: reading new processes (procs.go),
+// naming stacks (resolve), delivering out-of-memory snapshots (oom.go),
+// and, every ScanInterval, scanning /proc for libraries and processes. One
+// read stays on the event path: the names of a Python process's code
+// objects, from its memory, for a stack seen for the first time, since the
+// process may be gone a moment later (each code object is read once).
 type Profiler struct {
 	cfg Config
 	tr  *tracer.Tracer
@@ -100,11 +106,20 @@ type Profiler struct {
 	unresolved []accounting.StackID // interned since the last resolve
 	resolveNow chan struct{}        // to the goroutine that resolves
 	resolving  sync.Mutex           // one resolve at a time
-	comms      map[uint32]string
-	events     uint64
-	attached   map[string]discover.Library
-	failed     map[string]error // libraries whose attach failed, logged once
-	pyStats    PythonStats
+	oomNow     chan struct{}        // to the goroutine that delivers OOMs
+	delivering sync.Mutex           // OOMs delivered in order, once
+	// The process table's (procs.go): processes to read, and to register
+	// as Python processes, off the event path.
+	toEnrich    []uint32
+	pyAsked     map[uint32]bool
+	enrichNow   chan struct{}
+	enriching   sync.Mutex // one enrichNoted at a time
+	registering sync.Mutex // one Python registration at a time
+	comms       map[uint32]string
+	events      uint64
+	attached    map[string]discover.Library
+	failed      map[string]error // libraries whose attach failed, logged once
+	pyStats     PythonStats
 	// allocations whose native stack was cut at the depth limit
 	nativeTruncated uint64
 	frameTable      []*symbolize.Frame                // each distinct frame of named stacks, once
@@ -166,6 +181,9 @@ func New(cfg Config) (*Profiler, error) {
 		stacks:     newStackTable(),
 		pidStacks:  map[uint32][]accounting.StackID{},
 		resolveNow: make(chan struct{}, 1),
+		enrichNow:  make(chan struct{}, 1),
+		oomNow:     make(chan struct{}, 1),
+		pyAsked:    map[uint32]bool{},
 		comms:      map[uint32]string{},
 		attached:   map[string]discover.Library{},
 		failed:     map[string]error{},
@@ -238,16 +256,12 @@ func (p *Profiler) Run(ctx context.Context) error {
 	// no longer than that, whatever the interval between reports. In a
 	// goroutine of its own, since loading a large library's symbols must
 	// not hold up the scans that attach, nor the events.
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.resolveNow:
-				p.resolve()
-			}
-		}
-	}()
+	go onSignal(ctx, p.resolveNow, p.resolve)
+	// What the event path must not wait for, each on a goroutine of its
+	// own: reading new processes (procs.go), and delivering out-of-memory
+	// snapshots, which names their stacks and has files written.
+	go onSignal(ctx, p.enrichNow, p.enrichNoted)
+	go onSignal(ctx, p.oomNow, p.deliverOOMs)
 
 	p.scan(true)
 	ticker := time.NewTicker(p.cfg.ScanInterval)
@@ -261,6 +275,26 @@ func (p *Profiler) Run(ctx context.Context) error {
 		case <-ticker.C:
 			p.scan(false)
 			p.askResolve()
+		}
+	}
+}
+
+// signal signals ch unless a signal is waiting there already.
+func signal(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// onSignal runs f at each signal on ch, until ctx is done.
+func onSignal(ctx context.Context, ch <-chan struct{}, f func()) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			f()
 		}
 	}
 }
@@ -285,8 +319,20 @@ func (p *Profiler) drain(readErr chan error) error {
 	return nil
 }
 
-// Sync returns once every event sent before the call has been accounted.
+// Sync returns once every event sent before the call has been accounted,
+// their processes read and the out-of-memory snapshots they took
+// delivered.
 func (p *Profiler) Sync() error {
+	if err := p.flush(); err != nil {
+		return err
+	}
+	p.enrichNoted()
+	p.deliverOOMs()
+	return nil
+}
+
+// flush returns once every event sent before the call has been read.
+func (p *Profiler) flush() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	target := p.flushes + 1
@@ -316,7 +362,7 @@ func (p *Profiler) readEvents() error {
 			return err
 		}
 		if p.handle(&ev) {
-			p.deliverOOMs()
+			signal(p.oomNow) // delivered off the event path
 		}
 	}
 }
@@ -330,11 +376,7 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 		p.forget(ev.PID, ev.Timestamp)
 		return false
 	}
-	if _, seen := p.comms[ev.PID]; !seen {
-		p.ordinals[ev.PID] = gpuinfo.Ordinals(p.devices, p.environ(ev.PID))
-		p.containers[ev.PID] = container.OfProcess(p.cfg.ProcRoot, int(ev.PID))
-	}
-	p.comms[ev.PID] = ev.Comm
+	p.noteProcess(ev.PID, ev.Comm)
 	switch {
 	case ev.Op.IsFree():
 		p.ledger.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)
@@ -377,23 +419,15 @@ type PythonStats struct {
 	ReadErrors uint64 `json:"read_errors"` // the frame chain broke while read
 }
 
-// container is where process pid runs, named when the API server is known.
-func (p *Profiler) container(pid uint32) container.Identity {
-	c := p.containers[pid]
-	if p.cfg.Pods != nil {
-		c = p.cfg.Pods.Name(c)
-	}
-	return c
-}
-
 // countStacks counts how whole an allocation event's stacks are: native
 // ones cut at the depth limit, and the Python frames of a Python process,
-// registering the process now if the scans have not yet.
+// which is registered (askPython) if the scans have not yet.
 func (p *Profiler) countStacks(ev *tracer.Event) {
 	if ev.Flags&tracer.NativeTruncated != 0 {
 		p.nativeTruncated++
 	}
-	if !p.py.Has(ev.PID) && !p.addPython(int(ev.PID)) {
+	if !p.py.Has(ev.PID) {
+		p.askPython(ev.PID)
 		return
 	}
 	s := &p.pyStats
@@ -410,40 +444,6 @@ func (p *Profiler) countStacks(ev *tracer.Event) {
 	if ev.Flags&tracer.PyReadError != 0 {
 		s.ReadErrors++
 	}
-}
-
-// addPython registers a Python process with the BPF program and the
-// resolver; false when pid is not one (yet).
-func (p *Profiler) addPython(pid int) bool {
-	if p.notPython[pid] {
-		return false
-	}
-	proc, err := pystack.Detect(p.cfg.ProcRoot, pid)
-	switch {
-	case errors.Is(err, pystack.ErrNotReady):
-		return false
-	case errors.Is(err, pystack.ErrNotPython) && p.watching[pid]:
-		return false // not yet: a command between fork and exec
-	case errors.Is(err, pystack.ErrNotPython):
-		p.notPython[pid] = true
-		return false
-	case err != nil:
-		p.notPython[pid] = true
-		p.cfg.Logf("no Python frames for %v", err)
-		return false
-	}
-	if err := p.tr.AddPython(uint32(pid), proc.Walk()); err != nil {
-		p.cfg.Logf("%v", err)
-		return false
-	}
-	if err := p.py.Add(proc); err != nil {
-		p.tr.RemovePython(uint32(pid))
-		p.cfg.Logf("pid %d: %v", pid, err)
-		return false
-	}
-	p.pyStats.Processes++
-	p.cfg.Logf("pid %d: Python %s frames", pid, proc.Version)
-	return true
 }
 
 // forget releases what a process that exited at time ts held, and what is
@@ -470,7 +470,6 @@ func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
 	if found {
 		return id
 	}
-	p.sym.Track(ev.PID)
 	p.stacks.add(id, check, &rawStack{key: string(k), op: ev.Op, python: p.py.Frames(ev.PID, ev.PyFrames)})
 	p.pidStacks[ev.PID] = append(p.pidStacks[ev.PID], id)
 	p.unresolved = append(p.unresolved, id)
@@ -482,10 +481,7 @@ func (p *Profiler) intern(ev *tracer.Event) accounting.StackID {
 
 // askResolve has the stacks waiting named, unless they are being named.
 func (p *Profiler) askResolve() {
-	select {
-	case p.resolveNow <- struct{}{}:
-	default:
-	}
+	signal(p.resolveNow)
 }
 
 // SymbolStats are what the symbol tables hold: the agent reports their
@@ -502,13 +498,9 @@ func (p *Profiler) scan(first bool) {
 		p.cfg.Logf("scan processes: %v", err)
 		return
 	}
-	p.mu.Lock()
 	for _, pid := range found.Python {
-		if !p.py.Has(uint32(pid)) {
-			p.addPython(pid)
-		}
+		p.addPython(pid)
 	}
-	p.mu.Unlock()
 	drivers := 0
 	for _, lib := range found.Libraries {
 		if !lib.Allocator {
@@ -568,15 +560,21 @@ func (p *Profiler) attach(lib discover.Library) error {
 
 func (p *Profiler) releaseVanished() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	pids := p.ledger.LivePIDs()
 	for pid := range p.notPython {
 		pids = append(pids, uint32(pid))
 	}
+	p.mu.Unlock()
+	var gone []uint32
 	for _, pid := range pids {
 		if _, err := os.Stat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(int(pid)))); errors.Is(err, os.ErrNotExist) {
-			p.forget(pid, bpfNow()) // seen gone now
+			gone = append(gone, pid)
 		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pid := range gone {
+		p.forget(pid, bpfNow()) // seen gone now
 	}
 }
 
@@ -656,50 +654,4 @@ func (p *Profiler) internFrame(f symbolize.Frame) uint32 {
 		p.frameIndex[f] = i
 	}
 	return i
-}
-
-// Watch registers a process just started (gpumem record -- COMMAND) as soon
-// as its interpreter is up, if it is a Python process, rather than at the
-// next scan: a short script may allocate within the first half second.
-// Until then, a process that is not (yet) Python is not written off.
-func (p *Profiler) Watch(ctx context.Context, pid int) {
-	ticker := time.NewTicker(10 * time.Millisecond)
-	defer ticker.Stop()
-	deadline := time.After(5 * time.Second)
-	p.mu.Lock()
-	p.watching[pid] = true
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		delete(p.watching, pid)
-		p.mu.Unlock()
-	}()
-	for {
-		p.mu.Lock()
-		done := p.py.Has(uint32(pid)) || p.notPython[pid] || p.addPython(pid)
-		p.mu.Unlock()
-		if done {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-deadline:
-			return
-		case <-ticker.C:
-		}
-	}
-}
-
-// environ is a process's environment, which says which GPUs it sees; none
-// when it cannot be read.
-func (p *Profiler) environ(pid uint32) []string {
-	if len(p.devices) == 0 {
-		return nil
-	}
-	data, err := os.ReadFile(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(int(pid)), "environ"))
-	if err != nil {
-		return nil
-	}
-	return strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 }

@@ -64,7 +64,26 @@ func (p *Profiler) Report() (Report, error) {
 // the time it asks for the next, keeps one Report rather than building
 // every row anew. The frames themselves are shared with the profiler.
 func (p *Profiler) ReportTo(r *Report) error {
+	p.enrichNoted()
 	p.resolve()
+	p.deliverOOMs()
+	err := p.fillReport(r)
+	// Sorted without the lock: events keep flowing meanwhile.
+	slices.SortFunc(r.Rows, func(a, b Row) int {
+		if c := cmp.Compare(b.LiveBytes(), a.LiveBytes()); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.AllocBytes, a.AllocBytes); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.PID, b.PID)
+	})
+	sort.Slice(r.Failures, func(i, j int) bool { return r.Failures[i].Count > r.Failures[j].Count })
+	return err
+}
+
+// fillReport reads the books into r, unsorted.
+func (p *Profiler) fillReport(r *Report) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.startInterval(false)
@@ -102,15 +121,6 @@ func (p *Profiler) ReportTo(r *Report) error {
 	})
 	r.Rows = rows[:n]
 	clear(rows[n:cap(rows)]) // what the previous report held beyond: not kept alive
-	slices.SortFunc(r.Rows, func(a, b Row) int {
-		if c := cmp.Compare(b.LiveBytes(), a.LiveBytes()); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(b.AllocBytes, a.AllocBytes); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.PID, b.PID)
-	})
 	r.Peaks = p.peaks(p.ledger.Peaks(), named, true)
 	r.Timeline = p.timeline()
 	p.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
@@ -119,7 +129,6 @@ func (p *Profiler) ReportTo(r *Report) error {
 		}
 	})
 	clear(r.Failures[len(r.Failures):cap(r.Failures)])
-	sort.Slice(r.Failures, func(i, j int) bool { return r.Failures[i].Count > r.Failures[j].Count })
 	return err
 }
 
@@ -137,6 +146,7 @@ func (p *Profiler) ReportTo(r *Report) error {
 // since, so that an exporter of the differences between listings loses
 // nothing and counts nothing twice.
 func (p *Profiler) EachRow(fn func(*Row)) time.Time {
+	p.enrichNoted() // every row of a process read has its pod and GPUs
 	p.mu.Lock()
 	p.startInterval(false)
 	keys := make([]accounting.Key, 0, p.ledger.Len())

@@ -50,6 +50,7 @@ type SeriesFailures struct {
 
 // Totals sums the books. Loss counters that cannot be read are an error.
 func (p *Profiler) Totals() (Totals, error) {
+	p.enrichNoted() // every row of a process read has its pod and GPUs
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	losses, err := p.currentLosses()
