@@ -12,6 +12,7 @@ unset PYTORCH_NO_CUDA_MEMORY_CACHING
 status=0
 
 . "$here/protocol.sh"
+mkdir -p "$out/oom"
 
 waits="PyTorch allocator probes|Python"
 record_protocol "$out/tensors" "$waits" "$here/torch_tensors.py" "$out/tensors.snapshot.json"
@@ -19,7 +20,6 @@ cat "$out/tensors.stderr"
 echo "== tensors against torch.cuda.memory._snapshot()"
 python3 "$here/check_tensors.py" "$out/tensors.json" "$out/tensors.snapshot.json" || status=1
 
-mkdir -p "$out/oom"
 record_protocol "$out/oom" "$waits" "$here/torch_oom.py" -- --on-oom "$out/oom"
 cat "$out/oom.stderr"
 echo "== out of memory"
