@@ -130,7 +130,7 @@ func (l *Ledger) row(k Key, ts uint64) *row {
 	r, ok := l.rows[k]
 	if !ok {
 		g := l.group(peakKey(k), ts)
-		r = &row{key: k, group: g, changed: g.sealed}
+		r = &row{group: g, stack: k.Stack, kind: k.Kind, device: k.Device, changed: g.sealed}
 		g.rows = append(g.rows, r)
 		l.rows[k] = r
 	}

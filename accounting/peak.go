@@ -31,8 +31,8 @@ import (
 // a peak costs O(rows of its group) (BenchmarkTakeIntervalPeaks).
 //
 // Memory. A row holds what every row needs, since the books hold one per
-// stack: its counters, its key, its group, its held memory and the count
-// of seals: 104 bytes (112 with its allocation). Shares are kept only while
+// stack: its counters, its key less the PID (its group's), its group, its
+// held memory and the count of seals: 96 bytes. Shares are kept only while
 // a peak is sealed, and only for the rows changed since: 24 bytes each, one
 // per row and seal at most; the most when a process exits (all its rows at
 // once, in one table the run's and the interval's peaks share). They are
@@ -91,8 +91,11 @@ type Peak struct {
 // row is one row of the books, and what peaks need of it.
 type row struct {
 	Counters
-	key   Key
 	group *group
+	// Its Key is its group's PID and these.
+	stack  StackID
+	kind   memory.Kind
+	device int32
 	// held is what the row's allocations in the live map hold: its live
 	// memory, less any allocation whose address the driver handed out
 	// again before its free event came (the driver had freed it). Peaks
@@ -104,6 +107,9 @@ type row struct {
 	// starts at the count: it held nothing at earlier seals.
 	changed uint64
 }
+
+// key is the row's Key.
+func (r *row) key() Key { return Key{PID: r.group.pid, Stack: r.stack, Kind: r.kind, Device: r.device} }
 
 // The trackers of each group.
 const (
@@ -120,6 +126,7 @@ var dormant = tracker{peak: Amount{Bytes: math.MaxUint64}}
 
 // group keeps the peaks of one PeakKey.
 type group struct {
+	pid      uint32
 	live     Amount // its rows' held memory
 	rows     []*row
 	trackers [trackers]tracker
@@ -158,7 +165,7 @@ func (l *Ledger) group(k PeakKey, ts uint64) *group {
 	g, ok := l.groups[k]
 	if !ok {
 		// Open at zero: the rows as they stand, none, are the peak's.
-		g = &group{trackers: [trackers]tracker{{open: true}, {open: true}, dormant}}
+		g = &group{pid: k.PID, trackers: [trackers]tracker{{open: true}, {open: true}, dormant}}
 		if l.timeline != nil {
 			l.timeline.follow(g, ts)
 		}
@@ -331,7 +338,7 @@ func (g *group) read(k PeakKey, i int) (Peak, bool) {
 	}
 	p := Peak{PeakKey: k, Amount: t.peak, Time: t.time, Rows: make([]PeakRow, 0, len(g.rows))}
 	for r, a := range g.shares(t.seal) {
-		p.Rows = append(p.Rows, PeakRow{Key: r.key, Amount: a})
+		p.Rows = append(p.Rows, PeakRow{Key: r.key(), Amount: a})
 	}
 	return p, true
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/gpu-mem/gpu-mem/memory"
 )
@@ -232,7 +233,7 @@ func TestPeakCopiesOnWrite(t *testing.T) {
 	kept := func() (rows []StackID) {
 		if s := g.trackers[run].seal; s != nil {
 			for _, sh := range s.shares {
-				rows = append(rows, sh.row.key.Stack)
+				rows = append(rows, sh.row.stack)
 			}
 		}
 		return rows
@@ -287,6 +288,15 @@ func TestExitKeepsSharesOnce(t *testing.T) {
 		t.Errorf("after the interval's read: %+v", *s)
 	}
 	checkPeaks(t, "run", l.Peaks(), want)
+}
+
+// TestRowSize: the books hold a row per stack; the agent's memory with
+// 100,000 stacks counts every byte of it twice (Go's heap grows to twice
+// what is live). Peaks keep their shares elsewhere.
+func TestRowSize(t *testing.T) {
+	if size := unsafe.Sizeof(row{}); size > 96 {
+		t.Errorf("a row is %d bytes, more than 96", size)
+	}
 }
 
 var pytorchFree = opNamed("pytorch:free")
@@ -365,7 +375,7 @@ func heldRows(l *Ledger) map[PeakKey]map[Key]Amount {
 	}
 	for _, p := range l.procs {
 		for _, a := range p.live {
-			k := a.row.key
+			k := a.row.key()
 			rows := groups[peakKey(k)]
 			held := rows[k]
 			rows[k] = Amount{held.Bytes + a.bytes, held.Count + 1}

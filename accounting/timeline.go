@@ -327,7 +327,7 @@ func copyHolders(top []holder, shared map[*holder][]Holder) []Holder {
 	}
 	c := make([]Holder, len(top))
 	for i, h := range top {
-		c[i] = Holder{Key: h.row.key, Bytes: h.bytes}
+		c[i] = Holder{Key: h.row.key(), Bytes: h.bytes}
 	}
 	shared[&top[0]] = c
 	return c
