@@ -81,6 +81,9 @@ type Ledger struct {
 	failures map[FailureKey]*Failures
 	stats    Stats
 	timeline *timeline // nil unless StartTimeline
+	// intervalRows holds the rows of the last interval's peaks, and the
+	// next interval's: TakeIntervalPeaks reuses it.
+	intervalRows []PeakRow
 }
 
 type process struct {

@@ -329,18 +329,18 @@ func (s *seal) leave() {
 	}
 }
 
-// read returns tracker i's peak with its rows; false when the group held
-// no memory.
-func (g *group) read(k PeakKey, i int) (Peak, bool) {
+// read appends the rows of tracker i's peak to buf and returns the peak,
+// its Rows in buf, and buf; false when the group held no memory.
+func (g *group) read(k PeakKey, i int, buf []PeakRow) (Peak, []PeakRow, bool) {
 	t := &g.trackers[i]
 	if t.peak.Bytes == 0 {
-		return Peak{}, false
+		return Peak{}, buf, false
 	}
-	p := Peak{PeakKey: k, Amount: t.peak, Time: t.time, Rows: make([]PeakRow, 0, len(g.rows))}
+	start := len(buf)
 	for r, a := range g.shares(t.seal) {
-		p.Rows = append(p.Rows, PeakRow{Key: r.key(), Amount: a})
+		buf = append(buf, PeakRow{Key: r.key(), Amount: a})
 	}
-	return p, true
+	return Peak{PeakKey: k, Amount: t.peak, Time: t.time, Rows: buf[start:len(buf):len(buf)]}, buf, true
 }
 
 // Peaks returns each group's highest live total since the books began,
@@ -349,8 +349,11 @@ func (g *group) read(k PeakKey, i int) (Peak, bool) {
 // stays until DropExited drops the process.
 func (l *Ledger) Peaks() []Peak {
 	var peaks []Peak
+	buf := make([]PeakRow, 0, len(l.rows)) // a row is in its group's peak once at most
 	for k, g := range l.groups {
-		if p, ok := g.read(k, run); ok {
+		var p Peak
+		var ok bool
+		if p, buf, ok = g.read(k, run, buf); ok {
 			peaks = append(peaks, p)
 		}
 	}
@@ -362,14 +365,25 @@ func (l *Ledger) Peaks() []Peak {
 // held it, in no order, and starts the next interval at now (a BPF
 // timestamp): the agent calls it once per interval. An interval's peak is
 // at least the level the interval began with, so a group holding memory
-// has one every interval; a group that held none is left out.
+// has one every interval; a group that held none is left out. The peaks'
+// Rows are read into a buffer that the next call reuses: they are valid
+// until then.
 func (l *Ledger) TakeIntervalPeaks(now uint64) []Peak {
 	var peaks []Peak
+	buf := l.intervalRows[:0]
+	if n := len(l.rows); cap(buf) < n || cap(buf) > 2*n {
+		// Room for every row once, and for some more rows; not twice the
+		// room the books need, after a burst of rows was dropped.
+		buf = make([]PeakRow, 0, n+n/8)
+	}
 	for k, g := range l.groups {
-		if p, ok := g.read(k, interval); ok {
+		var p Peak
+		var ok bool
+		if p, buf, ok = g.read(k, interval, buf); ok {
 			peaks = append(peaks, p)
 		}
 		g.trackers[interval].restart(g.live, now)
 	}
+	l.intervalRows = buf
 	return peaks
 }

@@ -290,6 +290,23 @@ func TestExitKeepsSharesOnce(t *testing.T) {
 	checkPeaks(t, "run", l.Peaks(), want)
 }
 
+// TestIntervalPeaksReuseTheirRows: the agent reads every interval's peak,
+// with a share of each row; the rows go into one buffer, reused.
+func TestIntervalPeaksReuseTheirRows(t *testing.T) {
+	l := newBenchLedger(1000)
+	l.Free(1, cuMemFree, 0, 1<<20)
+	now := uint64(1 << 20)
+	allocs := testing.AllocsPerRun(10, func() {
+		now++
+		if p := l.TakeIntervalPeaks(now); len(p) != 1 || len(p[0].Rows) != 100 {
+			t.Fatalf("peaks %+v", p)
+		}
+	})
+	if allocs > 1 { // the slice of peaks
+		t.Errorf("%v allocations a read", allocs)
+	}
+}
+
 // TestRowSize: the books hold a row per stack; the agent's memory with
 // 100,000 stacks counts every byte of it twice (Go's heap grows to twice
 // what is live). Peaks keep their shares elsewhere.
