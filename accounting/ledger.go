@@ -81,6 +81,9 @@ type Ledger struct {
 	failures map[FailureKey]*Failures
 	stats    Stats
 	timeline *timeline // nil unless StartTimeline
+	// intervalRows holds the rows of the last interval's peaks, and the
+	// next interval's: TakeIntervalPeaks reuses it.
+	intervalRows []PeakRow
 }
 
 type process struct {
@@ -130,7 +133,7 @@ func (l *Ledger) row(k Key, ts uint64) *row {
 	r, ok := l.rows[k]
 	if !ok {
 		g := l.group(peakKey(k), ts)
-		r = &row{key: k, group: g}
+		r = &row{group: g, stack: k.Stack, kind: k.Kind, device: k.Device, changed: g.sealed}
 		g.rows = append(g.rows, r)
 		l.rows[k] = r
 	}

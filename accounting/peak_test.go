@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/gpu-mem/gpu-mem/memory"
 )
@@ -230,9 +231,9 @@ func TestPeakCopiesOnWrite(t *testing.T) {
 	}
 	g := l.groups[PeakKey{PID: 10, GPU: "0"}]
 	kept := func() (rows []StackID) {
-		for _, r := range g.rows {
-			if seal := g.trackers[run].seal; seal > 0 && r.keptAt[run] == seal {
-				rows = append(rows, r.key.Stack)
+		if s := g.trackers[run].seal; s != nil {
+			for _, sh := range s.shares {
+				rows = append(rows, sh.row.stack)
 			}
 		}
 		return rows
@@ -250,10 +251,68 @@ func TestPeakCopiesOnWrite(t *testing.T) {
 	if p := l.Peaks(); len(p) != 1 || p[0].Amount != (Amount{n, n}) || p[0].Time != n-1 || len(p[0].Rows) != n {
 		t.Errorf("peak %+v", p)
 	}
-	// A new high by one row: open again, no copy.
+	// A new high by one row: open again, no copy; the shares kept are let
+	// go with the seal, which no tracker is at any more.
 	l.Alloc(Key{PID: 10, Stack: 0}, 0, memory.SpacePointer, 3, n+4)
-	if k := kept(); !slices.Equal(k, []StackID{0, 1}) || !g.trackers[run].open {
+	if k := kept(); len(k) != 0 || !g.trackers[run].open {
 		t.Fatalf("after a new high: rows %v kept, open %v", k, g.trackers[run].open)
+	}
+	for i, s := range g.seals {
+		if s.trackers != 0 || len(s.shares) != 0 {
+			t.Errorf("seal %d: %d trackers, %d shares", i, s.trackers, len(s.shares))
+		}
+	}
+}
+
+// TestExitKeepsSharesOnce: an exit seals the run's and the interval's
+// open peaks on one event, so they share one seal, whose table keeps each
+// row's share once; the interval's next read leaves it to the run's.
+func TestExitKeepsSharesOnce(t *testing.T) {
+	l := New()
+	const n = 100
+	for i := range n {
+		l.Alloc(Key{PID: 10, Stack: StackID(i)}, uint64(i), memory.SpacePointer, 1, uint64(i))
+	}
+	l.Exit(10, n)
+	g := l.groups[PeakKey{PID: 10, GPU: "0"}]
+	s := g.trackers[run].seal
+	if s == nil || g.trackers[interval].seal != s || s.trackers != 2 || len(s.shares) != n {
+		t.Fatalf("after the exit: run at %p, interval at %p, %+v", s, g.trackers[interval].seal, g.seals)
+	}
+	want := map[PeakKey]peakWant{{PID: 10, GPU: "0"}: {Amount{n, n}, n - 1, map[Key]Amount{}}}
+	for i := range n {
+		want[PeakKey{PID: 10, GPU: "0"}].rows[Key{PID: 10, Stack: StackID(i)}] = Amount{1, 1}
+	}
+	checkPeaks(t, "interval", l.TakeIntervalPeaks(n+1), want)
+	if g.trackers[interval].seal != nil || s.trackers != 1 || len(s.shares) != n {
+		t.Errorf("after the interval's read: %+v", *s)
+	}
+	checkPeaks(t, "run", l.Peaks(), want)
+}
+
+// TestIntervalPeaksReuseTheirRows: the agent reads every interval's peak,
+// with a share of each row; the rows go into one buffer, reused.
+func TestIntervalPeaksReuseTheirRows(t *testing.T) {
+	l := newBenchLedger(1000)
+	l.Free(1, cuMemFree, 0, 1<<20)
+	now := uint64(1 << 20)
+	allocs := testing.AllocsPerRun(10, func() {
+		now++
+		if p := l.TakeIntervalPeaks(now); len(p) != 1 || len(p[0].Rows) != 100 {
+			t.Fatalf("peaks %+v", p)
+		}
+	})
+	if allocs > 1 { // the slice of peaks
+		t.Errorf("%v allocations a read", allocs)
+	}
+}
+
+// TestRowSize: the books hold a row per stack; the agent's memory with
+// 100,000 stacks counts every byte of it twice (Go's heap grows to twice
+// what is live). Peaks keep their shares elsewhere.
+func TestRowSize(t *testing.T) {
+	if size := unsafe.Sizeof(row{}); size > 96 {
+		t.Errorf("a row is %d bytes, more than 96", size)
 	}
 }
 
@@ -333,9 +392,10 @@ func heldRows(l *Ledger) map[PeakKey]map[Key]Amount {
 	}
 	for _, p := range l.procs {
 		for _, a := range p.live {
-			rows := groups[peakKey(a.row.key)]
-			held := rows[a.row.key]
-			rows[a.row.key] = Amount{held.Bytes + a.bytes, held.Count + 1}
+			k := a.row.key()
+			rows := groups[peakKey(k)]
+			held := rows[k]
+			rows[k] = Amount{held.Bytes + a.bytes, held.Count + 1}
 		}
 	}
 	return groups

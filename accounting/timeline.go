@@ -27,10 +27,14 @@ package accounting
 // Memory: per group, at most TimelineBuckets buckets of 56 bytes and a
 // composition of at most TimelineTop rows of 16 bytes each, 160 KiB at
 // most; buckets with no event in them share the composition of the level
-// they carry on. Without a timeline the third tracker lies dormant (two
-// comparisons per event) but each row still holds its slot: 24 bytes.
+// they carry on; the shares the third tracker keeps while sealed (peak.go).
+// Without a timeline that tracker lies dormant (a comparison per event)
+// and rows hold nothing for it.
 
-import "time"
+import (
+	"iter"
+	"time"
+)
 
 const (
 	// TimelineBuckets is the most buckets a group's timeline holds.
@@ -175,7 +179,7 @@ func (s *series) advance(g *group, ts uint64) uint64 {
 	s.close(g)
 	if s.lastIndex()+1 < now {
 		level := bucket{min: g.live.Bytes, max: g.live.Bytes}
-		level.top, level.other = g.compose(func(r *row) uint64 { return r.held.Bytes })
+		level.top, level.other = compose(g.shares(nil))
 		for i := s.lastIndex() + 1; i < now; i++ {
 			level.maxTime = s.tl.startOf(i)
 			s.buckets = append(s.buckets, level)
@@ -198,7 +202,7 @@ func (s *series) open(g *group, i int) {
 func (s *series) close(g *group) {
 	b := s.last()
 	if t := &g.trackers[bucketPeak]; t.peak.Bytes > b.total() {
-		b.top, b.other = g.compose(func(r *row) uint64 { return t.share(r, bucketPeak).Bytes })
+		b.top, b.other = compose(g.shares(t.seal))
 	}
 }
 
@@ -240,13 +244,13 @@ func merge(a, b bucket) bucket {
 	return m
 }
 
-// compose is the group's rows holding the most, by share(row), at most
-// TimelineTop of them by bytes, descending, and what the others hold.
-func (g *group) compose(share func(*row) uint64) ([]holder, uint64) {
+// compose is the rows holding the most of shares, at most TimelineTop
+// of them by bytes, descending, and what the others hold.
+func compose(shares iter.Seq2[*row, Amount]) ([]holder, uint64) {
 	var top []holder
 	var other uint64
-	for _, r := range g.rows {
-		bytes := share(r)
+	for r, a := range shares {
+		bytes := a.Bytes
 		if bytes == 0 {
 			continue
 		}
@@ -309,7 +313,7 @@ func (s *series) read(g *group) []Bucket {
 func (s *series) openComposition(g *group) ([]holder, uint64) {
 	b := s.last()
 	if t := &g.trackers[bucketPeak]; t.peak.Bytes > b.total() {
-		return g.compose(func(r *row) uint64 { return t.share(r, bucketPeak).Bytes })
+		return compose(g.shares(t.seal))
 	}
 	return b.top, b.other
 }
@@ -323,7 +327,7 @@ func copyHolders(top []holder, shared map[*holder][]Holder) []Holder {
 	}
 	c := make([]Holder, len(top))
 	for i, h := range top {
-		c[i] = Holder{Key: h.row.key, Bytes: h.bytes}
+		c[i] = Holder{Key: h.row.key(), Bytes: h.bytes}
 	}
 	shared[&top[0]] = c
 	return c

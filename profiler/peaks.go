@@ -38,7 +38,7 @@ type Peak struct {
 	accounting.Amount
 	// Shares are the rows holding memory at the peak, by key, with their
 	// shares of it: what an exporter of the rows EachRow lists needs. They
-	// sum to Amount.
+	// sum to Amount. IntervalPeaks' are valid until its next call.
 	Shares []accounting.PeakRow
 	// Rows are the same rows named, by bytes, descending, with their
 	// frames (Report's peaks only). A row's LiveBytes and LiveCount are its
@@ -57,6 +57,8 @@ type Peak struct {
 // come by PID, GPU and view, with their Shares and no Rows (copying every
 // row of the books each interval would cost the agent more than the
 // peaks): an exporter finds each share's row among those EachRow lists.
+// The Shares are read into the books' buffer that the next call reuses:
+// they are valid until then.
 // So that EachRow lists them all, the stacks of the shares are named
 // before it returns: at once where the background namer was there first,
 // as it mostly is; a stack new since its last run waits for it (the first
