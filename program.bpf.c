@@ -70,7 +70,8 @@ struct {
 } python_procs SEC(".maps");
 
 /* Thread -> its PyThreadState, so that the interpreter's thread list is
- * walked once per thread; entries are checked before use. */
+ * walked once per thread; entries are checked before use, and dropped when
+ * the thread exits. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, GPUMEM_MAX_INFLIGHT);
@@ -86,12 +87,28 @@ struct {
 	__type(value, struct gpumem_ctx_stack);
 } thread_contexts SEC(".maps");
 
+/* A context pointer is a process's own: keyed by process, and dropped
+ * with it (a primary context is never destroyed, only left behind). */
+struct gpumem_context_key {
+	__u32 pid;
+	__u32 pad;
+	__u64 ctx;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, struct gpumem_context_key);
 	__type(value, __s32);
 } context_devices SEC(".maps");
+
+/* Processes with contexts in context_devices, whose exit drops them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, __u8);
+} context_pids SEC(".maps");
 
 /* One counter per kind of loss (enum gpumem_loss), summed by user space. */
 struct {
@@ -283,6 +300,13 @@ static long forget_stack(struct bpf_map *map, struct gpumem_stack_key *k, struct
 	return 0;
 }
 
+static long forget_context(struct bpf_map *map, struct gpumem_context_key *k, __s32 *dev, __u32 *pid)
+{
+	if (k->pid == *pid)
+		bpf_map_delete_elem(map, k);
+	return 0;
+}
+
 /* forget_process drops an exited process from the aggregate maps: the
  * driver released all it held. */
 static __always_inline void forget_process(__u32 pid)
@@ -378,8 +402,11 @@ static __always_inline __s32 current_device(const struct gpumem_call *call, __u3
 	struct gpumem_ctx_stack *s = bpf_map_lookup_elem(&thread_contexts, &tid);
 	if (!s || s->depth == 0)
 		return GPUMEM_DEVICE_UNKNOWN;
-	__u64 ctx = s->ctx[(s->depth - 1) & (GPUMEM_MAX_CTX_STACK - 1)];
-	__s32 *dev = bpf_map_lookup_elem(&context_devices, &ctx);
+	struct gpumem_context_key key = {
+		.pid = bpf_get_current_pid_tgid() >> 32,
+		.ctx = s->ctx[(s->depth - 1) & (GPUMEM_MAX_CTX_STACK - 1)],
+	};
+	__s32 *dev = bpf_map_lookup_elem(&context_devices, &key);
 	return dev ? *dev : GPUMEM_DEVICE_UNKNOWN;
 }
 
@@ -388,13 +415,16 @@ static __always_inline void track_context(const struct gpumem_call *call, __u32 
 {
 	__u16 op = call->op;
 	__u64 ctx = call->target;
+	struct gpumem_context_key key = {.pid = bpf_get_current_pid_tgid() >> 32};
 
 	if (op == GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN || op == GPUMEM_OP_CTX_CREATE ||
 	    op == GPUMEM_OP_CTX_CREATE_V3 || op == GPUMEM_OP_CTX_CREATE_V4) {
 		ctx = read_ptr(call->target); /* the out-parameter */
 		__s32 dev = (__s32)call->bytes;
-		if (ctx)
-			bpf_map_update_elem(&context_devices, &ctx, &dev, BPF_ANY);
+		__u8 one = 1;
+		key.ctx = ctx;
+		if (ctx && !bpf_map_update_elem(&context_devices, &key, &dev, BPF_ANY))
+			bpf_map_update_elem(&context_pids, &key.pid, &one, BPF_ANY);
 		if (op == GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN)
 			return;
 		/* cuCtxCreate makes the context current, as a push, unless a
@@ -402,7 +432,8 @@ static __always_inline void track_context(const struct gpumem_call *call, __u32 
 		op = GPUMEM_OP_CTX_PUSH_CURRENT;
 	}
 	if (op == GPUMEM_OP_CTX_DESTROY) {
-		bpf_map_delete_elem(&context_devices, &ctx);
+		key.ctx = ctx;
+		bpf_map_delete_elem(&context_devices, &key);
 		return;
 	}
 	struct gpumem_ctx_stack empty = {};
@@ -794,10 +825,14 @@ int gpumem_exit(void *ctx)
 	bpf_map_delete_elem(&inflight, &id);
 	__u32 tid = (__u32)id;
 	bpf_map_delete_elem(&thread_contexts, &tid);
+	bpf_map_delete_elem(&python_threads, &tid);
 
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;
+	/* Its contexts, whether it allocated or not. */
+	if (!bpf_map_delete_elem(&context_pids, &pid))
+		bpf_for_each_map_elem(&context_devices, forget_context, &pid, 0);
 	if (bpf_map_delete_elem(&traced_pids, &pid))
 		return 0;
 

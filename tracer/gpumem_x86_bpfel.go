@@ -54,6 +54,13 @@ type gpumemGpumemCalls struct {
 	_     [4]byte
 }
 
+type gpumemGpumemContextKey struct {
+	_   structs.HostLayout
+	Pid uint32
+	Pad uint32
+	Ctx uint64
+}
+
 type gpumemGpumemCtxStack struct {
 	_     structs.HostLayout
 	Ctx   [8]uint64
@@ -302,6 +309,7 @@ type gpumemGpumemUsdtSite struct {
 const (
 	gpumemMapAllocations                             = "allocations"
 	gpumemMapContextDevices                          = "context_devices"
+	gpumemMapContextPids                             = "context_pids"
 	gpumemMapEvents                                  = "events"
 	gpumemMapEventsLostSamples                       = "events_lost_samples"
 	gpumemMapFinishAllocations                       = "finish_allocations"
@@ -506,6 +514,7 @@ type gpumemProgramSpecs struct {
 type gpumemMapSpecs struct {
 	Allocations          *ebpf.MapSpec `ebpf:"allocations"`
 	ContextDevices       *ebpf.MapSpec `ebpf:"context_devices"`
+	ContextPids          *ebpf.MapSpec `ebpf:"context_pids"`
 	Events               *ebpf.MapSpec `ebpf:"events"`
 	EventsLostSamples    *ebpf.MapSpec `ebpf:"events_lost_samples"`
 	FinishAllocations    *ebpf.MapSpec `ebpf:"finish_allocations"`
@@ -596,6 +605,7 @@ func (o *gpumemObjects) Close() error {
 type gpumemMaps struct {
 	Allocations          *ebpf.Map `ebpf:"allocations"`
 	ContextDevices       *ebpf.Map `ebpf:"context_devices"`
+	ContextPids          *ebpf.Map `ebpf:"context_pids"`
 	Events               *ebpf.Map `ebpf:"events"`
 	EventsLostSamples    *ebpf.Map `ebpf:"events_lost_samples"`
 	FinishAllocations    *ebpf.Map `ebpf:"finish_allocations"`
@@ -626,6 +636,7 @@ func (m *gpumemMaps) Close() error {
 	return _GpumemClose(
 		m.Allocations,
 		m.ContextDevices,
+		m.ContextPids,
 		m.Events,
 		m.EventsLostSamples,
 		m.FinishAllocations,
