@@ -396,14 +396,17 @@ def tensor_oom():
 # ---- stacks: functions generated at run time, each a frame of its own ----
 
 
+generated = {}  # the functions live until the process exits, as a model's code does: a
+# frame is named from its code object after the call, which must still be there
+
+
 def generated_stacks():
     n = int(os.environ.get("SIMWORK_STACKS", "100"))
     first = int(os.environ.get("SIMWORK_FIRST", "0"))
     source = "".join(f"def layer_{i}(size):\n    cuda_free(cuda_malloc(size), size)\n    return cuda_malloc(size)\n\n"
                      for i in range(first, first + n))
-    code = {}
-    exec(compile(source, "generated_layers.py", "exec"), globals(), code)
-    held = [(code[f"layer_{i}"](1024 + i % 512), 1024 + i % 512) for i in range(first, first + n)]
+    exec(compile(source, "generated_layers.py", "exec"), globals(), generated)
+    held = [(generated[f"layer_{i}"](1024 + i % 512), 1024 + i % 512) for i in range(first, first + n)]
     for ptr, nbytes in held[::2]:
         cuda_free(ptr, nbytes)
 
