@@ -17,7 +17,7 @@ func bareProfiler() *Profiler {
 		pidStacks:  map[uint32][]accounting.StackID{},
 		resolveNow: make(chan struct{}, 1),
 		comms:      map[uint32]string{},
-		frameIndex: map[symbolize.Frame]uint32{},
+		frameTable: newFrameTable(),
 	}
 }
 
@@ -67,7 +67,10 @@ func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
 		t.Fatalf("rows %+v, want one of %+v from load_model", rows, want)
 	}
 	p.DropExited()
-	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks) != 0 {
-		t.Errorf("after the drop: rows %+v, stacks %v", rows, p.pidStacks)
+	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks) != 0 || p.frameTable.len() != 0 {
+		t.Errorf("after the drop: rows %+v, stacks %v, %d frames", rows, p.pidStacks, p.frameTable.len())
+	}
+	if rows[0].Frames[1].Function != "load_model" {
+		t.Errorf("a row listed before the drop now has %+v", rows[0].Frames[1])
 	}
 }
