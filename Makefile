@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate dashboard check-generated sim demo image test bench bench-smoke fuzz clean
+.PHONY: setup build generate dashboard check-generated sim demo image test bench bench-smoke soak fuzz clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -117,3 +117,15 @@ bench: setup build sim
 # A short run of every benchmark: checks the harness, not the figures.
 bench-smoke: build sim
 	$(GO) run ./bench -smoke -o build/BENCHMARKS-smoke.md
+
+# The soak, not part of test (30 minutes, as root): the agent under churn
+# (a new process every second, native and Python, the driver unloaded and
+# loaded again, over 100,000 distinct stacks, the Pyroscope receiver down
+# 30 s every 5 minutes), each process's books checked against its own
+# counts, the agent's RSS, goroutines, heap and open files sampled. Writes
+# bench/soak/RESULTS.md (copied into BENCHMARKS.md by bench) and
+# samples.csv beside it; the agent's log is in build/soak/. Fails when a
+# figure grew or a book is off. SOAKFLAGS='-duration 3m' for a short one.
+SOAKFLAGS ?=
+soak: setup build sim
+	$(GO) run ./bench/soak $(SOAKFLAGS)

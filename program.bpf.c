@@ -70,7 +70,8 @@ struct {
 } python_procs SEC(".maps");
 
 /* Thread -> its PyThreadState, so that the interpreter's thread list is
- * walked once per thread; entries are checked before use. */
+ * walked once per thread; entries are checked before use, and dropped when
+ * the thread exits. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, GPUMEM_MAX_INFLIGHT);
@@ -86,12 +87,35 @@ struct {
 	__type(value, struct gpumem_ctx_stack);
 } thread_contexts SEC(".maps");
 
+/* A context pointer is a process's own: keyed by process, and dropped
+ * with it (a primary context is never destroyed, only left behind). */
+struct gpumem_context_key {
+	__u32 pid;
+	__u32 __pad;
+	__u64 ctx;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, struct gpumem_context_key);
 	__type(value, __s32);
 } context_devices SEC(".maps");
+
+/* Each process's contexts in context_devices, so that its exit drops them
+ * one by one rather than walking the map. */
+#define GPUMEM_MAX_PROCESS_CONTEXTS 16
+struct gpumem_process_contexts {
+	__u64 ctx[GPUMEM_MAX_PROCESS_CONTEXTS];
+	__u64 n;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, struct gpumem_process_contexts);
+} process_contexts SEC(".maps");
 
 /* One counter per kind of loss (enum gpumem_loss), summed by user space. */
 struct {
@@ -515,9 +539,56 @@ static __always_inline __s32 current_device(const struct gpumem_call *call, __u3
 	struct gpumem_ctx_stack *s = bpf_map_lookup_elem(&thread_contexts, &tid);
 	if (!s || s->depth == 0)
 		return GPUMEM_DEVICE_UNKNOWN;
-	__u64 ctx = s->ctx[(s->depth - 1) & (GPUMEM_MAX_CTX_STACK - 1)];
-	__s32 *dev = bpf_map_lookup_elem(&context_devices, &ctx);
+	struct gpumem_context_key key = {
+		.pid = bpf_get_current_pid_tgid() >> 32,
+		.ctx = s->ctx[(s->depth - 1) & (GPUMEM_MAX_CTX_STACK - 1)],
+	};
+	__s32 *dev = bpf_map_lookup_elem(&context_devices, &key);
 	return dev ? *dev : GPUMEM_DEVICE_UNKNOWN;
+}
+
+/* remember_context keeps a context's device, and lists a new one under its
+ * process for the exit. */
+static __always_inline void remember_context(const struct gpumem_context_key *key, __s32 dev)
+{
+	if (bpf_map_update_elem(&context_devices, key, &dev, BPF_NOEXIST) != 0) {
+		if (bpf_map_update_elem(&context_devices, key, &dev, BPF_EXIST))
+			count_loss(GPUMEM_LOSS_CONTEXTS_FULL);
+		return; /* known: listed already */
+	}
+	struct gpumem_process_contexts none = {};
+	struct gpumem_process_contexts *pc = bpf_map_lookup_elem(&process_contexts, &key->pid);
+	if (!pc) {
+		bpf_map_update_elem(&process_contexts, &key->pid, &none, BPF_NOEXIST);
+		pc = bpf_map_lookup_elem(&process_contexts, &key->pid);
+	}
+	/* A slot taken by compare-and-swap: two threads may make contexts. */
+	for (int tries = 0; pc && tries < 8; tries++) {
+		__u64 i = *(volatile __u64 *)&pc->n;
+		if (i >= GPUMEM_MAX_PROCESS_CONTEXTS)
+			break;
+		if (__sync_val_compare_and_swap(&pc->n, i, i + 1) == i) {
+			pc->ctx[i & (GPUMEM_MAX_PROCESS_CONTEXTS - 1)] = key->ctx;
+			return;
+		}
+	}
+	count_loss(GPUMEM_LOSS_CONTEXTS_FULL); /* kept, but outlives its process */
+}
+
+/* forget_contexts drops an exited process's contexts. */
+static __always_inline void forget_contexts(__u32 pid)
+{
+	struct gpumem_process_contexts *pc = bpf_map_lookup_elem(&process_contexts, &pid);
+	if (!pc)
+		return;
+	struct gpumem_context_key key = {.pid = pid};
+	for (int i = 0; i < GPUMEM_MAX_PROCESS_CONTEXTS; i++) {
+		if (i >= pc->n)
+			break;
+		key.ctx = pc->ctx[i];
+		bpf_map_delete_elem(&context_devices, &key);
+	}
+	bpf_map_delete_elem(&process_contexts, &pid);
 }
 
 /* track_context applies a successful context call. */
@@ -525,13 +596,15 @@ static __always_inline void track_context(const struct gpumem_call *call, __u32 
 {
 	__u16 op = call->op;
 	__u64 ctx = call->target;
+	struct gpumem_context_key key = {.pid = bpf_get_current_pid_tgid() >> 32};
 
 	if (op == GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN || op == GPUMEM_OP_CTX_CREATE ||
 	    op == GPUMEM_OP_CTX_CREATE_V3 || op == GPUMEM_OP_CTX_CREATE_V4) {
 		ctx = read_ptr(call->target); /* the out-parameter */
 		__s32 dev = (__s32)call->bytes;
-		if (ctx && bpf_map_update_elem(&context_devices, &ctx, &dev, BPF_ANY))
-			count_loss(GPUMEM_LOSS_CONTEXTS_FULL);
+		key.ctx = ctx;
+		if (ctx)
+			remember_context(&key, dev);
 		if (op == GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN)
 			return;
 		/* cuCtxCreate makes the context current, as a push, unless a
@@ -539,7 +612,8 @@ static __always_inline void track_context(const struct gpumem_call *call, __u32 
 		op = GPUMEM_OP_CTX_PUSH_CURRENT;
 	}
 	if (op == GPUMEM_OP_CTX_DESTROY) {
-		bpf_map_delete_elem(&context_devices, &ctx);
+		key.ctx = ctx;
+		bpf_map_delete_elem(&context_devices, &key); /* left in its process's list: a miss at exit */
 		return;
 	}
 	struct gpumem_ctx_stack empty = {};
@@ -931,10 +1005,12 @@ int gpumem_exit(void *ctx)
 	bpf_map_delete_elem(&inflight, &id);
 	__u32 tid = (__u32)id;
 	bpf_map_delete_elem(&thread_contexts, &tid);
+	bpf_map_delete_elem(&python_threads, &tid);
 
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;
+	forget_contexts(pid); /* whether it allocated or not */
 	if (bpf_map_delete_elem(&traced_pids, &pid))
 		return 0;
 

@@ -9,12 +9,22 @@ import (
 // bench/gpu/run.sh and kept in bench/gpu/RESULTS.md, then the analysis of
 // the targets missed, bench/NOTES.md: both are copied in as they are.
 func gpuSection(root string) string {
-	section := "\n## On the GPU\n\nNot measured yet: see bench/gpu/run.sh.\n"
-	if data, err := os.ReadFile(filepath.Join(root, "bench/gpu/RESULTS.md")); err == nil {
-		section = "\n" + string(data)
+	section := recordedSection(root, "bench/gpu/RESULTS.md", "\n## On the GPU\n\nNot measured yet: see bench/gpu/run.sh.\n")
+	return section + recordedSection(root, "bench/NOTES.md", "")
+}
+
+// soakSection is the soak's, run apart for 30 minutes by `make soak` and
+// kept in bench/soak/RESULTS.md, copied in as it is.
+func soakSection(root string) string {
+	return recordedSection(root, "bench/soak/RESULTS.md", "\n## Soak\n\nNot measured yet: see `make soak`.\n")
+}
+
+// recordedSection is a part measured apart and kept in file, its heading
+// included, or missing when there is none.
+func recordedSection(root, file, missing string) string {
+	data, err := os.ReadFile(filepath.Join(root, file))
+	if err != nil {
+		return missing
 	}
-	if data, err := os.ReadFile(filepath.Join(root, "bench/NOTES.md")); err == nil {
-		section += "\n" + string(data)
-	}
-	return section
+	return "\n" + string(data)
 }

@@ -4,7 +4,6 @@
 package main
 
 import (
-	"bufio"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gpu-mem/gpu-mem/bench/machine"
 )
 
 var (
@@ -66,16 +67,16 @@ func main() {
 			section(&report, s.title, s.run())
 		}
 	}
+	report.WriteString(soakSection(root))
 	report.WriteString(gpuSection(root))
-	report.WriteString("\nReproduce: `make bench` (as root, after the README setup); the GPU section: `bench/gpu/run.sh GPUMEM USDTFLOOR OUTDIR` on the GPU machine (both built with `CGO_ENABLED=0 go build`: `./cmd/gpumem`, `./bench/usdtfloor`), then copy OUTDIR/RESULTS.md to bench/gpu/.\n")
+	report.WriteString("\nReproduce: `make bench` (as root, after the README setup); the soak section: `make soak` (30 minutes; it writes bench/soak/RESULTS.md); the GPU section: `bench/gpu/run.sh GPUMEM USDTFLOOR OUTDIR` on the GPU machine (both built with `CGO_ENABLED=0 go build`: `./cmd/gpumem`, `./bench/usdtfloor`), then copy OUTDIR/RESULTS.md to bench/gpu/.\n")
 	check(os.WriteFile(*out, []byte(report.String()), 0o644))
 	fmt.Fprintf(os.Stderr, "bench: wrote %s\n", *out)
 }
 
 func header(w io.Writer) {
-	kernel, _ := exec.Command("uname", "-r").Output()
-	fmt.Fprintf(w, "# Benchmarks\n\nMeasured %s on %s, kernel %s, %d CPUs, by `make bench` (`go run ./bench`).\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), strings.TrimSpace(string(kernel)), cpus())
+	fmt.Fprintf(w, "# Benchmarks\n\nMeasured %s on %s, by `make bench` (`go run ./bench`).\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), machine.Describe())
 	fmt.Fprintf(w, "Each figure is the median of %d runs; ratios compare figures of this same run.\n", runs)
 	fmt.Fprintf(w, "The CPU side runs on the simulated driver (`tests/simcuda`), whose calls cost ~100 ns,\n")
 	fmt.Fprintf(w, "so the figures are the probes' own cost; a real cuMemAlloc+cuMemFree pair costs 80-150 us.\n")
@@ -83,27 +84,6 @@ func header(w io.Writer) {
 
 func section(w *strings.Builder, title, body string) {
 	fmt.Fprintf(w, "\n## %s\n\n%s", title, body)
-}
-
-func cpuModel() string {
-	f, err := os.Open("/proc/cpuinfo")
-	if err != nil {
-		return "unknown CPU"
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown CPU"
-}
-
-func cpus() int {
-	out, _ := exec.Command("nproc").Output()
-	n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
-	return n
 }
 
 // runWorkload runs a workload to completion (SIMWORK_NOWAIT) and returns its

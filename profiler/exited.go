@@ -51,6 +51,7 @@ func (p *Profiler) dropExited(before uint64) {
 			continue
 		}
 		for _, id := range p.pidStacks[pid] {
+			p.frameTable.release(p.stacks.m[id].frames)
 			p.stacks.drop(id)
 		}
 		delete(p.pidStacks, pid)

@@ -122,8 +122,7 @@ type Profiler struct {
 	pyStats     PythonStats
 	// allocations whose native stack was cut at the depth limit
 	nativeTruncated uint64
-	frameTable      []*symbolize.Frame                // each distinct frame of named stacks, once
-	frameIndex      map[symbolize.Frame]uint32        // where in frameTable
+	frameTable      frameTable                        // each distinct frame of named stacks, once
 	devices         []gpuinfo.Device                  // the driver's GPUs
 	ordinals        map[uint32]map[int]gpuinfo.Device // each process's CUDA ordinals
 	containers      map[uint32]container.Identity     // each process's pod and container
@@ -189,7 +188,7 @@ func New(cfg Config) (*Profiler, error) {
 		failed:     map[string]error{},
 		lastOOM:    map[uint32]oomMark{},
 		devices:    gpuinfo.Devices(cfg.GPUDir),
-		frameIndex: map[symbolize.Frame]uint32{},
+		frameTable: newFrameTable(),
 		ordinals:   map[uint32]map[int]gpuinfo.Device{},
 		containers: map[uint32]container.Identity{},
 		exitedAt:   map[uint32]uint64{},
@@ -632,26 +631,17 @@ func (p *Profiler) storeFrames(ids []accounting.StackID, raws []*rawStack, named
 }
 
 // internFrames returns the stack's frames, after the driver function's, as
-// indices in the frame table, which holds each distinct frame once: stacks
-// share most of their frames, and 100,000 stacks would otherwise hold a
-// copy each. Indices rather than pointers: half the size, and nothing for
-// the garbage collector to follow.
+// indices in the frame table, referenced until the stack is dropped.
 func (p *Profiler) internFrames(op memory.Op, frames []symbolize.Frame) []uint32 {
 	out := make([]uint32, 0, len(frames)+1)
-	out = append(out, p.internFrame(symbolize.Frame{Function: op.Symbol(), Module: "libcuda.so.1"}))
+	out = append(out, p.frameTable.intern(driverFrame(op)))
 	for _, f := range frames {
-		out = append(out, p.internFrame(f))
+		out = append(out, p.frameTable.intern(f))
 	}
 	return out
 }
 
-func (p *Profiler) internFrame(f symbolize.Frame) uint32 {
-	i, ok := p.frameIndex[f]
-	if !ok {
-		copied := f // on the heap only when new
-		i = uint32(len(p.frameTable))
-		p.frameTable = append(p.frameTable, &copied)
-		p.frameIndex[f] = i
-	}
-	return i
+// driverFrame is the frame of the driver function a stack ends in.
+func driverFrame(op memory.Op) symbolize.Frame {
+	return symbolize.Frame{Function: op.Symbol(), Module: "libcuda.so.1"}
 }

@@ -227,18 +227,22 @@ func (p *Profiler) frames(id accounting.StackID) []*symbolize.Frame {
 // appendFrames appends a stack's frames to dst.
 func (p *Profiler) appendFrames(dst []*symbolize.Frame, id accounting.StackID) []*symbolize.Frame {
 	s := p.stacks.m[id]
-	indices := s.frames
-	if indices == nil {
+	if s.frames == nil {
+		// Not named yet: no reference is taken for the frames known.
 		var op memory.Op
 		var python []pystack.Frame
 		if s.raw != nil {
 			op, python = s.raw.op, s.raw.python
 		}
-		indices = p.internFrames(op, pystack.Merge(nil, python))
+		dst = append(dst, p.frameTable.find(driverFrame(op)))
+		for _, f := range pystack.Merge(nil, python) {
+			dst = append(dst, p.frameTable.find(f))
+		}
+		return dst
 	}
-	dst = slices.Grow(dst, len(indices))
-	for _, i := range indices {
-		dst = append(dst, p.frameTable[i])
+	dst = slices.Grow(dst, len(s.frames))
+	for _, i := range s.frames {
+		dst = append(dst, p.frameTable.frames[i])
 	}
 	return dst
 }

@@ -18,7 +18,7 @@ func bareProfiler() *Profiler {
 		pidStacks:  map[uint32][]accounting.StackID{},
 		resolveNow: make(chan struct{}, 1),
 		comms:      map[uint32]string{},
-		frameIndex: map[symbolize.Frame]uint32{},
+		frameTable: newFrameTable(),
 		exitedAt:   map[uint32]uint64{},
 	}
 }
@@ -76,7 +76,10 @@ func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
 	if n := p.Processes(); n != 1 {
 		t.Errorf("%d processes kept before the drop, want 1", n)
 	}
-	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks) != 0 || len(p.stacks.m) != 0 || p.Processes() != 0 {
-		t.Errorf("after the drop: rows %+v, stacks %v, %d stacks, %d processes", rows, p.pidStacks, len(p.stacks.m), p.Processes())
+	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks) != 0 || len(p.stacks.m) != 0 || p.Processes() != 0 || p.frameTable.len() != 0 {
+		t.Errorf("after the drop: rows %+v, stacks %v, %d stacks, %d processes, %d frames", rows, p.pidStacks, len(p.stacks.m), p.Processes(), p.frameTable.len())
+	}
+	if rows[0].Frames[1].Function != "load_model" {
+		t.Errorf("a row listed before the drop now has %+v", rows[0].Frames[1])
 	}
 }

@@ -58,6 +58,12 @@ func TestMetrics(t *testing.T) {
 	if len(reasons) != int(schema.NumLosses) {
 		t.Errorf("loss counters %v", reasons)
 	}
+	// The agent's own footprint, to watch it on a node.
+	for _, name := range []string{"go_goroutines", "go_gc_heap_live_bytes", "process_resident_memory_bytes"} {
+		if m := families[name].GetMetric(); len(m) != 1 || m[0].GetGauge().GetValue() <= 0 {
+			t.Errorf("%s: %v", name, m)
+		}
+	}
 	c.interrupt()
 	w.exit()
 	oom.exit()

@@ -55,6 +55,13 @@ type gpumemGpumemCalls struct {
 	_     [4]byte
 }
 
+type gpumemGpumemContextKey struct {
+	_   structs.HostLayout
+	Pid uint32
+	Pad uint32
+	Ctx uint64
+}
+
 type gpumemGpumemCtxStack struct {
 	_     structs.HostLayout
 	Ctx   [8]uint64
@@ -178,6 +185,12 @@ type gpumemGpumemProcess struct {
 	FailedCount uint64
 	Started     uint64
 	Stacks      uint64
+}
+
+type gpumemGpumemProcessContexts struct {
+	_   structs.HostLayout
+	Ctx [16]uint64
+	N   uint64
 }
 
 type gpumemGpumemProcessKey struct {
@@ -326,6 +339,7 @@ const (
 	gpumemMapOtelGenericParams                       = "otel_generic_params"
 	gpumemMapOtelTcKprobe                            = "otel_tc_kprobe"
 	gpumemMapOtelTcPerf                              = "otel_tc_perf"
+	gpumemMapProcessContexts                         = "process_contexts"
 	gpumemMapProcesses                               = "processes"
 	gpumemMapPythonProcs                             = "python_procs"
 	gpumemMapPythonThreads                           = "python_threads"
@@ -531,6 +545,7 @@ type gpumemMapSpecs struct {
 	OtelGenericParams    *ebpf.MapSpec `ebpf:"otel_generic_params"`
 	OtelTcKprobe         *ebpf.MapSpec `ebpf:"otel_tc_kprobe"`
 	OtelTcPerf           *ebpf.MapSpec `ebpf:"otel_tc_perf"`
+	ProcessContexts      *ebpf.MapSpec `ebpf:"process_contexts"`
 	Processes            *ebpf.MapSpec `ebpf:"processes"`
 	PythonProcs          *ebpf.MapSpec `ebpf:"python_procs"`
 	PythonThreads        *ebpf.MapSpec `ebpf:"python_threads"`
@@ -622,6 +637,7 @@ type gpumemMaps struct {
 	OtelGenericParams    *ebpf.Map `ebpf:"otel_generic_params"`
 	OtelTcKprobe         *ebpf.Map `ebpf:"otel_tc_kprobe"`
 	OtelTcPerf           *ebpf.Map `ebpf:"otel_tc_perf"`
+	ProcessContexts      *ebpf.Map `ebpf:"process_contexts"`
 	Processes            *ebpf.Map `ebpf:"processes"`
 	PythonProcs          *ebpf.Map `ebpf:"python_procs"`
 	PythonThreads        *ebpf.Map `ebpf:"python_threads"`
@@ -653,6 +669,7 @@ func (m *gpumemMaps) Close() error {
 		m.OtelGenericParams,
 		m.OtelTcKprobe,
 		m.OtelTcPerf,
+		m.ProcessContexts,
 		m.Processes,
 		m.PythonProcs,
 		m.PythonThreads,

@@ -175,6 +175,11 @@ func checkKinds(t *testing.T, coll *ebpf.Collection) {
 		t.Errorf("alloc_device's stack: %+v", three)
 	}
 
+	// Its primary context, on device 0, keyed by the process.
+	if devices := contextDevices(t, coll, pid); len(devices) != 1 || devices[0] != 0 {
+		t.Errorf("context devices of the process: %v, want its primary context's, 0", devices)
+	}
+
 	stdin.Close()
 	if err := w.Wait(); err != nil {
 		t.Fatal(err)
@@ -193,6 +198,35 @@ func checkKinds(t *testing.T, coll *ebpf.Collection) {
 			t.Errorf("exited process still has stack %+v", key)
 		}
 	}
+	// And its contexts: a primary context is never destroyed, and each
+	// exited process's would stay until the map was full.
+	if devices := contextDevices(t, coll, pid); len(devices) != 0 {
+		t.Errorf("exited process still has contexts on devices %v", devices)
+	}
+}
+
+// contextDevices are the devices of a process's contexts in
+// context_devices.
+func contextDevices(t *testing.T, coll *ebpf.Collection, pid uint32) []int32 {
+	t.Helper()
+	var (
+		key struct {
+			Pid, Pad uint32
+			Ctx      uint64
+		}
+		device  int32
+		devices []int32
+	)
+	it := coll.Maps["context_devices"].Iterate()
+	for it.Next(&key, &device) {
+		if key.Pid == pid {
+			devices = append(devices, device)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return devices
 }
 
 // attachPerFunction attaches the uprobe/libcuda:SYMBOL and

@@ -7,12 +7,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
@@ -255,14 +257,21 @@ func (o *agentOptions) pushStatus(s pyroscope.Stats) string {
 }
 
 // serveMetrics serves /metrics until ctx is done. A busy address is an error
-// at start. exp, when there is one, adds the push counts.
+// at start. exp, when there is one, adds the push counts. The agent's own
+// footprint is there too, to watch it on a node: the Go runtime's metrics
+// (go_goroutines, go_memstats_*, and go_gc_heap_live_bytes, the heap the
+// last collection found in use) and the process's (process_resident_memory_bytes,
+// process_cpu_seconds_total, process_open_fds).
 func serveMetrics(ctx context.Context, addr string, books metrics.Collector, exp *pyroscope.Exporter) error {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics address: %w", err)
 	}
 	registry := prometheus.NewRegistry()
-	registry.MustRegister(books)
+	registry.MustRegister(books,
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if exp != nil {
 		registry.MustRegister(pushCollector{exp})
 	}

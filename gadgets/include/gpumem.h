@@ -85,7 +85,7 @@ enum gpumem_loss {
 	GPUMEM_LOSS_UNFINISHED,         /* stock IG: allocation not reported, finish_allocations empty */
 	GPUMEM_LOSS_NESTED_TOO_DEEP,    /* call not tracked: deeper than GPUMEM_MAX_NESTED */
 	GPUMEM_LOSS_SCRATCH_BUSY,       /* event dropped: the CPU's scratch event was in use */
-	GPUMEM_LOSS_CONTEXTS_FULL,      /* context change not kept: thread_contexts or context_devices full */
+	GPUMEM_LOSS_CONTEXTS_FULL,      /* context change not kept (thread_contexts or context_devices full), or a context beyond 16 of a process left at its exit */
 	GPUMEM_LOSS_TENSOR_ARG,         /* tensor event dropped: a USDT argument unreadable */
 	GPUMEM_LOSS_STACK_UNAVAILABLE,  /* stock IG: allocation aggregated without its stack (ig_ustack refused it) */
 	GPUMEM_LOSS_MAX,

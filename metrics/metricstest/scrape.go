@@ -3,6 +3,7 @@
 package metricstest
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -15,17 +16,27 @@ import (
 // Scrape returns the metric families served at url.
 func Scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get(url)
+	families, err := Get(url)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return families
+}
+
+// Get returns the metric families served at url, for a program that is
+// not a test (the soak).
+func Get(url string) (map[string]*dto.MetricFamily, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		t.Fatalf("parse metrics: %v", err)
+		return nil, fmt.Errorf("parse metrics: %w", err)
 	}
-	return families
+	return families, nil
 }
 
 // ScrapeUntil scrapes url until ready says the families hold what the test

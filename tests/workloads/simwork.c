@@ -15,8 +15,11 @@
  *   hold BYTES     one device allocation kept until exit
  *   pairs N        N cuMemAlloc_v2 + cuMemFree_v2 pairs of 4 KiB from one
  *                  thread; expects ns_per_pair (the benchmark's probe cost)
- *   stacks N       N allocations held live, each from a distinct call stack
- *                  (a path of log2(N) calls through two functions)
+ *   stacks N [FIRST]
+ *                  N allocations of 512 bytes held live, each from a
+ *                  distinct call stack: paths FIRST to FIRST+N-1 (default
+ *                  0) of log2(FIRST+N) calls through two functions, so that
+ *                  processes given disjoint ranges share no stack
  *   deep N         one allocation held live, N calls deep (deeper than the
  *                  127 native frames a stack keeps: flagged truncated)
  *   devices        allocations on devices 0, 1 and 2 (SIMCUDA_DEVICES=3) from
@@ -365,14 +368,14 @@ NOINLINE static void branch_b(unsigned long path, int depth)
 		branch_a(path >> 1, depth - 1);
 }
 
-static void distinct_stacks(long n)
+static void distinct_stacks(long n, long first)
 {
 	int depth = 0;
-	while ((1L << depth) < n)
+	while ((1L << depth) < first + n)
 		depth++;
-	for (long i = 0; i < n; i++)
+	for (long i = first; i < first + n; i++)
 		branch_a((unsigned long)i, depth);
-	printf("done\nexpect stacks=%ld depth=%d\n", n, depth);
+	printf("done\nexpect stacks=%ld depth=%d allocs=%ld alloc_bytes=%ld frees=0 freed_bytes=0\n", n, depth, n, 512 * n);
 }
 
 /* ---- deep ---- */
@@ -589,7 +592,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N|deep N|devices|retain|spike|demo|train\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N [FIRST]|deep N|devices|retain|spike|demo|train\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -611,8 +614,8 @@ int main(int argc, char **argv)
 		hold(strtoull(argv[2], NULL, 0));
 	else if (!strcmp(scenario, "pairs") && argc == 3)
 		pairs(atol(argv[2]));
-	else if (!strcmp(scenario, "stacks") && argc == 3)
-		distinct_stacks(atol(argv[2]));
+	else if (!strcmp(scenario, "stacks") && (argc == 3 || argc == 4))
+		distinct_stacks(atol(argv[2]), argc == 4 ? atol(argv[3]) : 0);
 	else if (!strcmp(scenario, "deep") && argc == 3) {
 		call_down(atoi(argv[2]));
 		printf("done\nexpect\n");

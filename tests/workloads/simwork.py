@@ -34,9 +34,19 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                each function held at the tensor view's peak
                                (peak_FUNCTION), and what is left (tensor_live, reserved)
 
+    python3 simwork.py stacks  allocations from SIMWORK_STACKS (default 100) functions
+                               generated at run time, layer_FIRST to layer_FIRST+N-1
+                               (SIMWORK_FIRST, default 0): distinct Python frames, so
+                               that processes given disjoint ranges share no frame;
+                               each allocates twice and frees once; expects totals
+    python3 simwork.py dlopen  SIMWORK_CYCLES (default 5) cycles of: the driver loaded
+                               (ctypes, as a framework loads it), cuInit, allocations
+                               and frees, the driver unloaded (dlclose); expects totals
+
 The tensor scenarios call the allocator straight from the named functions,
 as PyTorch code calls torch.empty: those are the innermost Python frames.
 """
+import _ctypes
 import asyncio
 import ctypes
 import os
@@ -44,10 +54,16 @@ import sys
 import threading
 import time
 
-cuda = ctypes.CDLL(os.environ.get("SIMCUDA_LIB", "libcuda.so.1"))
-cuda.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
-cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
-cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+
+def load_driver():
+    lib = ctypes.CDLL(os.environ.get("SIMCUDA_LIB", "libcuda.so.1"))
+    lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+    lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+    return lib
+
+
+cuda = load_driver()
 
 torch = None  # the simulated allocator, loaded by the tensor scenarios
 
@@ -377,9 +393,46 @@ def tensor_oom():
     after_oom(held_tensors)
 
 
+# ---- stacks: functions generated at run time, each a frame of its own ----
+
+
+generated = {}  # the functions live until the process exits, as a model's code does: a
+# frame is named from its code object after the call, which must still be there
+
+
+def generated_stacks():
+    n = int(os.environ.get("SIMWORK_STACKS", "100"))
+    first = int(os.environ.get("SIMWORK_FIRST", "0"))
+    source = "".join(f"def layer_{i}(size):\n    cuda_free(cuda_malloc(size), size)\n    return cuda_malloc(size)\n\n"
+                     for i in range(first, first + n))
+    exec(compile(source, "generated_layers.py", "exec"), globals(), generated)
+    held = [(generated[f"layer_{i}"](1024 + i % 512), 1024 + i % 512) for i in range(first, first + n)]
+    for ptr, nbytes in held[::2]:
+        cuda_free(ptr, nbytes)
+
+
+# ---- dlopen: the driver loaded and unloaded ----
+
+
+def dlopen_cycles():
+    global cuda
+    for cycle in range(int(os.environ.get("SIMWORK_CYCLES", "5"))):
+        if cycle > 0:
+            cuda = load_driver()
+            cuda.cuInit(0)
+        held = [(cuda_malloc(8192 * (i + 1)), 8192 * (i + 1)) for i in range(4)]
+        for ptr, nbytes in held:
+            cuda_free(ptr, nbytes)
+        # Unloaded: its context goes with it.
+        context.value = None
+        local.has_context = False
+        _ctypes.dlclose(cuda._handle)
+        cuda = None
+
+
 def main():
     scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views,
-                 "tensor_spike": tensor_spike}
+                 "tensor_spike": tensor_spike, "stacks": generated_stacks, "dlopen": dlopen_cycles}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)

@@ -127,6 +127,17 @@ func (r *Receiver) Received() []*pushv1.PushRequest {
 	return append([]*pushv1.PushRequest(nil), r.requests...)
 }
 
+// Take returns the pushes accepted since the last Take, and forgets them:
+// a long run reads them as they come rather than keeping them all.
+// Received then returns only those accepted since.
+func (r *Receiver) Take() []*pushv1.PushRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	taken := r.requests
+	r.requests, r.metadata = nil, nil
+	return taken
+}
+
 // Refused returns the errors of the pushes refused so far, in order.
 func (r *Receiver) Refused() []error {
 	r.mu.Lock()
@@ -149,10 +160,16 @@ const maxMessage = 256 << 20
 
 // Serve runs r on lis until the test ends.
 func Serve(t testing.TB, r *Receiver, lis net.Listener, opts ...grpc.ServerOption) {
+	t.Cleanup(Start(r, lis, opts...).Stop)
+}
+
+// Start runs r on lis until the server returned is stopped: a server that
+// goes away and comes back (the soak) starts r again on a new listener.
+func Start(r *Receiver, lis net.Listener, opts ...grpc.ServerOption) *grpc.Server {
 	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(maxMessage)}, opts...)...)
 	pushv1.RegisterPusherServiceServer(s, r)
 	go s.Serve(lis)
-	t.Cleanup(s.Stop)
+	return s
 }
 
 // Labels are a pushed series' labels by name.
