@@ -269,3 +269,35 @@ func fill[K, V any](t *testing.T, m *ebpf.Map, entry func(uint32) (K, V)) {
 		t.Fatalf("fill %s: %d of %d: %v", m, n, len(keys), err)
 	}
 }
+
+// TestContextsDroppedAtExit: the contexts a process made, and their
+// devices, go when it exits, without a walk of the map (the soak found
+// context_devices holding one entry per process that ever made one).
+func TestContextsDroppedAtExit(t *testing.T) {
+	w := startTraced(t, []string{"SIMCUDA_DEVICES=3"}, "devices")
+	pid := uint32(w.cmd.Process.Pid)
+	w.run(t)
+	contexts := func() (n int) {
+		var (
+			key gpumemGpumemContextKey
+			dev int32
+		)
+		for it := w.tr.coll.Maps["context_devices"].Iterate(); it.Next(&key, &dev); {
+			if key.Pid == pid {
+				n++
+			}
+		}
+		return n
+	}
+	if n := contexts(); n < 3 {
+		t.Fatalf("%d contexts of the process, want one per device at least", n)
+	}
+	w.stdin.Close()
+	if err := w.cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	var list gpumemGpumemProcessContexts
+	if n, err := contexts(), w.tr.coll.Maps["process_contexts"].Lookup(pid, &list); n != 0 || err == nil {
+		t.Errorf("after the exit: %d contexts, list %+v (%v)", n, list, err)
+	}
+}
