@@ -9,6 +9,7 @@ set -uo pipefail
 gpumem=$1
 out=$2
 here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
 lib=$(ls /usr/local/nvidia/lib64/libcuda.so.* /usr/lib/x86_64-linux-gnu/libcuda.so.* 2>/dev/null | head -1)
 status=0
 for f in /proc/driver/nvidia/gpus/*/information; do echo "== $f"; cat "$f"; done >"$out/nvidia-information.txt"
