@@ -155,27 +155,48 @@ func booksByPID(families map[string]*dto.MetricFamily) map[int]counts {
 }
 
 // pushTally reads the pushes as they come: each series' interval once
-// (a push retried after the receiver took it is a second copy), the bytes
-// allocated per process summed over intervals, what each process held at
-// its last interval, and the distinct stacks named.
+// (a push retried after the receiver took it is a second copy), per
+// process ID and interval what was allocated and what was live at its
+// end, and the distinct stacks named. Over a long run process IDs are
+// taken again: intervals go to processes by their time (pushedFor).
 type pushTally struct {
 	mu         sync.Mutex
 	pushes     int
 	duplicates int // series intervals received twice
 	seen       map[string]bool
-	pids       map[int]*pushed
+	pids       map[int]map[int64]*pushed // by the interval's end
 	stacks     map[uint64]bool
 	err        error
 }
 
+// pushed is what the series of one process pushed for one interval.
 type pushed struct {
 	allocs, allocBytes int64
-	last               int64 // the time of the last interval
 	inuse              int64 // bytes live at its end
 }
 
 func newPushTally() *pushTally {
-	return &pushTally{seen: map[string]bool{}, pids: map[int]*pushed{}, stacks: map[uint64]bool{}}
+	return &pushTally{seen: map[string]bool{}, pids: map[int]map[int64]*pushed{}, stacks: map[uint64]bool{}}
+}
+
+// pushedFor sums the intervals of the process that started at start with
+// an ID that the next process given it took at next (zero: none did): the
+// intervals that end in between. last is what was live at the end of the
+// last of them.
+func (t *pushTally) pushedFor(pid int, start, next time.Time) (sum pushed, last int64, found bool) {
+	var lastEnd int64
+	for end, p := range t.pids[pid] {
+		if end < start.UnixNano() || !next.IsZero() && end >= next.UnixNano() {
+			continue
+		}
+		found = true
+		sum.allocs += p.allocs
+		sum.allocBytes += p.allocBytes
+		if end > lastEnd {
+			lastEnd, last = end, p.inuse
+		}
+	}
+	return sum, last, found
 }
 
 // foldPushes takes the receiver's pushes every few seconds, until ctx is
@@ -221,20 +242,18 @@ func (t *pushTally) addSeries(series *pushv1.RawProfileSeries) error {
 		for i, st := range p.SampleType {
 			idx[st.Type] = i
 		}
-		pp := t.pids[pid]
+		if t.pids[pid] == nil {
+			t.pids[pid] = map[int64]*pushed{}
+		}
+		pp := t.pids[pid][p.TimeNanos]
 		if pp == nil {
 			pp = &pushed{}
-			t.pids[pid] = pp
-		}
-		if p.TimeNanos > pp.last {
-			pp.last, pp.inuse = p.TimeNanos, 0
+			t.pids[pid][p.TimeNanos] = pp
 		}
 		for _, sample := range p.Sample {
 			pp.allocs += sample.Value[idx["alloc_objects"]]
 			pp.allocBytes += sample.Value[idx["alloc_space"]]
-			if p.TimeNanos == pp.last {
-				pp.inuse += sample.Value[idx["inuse_space"]]
-			}
+			pp.inuse += sample.Value[idx["inuse_space"]]
 			t.stacks[stackHash(sample)] = true
 		}
 	}

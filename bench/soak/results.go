@@ -57,6 +57,7 @@ type results struct {
 	pushedExact     int // processes whose pushes sum to their books, none live at the end
 	pushedAllocs    int64
 	pushedBytes     int64
+	pidsTakenAgain  int // processes whose ID an earlier one of the run had
 	scrapes, errors int
 }
 
@@ -80,14 +81,22 @@ func (s *soak) results(start time.Time, churned time.Duration, final finalState)
 	s.tally.mu.Lock()
 	defer s.tally.mu.Unlock()
 	r.pushes, r.dups, r.pushErr, r.pushedStacks = s.tally.pushes, s.tally.duplicates, s.tally.err, len(s.tally.stacks)
-	for _, p := range r.procs {
-		pp := s.tally.pids[p.pid]
-		if pp == nil {
-			continue
+	// Each process's intervals: those of its ID from its start until the
+	// next process given the same ID started.
+	next := map[*process]time.Time{}
+	lastWith := map[int]*process{}
+	for _, p := range r.procs { // in the order they started
+		if prev := lastWith[p.pid]; prev != nil {
+			next[prev] = p.started
+			r.pidsTakenAgain++
 		}
-		r.pushedAllocs += pp.allocs
-		r.pushedBytes += pp.allocBytes
-		if p.err == nil && uint64(pp.allocs) == p.want.Allocs && uint64(pp.allocBytes) == p.want.AllocBytes && pp.inuse == 0 {
+		lastWith[p.pid] = p
+	}
+	for _, p := range r.procs {
+		sum, live, found := s.tally.pushedFor(p.pid, p.started, next[p])
+		r.pushedAllocs += sum.allocs
+		r.pushedBytes += sum.allocBytes
+		if found && p.err == nil && uint64(sum.allocs) == p.want.Allocs && uint64(sum.allocBytes) == p.want.AllocBytes && live == 0 {
 			r.pushedExact++
 		}
 	}
@@ -201,8 +210,8 @@ func (r *results) markdown() string {
 	fmt.Fprintf(&b, "| books vs workloads (metrics, each process before it exits) | %d of %d processes exact; allocations %s of %s, frees %s of %s, bytes allocated %s of %s, freed %s of %s |\n",
 		exact, len(r.procs), thousands(int64(seen.Allocs)), thousands(int64(want.Allocs)), thousands(int64(seen.Frees)), thousands(int64(want.Frees)),
 		thousands(int64(seen.AllocBytes)), thousands(int64(want.AllocBytes)), thousands(int64(seen.FreedBytes)), thousands(int64(want.FreedBytes)))
-	fmt.Fprintf(&b, "| books vs workloads (pushes, summed over intervals) | %d of %d processes exact, none live after its exit; allocations %s, bytes allocated %s |\n",
-		r.pushedExact, len(r.procs), thousands(r.pushedAllocs), thousands(r.pushedBytes))
+	fmt.Fprintf(&b, "| books vs workloads (pushes, summed over intervals) | %d of %d processes exact, none live after its exit; allocations %s, bytes allocated %s (%d processes had the ID of an earlier one: their intervals told apart by time) |\n",
+		r.pushedExact, len(r.procs), thousands(r.pushedAllocs), thousands(r.pushedBytes), r.pidsTakenAgain)
 	fmt.Fprintf(&b, "| losses | %.0f (%s); unknown frees %.0f |\n", r.losses(), lossList(r.final.losses), r.final.unknown)
 	fmt.Fprintf(&b, "| at the end | %d processes in the metrics; `%s`; BPF hash map entries: %s |\n",
 		r.final.pids, r.final.status, mapList(r.final.bpfMaps, r.final.bpfErr))

@@ -82,6 +82,7 @@ type process struct {
 	pid      int
 	stacks   int // distinct stacks by design
 	unloads  int
+	started  time.Time
 	want     counts // the workload's own
 	seen     counts // the agent's, in its metrics, before the process exited
 	exact    bool
@@ -146,6 +147,7 @@ func (s *soak) runProcess(p *process, cmd *exec.Cmd) error {
 	if err != nil {
 		return err
 	}
+	p.started = time.Now()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
