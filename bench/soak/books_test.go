@@ -14,7 +14,7 @@ func TestPushedForTellsReusedIDsApart(t *testing.T) {
 	tally := newPushTally()
 	tally.pids[42] = map[int64]*pushed{
 		at(15): {allocs: 3, allocBytes: 300, inuse: 100},
-		at(30): {allocs: 1, allocBytes: 10, inuse: 0}, // the first exited
+		at(30): {allocs: 1, allocBytes: 10, inuse: 0},  // the first exited
 		at(60): {allocs: 7, allocBytes: 700, inuse: 0}, // the second's
 	}
 	first, live, found := tally.pushedFor(42, t0, t0.Add(40*time.Second))
