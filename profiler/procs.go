@@ -119,7 +119,7 @@ func (p *Profiler) addPython(pid int) bool {
 	switch {
 	case errors.Is(err, pystack.ErrNotReady):
 		return false
-	case errors.Is(err, fs.ErrNotExist) && !exists(p.cfg.ProcRoot, pid):
+	case errors.Is(err, fs.ErrNotExist) && gone(p.cfg.ProcRoot, pid):
 		return false // gone before it was read: nothing to walk
 	case errors.Is(err, pystack.ErrNotPython) && watching:
 		return false // not yet: a command between fork and exec
@@ -147,9 +147,10 @@ func (p *Profiler) addPython(pid int) bool {
 	return true
 }
 
-func exists(procRoot string, pid int) bool {
+// gone says whether process pid is known not to exist.
+func gone(procRoot string, pid int) bool {
 	_, err := os.Stat(filepath.Join(procRoot, strconv.Itoa(pid)))
-	return err == nil
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 func (p *Profiler) markNotPython(pid int) {

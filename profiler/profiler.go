@@ -564,15 +564,15 @@ func (p *Profiler) releaseVanished() {
 		pids = append(pids, uint32(pid))
 	}
 	p.mu.Unlock()
-	var gone []uint32
+	var vanished []uint32
 	for _, pid := range pids {
-		if _, err := os.Stat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(int(pid)))); errors.Is(err, os.ErrNotExist) {
-			gone = append(gone, pid)
+		if gone(p.cfg.ProcRoot, int(pid)) {
+			vanished = append(vanished, pid)
 		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, pid := range gone {
+	for _, pid := range vanished {
 		p.forget(pid, bpfNow()) // seen gone now
 	}
 }
