@@ -4,87 +4,70 @@ package profiler
 // it (the agent, the IG operator behind gpumem run, top), so that a
 // long run's books, stacks and per-process tables hold only the processes
 // of the last intervals (issue 20). A reader reads once an interval; an
-// interval begins at each IntervalPeaks or, for a reader that never calls
-// it, at each report (Report, ReportTo) or listing (EachRow). As an
-// interval begins, the processes that exited before the previous one
-// began are dropped: each was in that interval's reads after its exit,
-// its last rows listed and its last peak taken, whatever the reader reads
-// after the peaks. A process whose rows the latest EachRow left out (their
-// stacks being named) is kept until a listing has them. One report at the
-// end (gpumem record's) drops nothing.
+// interval begins at each interval snapshot or, for a reader that never
+// takes one, at each snapshot (Report takes one). As an interval begins,
+// the processes that exited before the previous one began are dropped:
+// each was in that interval's snapshot after its exit, its last rows
+// listed and its last peak taken. A process whose rows the latest interval
+// snapshot left out (their stacks being named) is kept until a snapshot
+// has them. One report at the end (gpumem record's) drops nothing.
 
-// startInterval begins an interval if this read does (peaks: the read is
-// IntervalPeaks), dropping the processes that exited before the previous
-// one began. The caller holds p.mu.
-func (p *Profiler) startInterval(peaks bool) {
+// startInterval begins an interval if this snapshot does (interval: it
+// is an interval snapshot), dropping the processes that exited before the
+// previous one began. The caller holds p.books.mu.
+func (p *Profiler) startInterval(interval bool) {
+	b := p.books
 	switch {
-	case peaks:
-		p.byPeaks = true
-	case p.byPeaks:
-		return // its intervals begin at the peaks
+	case interval:
+		b.byPeaks = true
+	case b.byPeaks:
+		return // its intervals begin at the interval snapshots
 	}
-	p.clock++
-	previous := p.intervalAt
-	p.intervalAt = p.clock
+	b.clock++
+	previous := b.intervalAt
+	b.intervalAt = b.clock
 	if previous > 0 {
 		p.dropExited(previous)
 	}
 }
 
-// exited notes that pid exited now. The caller holds p.mu.
-func (p *Profiler) exited(pid uint32) {
-	p.clock++
-	p.exitedAt[pid] = p.clock
-}
-
 // dropExited forgets the processes that exited before the interval that
 // began at before: their rows, failures, stacks and per-process tables.
-// Reports taken before keep them.
+// Snapshots taken before keep them. A process is kept while its rows were
+// left out of the latest interval snapshot, a stack of it is being named,
+// or an out-of-memory snapshot of it is being delivered. The caller holds
+// p.books.mu.
 func (p *Profiler) dropExited(before uint64) {
-	gone := func(pid uint32) bool {
-		at, ok := p.exitedAt[pid]
-		return ok && at < before && !p.unlisted[pid] && !p.naming(pid)
-	}
-	p.ledger.DropExited(func(pid uint32) bool { return !gone(pid) })
-	for pid := range p.exitedAt {
-		if !gone(pid) {
-			continue
-		}
-		for _, id := range p.pidStacks[pid] {
-			p.frameTable.release(p.stacks.m[id].frames)
-			p.stacks.drop(id)
-		}
-		delete(p.pidStacks, pid)
-		delete(p.comms, pid)
-		delete(p.ordinals, pid)
-		delete(p.containers, pid)
-		delete(p.exitedAt, pid)
-		p.sym.Forget(pid)
-	}
-}
-
-// naming says whether a process has stacks not yet named.
-func (p *Profiler) naming(pid uint32) bool {
-	for _, id := range p.pidStacks[pid] {
-		if !p.stacks.m[id].named() {
-			return true
+	b := p.books
+	var dropped []uint32
+	for pid, at := range b.exitedAt {
+		if at < before && !b.unlisted[pid] && !b.oomPendingFor(pid) && !p.stacks.naming(pid) {
+			dropped = append(dropped, pid)
 		}
 	}
-	return false
+	if len(dropped) == 0 {
+		return
+	}
+	drop := map[uint32]bool{}
+	for _, pid := range dropped {
+		drop[pid] = true
+		delete(b.exitedAt, pid)
+		p.stacks.dropProcess(pid)
+		p.procs.drop(pid)
+	}
+	b.ledger.DropExited(func(pid uint32) bool { return !drop[pid] })
 }
 
 // Processes is how many processes the profiler keeps anything for, in its
 // books or its tables: those it traces, and those that exited and are not
 // dropped yet.
 func (p *Profiler) Processes() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pids := p.ledger.PIDs()
-	addKeys(pids, p.comms)
-	addKeys(pids, p.pidStacks)
-	addKeys(pids, p.ordinals)
-	addKeys(pids, p.containers)
-	addKeys(pids, p.exitedAt)
+	p.books.mu.Lock()
+	pids := p.books.ledger.PIDs()
+	addKeys(pids, p.books.exitedAt)
+	p.books.mu.Unlock()
+	p.stacks.addPIDs(pids)
+	p.procs.addPIDs(pids)
 	return len(pids)
 }
 

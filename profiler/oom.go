@@ -7,7 +7,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // OOM is an allocation the driver refused for want of memory, with what the
@@ -38,60 +38,58 @@ const oomRepeat = 30 * time.Second
 type oomMark struct {
 	at     time.Time
 	bytes  uint64
-	python []symbolize.Frame
+	python []tracer.PyFrame
 }
 
 // takeOOM copies the failing process's books, unless the failure repeats
 // the one last snapshotted: the same size asked from the same Python frames
-// within oomRepeat. PyTorch's allocator asks again after emptying its cache,
-// from another native call site and, on a large GPU, seconds later; that is
-// one out-of-memory to the user. The caller holds p.mu.
-func (p *Profiler) takeOOM(k accounting.FailureKey, bytes uint64) {
+// (as the event carried them: code objects and instructions) within
+// oomRepeat. PyTorch's allocator asks again after emptying its cache, from
+// another native call site and, on a large GPU, seconds later; that is one
+// out-of-memory to the user. The caller holds b.mu.
+func (b *books) takeOOM(k accounting.FailureKey, bytes uint64, python []tracer.PyFrame) bool {
 	now := time.Now()
-	python := pythonFrames(p.frames(k.Stack))
-	last, seen := p.lastOOM[k.PID]
+	last, seen := b.lastOOM[k.PID]
 	if seen && last.bytes == bytes && slices.Equal(last.python, python) && now.Sub(last.at) < oomRepeat {
-		return
+		return false
 	}
-	p.lastOOM[k.PID] = oomMark{at: now, bytes: bytes, python: python}
-	p.oomPending = append(p.oomPending, oomSnapshot{time: now, failure: k, bytes: bytes, rows: p.ledger.ProcessRows(k.PID)})
+	b.lastOOM[k.PID] = oomMark{at: now, bytes: bytes, python: slices.Clone(python)}
+	b.oomPending = append(b.oomPending, oomSnapshot{time: now, failure: k, bytes: bytes, rows: b.ledger.ProcessRows(k.PID)})
+	return true
 }
 
-// pythonFrames are the Python frames of a stack, whether or not its native
-// frames are resolved yet.
-func pythonFrames(frames []*symbolize.Frame) []symbolize.Frame {
-	var py []symbolize.Frame
-	for _, f := range frames {
-		if f.File != "" {
-			py = append(py, *f)
-		}
-	}
-	return py
+// oomPendingFor says whether an out-of-memory snapshot of pid waits to be
+// delivered. The caller holds b.mu.
+func (b *books) oomPendingFor(pid uint32) bool {
+	return slices.ContainsFunc(b.oomPending, func(s oomSnapshot) bool { return s.failure.PID == pid })
 }
 
-// deliverOOMs resolves the stacks of the snapshots taken and hands them to
-// Config.OnOOM, in the order taken; Report keeps the latest MaxOOMs.
+// deliverOOMs names the stacks of the snapshots taken and hands them to
+// Config.OnOOM, in the order taken; snapshots keep the latest MaxOOMs. A
+// snapshot stays pending until named, so that its process is not dropped
+// meanwhile.
 func (p *Profiler) deliverOOMs() {
 	p.delivering.Lock()
 	defer p.delivering.Unlock()
-	p.mu.Lock()
-	pending := p.oomPending
-	p.oomPending = nil
-	p.mu.Unlock()
+	b := p.books
+	b.mu.Lock()
+	pending := slices.Clone(b.oomPending)
+	b.mu.Unlock()
 	if len(pending) == 0 {
 		return
 	}
-	p.resolve()
-	p.mu.Lock()
-	var ooms []OOM
+	p.stacks.resolve()
+	ooms := make([]OOM, 0, len(pending))
 	for _, s := range pending {
 		ooms = append(ooms, p.oom(s))
 	}
-	p.ooms = append(p.ooms, ooms...)
-	if len(p.ooms) > MaxOOMs {
-		p.ooms = p.ooms[len(p.ooms)-MaxOOMs:]
+	b.mu.Lock()
+	b.oomPending = b.oomPending[len(pending):]
+	b.ooms = append(b.ooms, ooms...)
+	if len(b.ooms) > MaxOOMs {
+		b.ooms = b.ooms[len(b.ooms)-MaxOOMs:]
 	}
-	p.mu.Unlock()
+	b.mu.Unlock()
 	if p.cfg.OnOOM != nil {
 		for _, o := range ooms {
 			p.cfg.OnOOM(o)
@@ -99,18 +97,19 @@ func (p *Profiler) deliverOOMs() {
 	}
 }
 
-// oom names a snapshot's stacks. The caller holds p.mu.
+// oom names a snapshot's stacks.
 func (p *Profiler) oom(s oomSnapshot) OOM {
-	comm := p.comms[s.failure.PID]
+	procs := map[uint32]*process{s.failure.PID: nil}
+	p.procs.lookup(procs)
+	proc := procs[s.failure.PID]
 	o := OOM{Time: s.time, Failure: Failure{
-		FailureKey: s.failure, Comm: comm, Frames: p.frames(s.failure.Stack),
+		FailureKey: s.failure, Comm: proc.comm, Frames: p.stacks.stackFrames(s.failure.Stack),
 		Failures: accounting.Failures{Count: 1, Bytes: s.bytes},
 	}}
 	for k, c := range s.rows {
-		if c.LiveBytes() == 0 {
-			continue
+		if c.LiveBytes() > 0 {
+			o.Held = append(o.Held, proc.row(k, c, p.stacks.stackFrames(k.Stack)))
 		}
-		o.Held = append(o.Held, Row{Key: k, Comm: comm, Device: p.device(k), Container: p.container(k.PID), Frames: p.frames(k.Stack), Counters: c})
 	}
 	sortByLive(o.Held)
 	return o

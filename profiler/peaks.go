@@ -37,8 +37,8 @@ type Peak struct {
 	// Amount is the memory held at the peak: Bytes, and Count allocations.
 	accounting.Amount
 	// Shares are the rows holding memory at the peak, by key, with their
-	// shares of it: what an exporter of the rows EachRow lists needs. They
-	// sum to Amount. IntervalPeaks' are valid until its next call.
+	// shares of it: what an exporter of a snapshot's rows needs. They sum
+	// to Amount.
 	Shares []accounting.PeakRow
 	// Rows are the same rows named, by bytes, descending, with their
 	// frames (Report's peaks only). A row's LiveBytes and LiveCount are its
@@ -47,58 +47,14 @@ type Peak struct {
 	Rows []Row
 }
 
-// IntervalPeaks returns each process's peak per GPU and view during the
-// interval since the previous call (since the start, at the first), and
-// starts the next interval: the agent calls it once per interval. A
-// process that exited during the interval has its peak: it is dropped only
-// as the interval after begins (exited.go). An interval's peak is at least
-// what the process held when the interval began; a process holding nothing
-// all along has none. Peaks
-// come by PID, GPU and view, with their Shares and no Rows (copying every
-// row of the books each interval would cost the agent more than the
-// peaks): an exporter finds each share's row among those EachRow lists.
-// The Shares are read into the books' buffer that the next call reuses:
-// they are valid until then.
-// So that EachRow lists them all, the stacks of the shares are named
-// before it returns: at once where the background namer was there first,
-// as it mostly is; a stack new since its last run waits for it (the first
-// stack through a large library for its table: 0.15 s through torch's own
-// on the H200). A peak cannot be carried to a later interval as live
-// bytes are. The events do not flow while the books' peaks are read
-// (about 13 ns a row of the books).
-func (p *Profiler) IntervalPeaks() []Peak {
-	p.enrichNoted() // every row of a process read has its pod and GPUs
-	p.mu.Lock()
-	p.startInterval(true)
-	peaks := p.peaks(p.ledger.TakeIntervalPeaks(bpfNow()), map[uint32]container.Identity{}, false)
-	naming := p.sharesNaming(peaks)
-	p.mu.Unlock()
-	if naming {
-		p.resolve()
-	}
-	return peaks
-}
-
-// sharesNaming says whether a stack of the peaks' shares is not named yet.
-// The caller holds p.mu.
-func (p *Profiler) sharesNaming(peaks []Peak) bool {
-	for _, pk := range peaks {
-		for _, s := range pk.Shares {
-			if !p.stacks.m[s.Stack].named() {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// peaks are the books' peaks, on the GPUs the reports are limited to, with
-// their rows named if withRows. The caller holds p.mu.
-func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]container.Identity, withRows bool) []Peak {
+// peaks are the books' peaks, on the GPUs the reports are limited to, by
+// PID, GPU and view, with their rows named if withRows. The processes are
+// the snapshot's.
+func (p *Profiler) peaks(s *Snapshot, peaks []accounting.Peak, withRows bool) []Peak {
 	out := make([]Peak, 0, len(peaks))
 	for _, pk := range peaks {
 		if p.peakOnGPU(pk.PeakKey) {
-			out = append(out, p.peak(pk, named, withRows))
+			out = append(out, p.peak(s.procs[pk.PID], pk, withRows))
 		}
 	}
 	slices.SortFunc(out, func(a, b Peak) int {
@@ -107,11 +63,11 @@ func (p *Profiler) peaks(peaks []accounting.Peak, named map[uint32]container.Ide
 	return out
 }
 
-// peak is one of the books' peaks, its rows named if withRows. The caller
-// holds p.mu.
-func (p *Profiler) peak(pk accounting.Peak, named map[uint32]container.Identity, withRows bool) Peak {
-	out := Peak{PID: pk.PID, Comm: p.comms[pk.PID], GPU: pk.GPU, Device: p.peakDevice(pk.PeakKey),
-		Container: p.namedOnce(pk.PID, named), View: pk.View, Timestamp: pk.Time, Time: wallTime(pk.Time),
+// peak is one of the books' peaks of process proc, its rows named if
+// withRows.
+func (p *Profiler) peak(proc *process, pk accounting.Peak, withRows bool) Peak {
+	out := Peak{PID: pk.PID, Comm: proc.comm, GPU: pk.GPU, Device: proc.peakDevice(pk.PeakKey),
+		Container: proc.container, View: pk.View, Timestamp: pk.Time, Time: wallTime(pk.Time),
 		Amount: pk.Amount, Shares: pk.Rows}
 	if !withRows {
 		return out
@@ -119,7 +75,7 @@ func (p *Profiler) peak(pk accounting.Peak, named map[uint32]container.Identity,
 	out.Rows = make([]Row, 0, len(pk.Rows))
 	for _, r := range pk.Rows {
 		share := accounting.Counters{AllocBytes: r.Bytes, AllocCount: r.Count}
-		out.Rows = append(out.Rows, p.row(r.Key, share, nil, named))
+		out.Rows = append(out.Rows, proc.row(r.Key, share, p.stacks.stackFrames(r.Stack)))
 	}
 	sortByLive(out.Rows)
 	return out
@@ -135,12 +91,12 @@ func (p *Profiler) peakOnGPU(k accounting.PeakKey) bool {
 }
 
 // peakDevice is the GPU a peak is on, if the driver says which it is.
-func (p *Profiler) peakDevice(k accounting.PeakKey) gpuinfo.Device {
+func (p *process) peakDevice(k accounting.PeakKey) gpuinfo.Device {
 	ordinal, err := strconv.Atoi(k.GPU)
 	if err != nil {
 		return gpuinfo.Device{}
 	}
-	return p.ordinals[k.PID][ordinal]
+	return p.ordinals[ordinal]
 }
 
 // bpfNow is the time on the clock of BPF timestamps (bpf_ktime_get_ns).

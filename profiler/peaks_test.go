@@ -7,19 +7,23 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // namedStack interns a stack of pid named function, as resolve would.
 func namedStack(p *Profiler, pid uint32, function string, pc uint64) accounting.StackID {
-	ev := &tracer.Event{PID: pid, Op: memory.Op(1), Stack: []uint64{pc}}
-	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
-	id, check, _ := p.stacks.lookup([]byte(raw.key))
-	p.stacks.add(id, check, raw)
-	p.pidStacks[pid] = append(p.pidStacks[pid], id)
-	p.storeFrames([]accounting.StackID{id}, []*rawStack{raw}, [][]symbolize.Frame{{{Function: function}}})
+	id := rawStackOf(p, pid, pc)
+	nameStack(p, id, function)
 	return id
+}
+
+// intervalPeaks are the peaks of an interval snapshot.
+func intervalPeaks(t *testing.T, p *Profiler) []Peak {
+	t.Helper()
+	s, err := p.Snapshot(Interval)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Peaks
 }
 
 // peakShares are a peak's rows as function: bytes.
@@ -27,7 +31,7 @@ func peakShares(t *testing.T, p *Profiler, pk Peak) map[string]uint64 {
 	t.Helper()
 	shares := map[string]uint64{}
 	for _, s := range pk.Shares {
-		frames := p.frames(s.Stack)
+		frames := p.stacks.stackFrames(s.Stack)
 		if s.PID != pk.PID || s.GPU() != pk.GPU || s.Kind.View() != pk.View || len(frames) != 2 {
 			t.Errorf("share %+v in peak %d %s %s", s, pk.PID, pk.GPU, pk.View)
 		}
@@ -41,12 +45,11 @@ func peakShares(t *testing.T, p *Profiler, pk Peak) map[string]uint64 {
 // with the level it began with; --gpu limits them as it limits rows.
 func TestPeaksNamed(t *testing.T) {
 	p := bareProfiler()
-	p.closed = true // no tracer: no loss counters to read
-	p.comms[7] = "train"
+	p.procs.procs[7] = &process{comm: "train"}
 	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
 	tensors := namedStack(p, 7, "forward", 0x403000)
 	start := bpfNow()
-	l := p.ledger
+	l := p.books.ledger
 	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: memory.KindDevice, Device: 1}, 0x1000, memory.SpacePointer, 100, start)
 	l.Alloc(accounting.Key{PID: 7, Stack: activations, Kind: memory.KindDevice, Device: 1}, 0x2000, memory.SpacePointer, 300, start+1)
 	l.Alloc(accounting.Key{PID: 7, Stack: tensors, Kind: memory.KindTensor, Device: 1}, 0x2000, memory.SpaceTensor, 250, start+2)
@@ -54,7 +57,7 @@ func TestPeaksNamed(t *testing.T) {
 	freeOp := freeOpOf(t)
 	l.Free(7, freeOp, 0x2000, start+5)
 
-	peaks := p.IntervalPeaks()
+	peaks := intervalPeaks(t, p)
 	want := []struct {
 		gpu    string
 		view   memory.View
@@ -86,7 +89,7 @@ func TestPeaksNamed(t *testing.T) {
 	}
 
 	// The next interval: the level it began with, at its start.
-	next := p.IntervalPeaks()
+	next := intervalPeaks(t, p)
 	if len(next) != 3 || next[1].Bytes != 100 || next[1].Timestamp <= start+5 || next[2].Bytes != 250 {
 		t.Errorf("next interval %+v", next)
 	}
@@ -112,29 +115,27 @@ func freeOpOf(t *testing.T) memory.Op {
 }
 
 // TestIntervalPeaksNameTheirStacks: a stack of an interval's peak that the
-// background namer has not reached yet is named before IntervalPeaks
-// returns, so that EachRow lists its row: a peak, unlike live bytes,
+// background namer has not reached yet is named before the snapshot is
+// taken, so that the snapshot has its row: a peak, unlike live bytes,
 // cannot wait for the next interval.
 func TestIntervalPeaksNameTheirStacks(t *testing.T) {
 	p := bareProfiler()
-	ev := &tracer.Event{PID: 8, Op: memory.Op(1), Stack: []uint64{0x401000}}
-	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
-	id, check, _ := p.stacks.lookup([]byte(raw.key))
-	p.stacks.add(id, check, raw)
-	p.pidStacks[8] = []accounting.StackID{id}
-	p.unresolved = append(p.unresolved, id)
+	id := rawStackOf(p, 8, 0x401000)
 	key := accounting.Key{PID: 8, Stack: id, Kind: memory.KindDevice}
 	start := bpfNow()
-	p.ledger.Alloc(key, 0x1000, memory.SpacePointer, 64, start)
-	p.ledger.Free(8, freeOpOf(t), 0x1000, start+1)
+	p.books.ledger.Alloc(key, 0x1000, memory.SpacePointer, 64, start)
+	p.books.ledger.Free(8, freeOpOf(t), 0x1000, start+1)
 
-	peaks := p.IntervalPeaks()
-	if len(peaks) != 1 || len(peaks[0].Shares) != 1 || peaks[0].Shares[0].Key != key || peaks[0].Bytes != 64 {
-		t.Fatalf("peaks %+v", peaks)
+	s, err := p.Snapshot(Interval)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Peaks) != 1 || len(s.Peaks[0].Shares) != 1 || s.Peaks[0].Shares[0].Key != key || s.Peaks[0].Bytes != 64 {
+		t.Fatalf("peaks %+v", s.Peaks)
 	}
 	var listed []accounting.Key
-	p.EachRow(func(r *Row) { listed = append(listed, r.Key) })
+	s.EachRow(func(r *Row) { listed = append(listed, r.Key) })
 	if len(listed) != 1 || listed[0] != key {
-		t.Errorf("EachRow listed %v, want the peak's row %v", listed, key)
+		t.Errorf("the snapshot has rows %v, want the peak's row %v", listed, key)
 	}
 }

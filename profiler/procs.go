@@ -8,142 +8,239 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-// The process table: what the profiler knows of each process besides its
+// processTable is what the profiler knows of each process besides its
 // books. Its name comes with its events; its GPUs (CUDA's ordinals, from
 // its environment), its pod and container (its cgroup), its memory maps
 // (for the symbolizer) and whether it is a Python process to walk are
 // read from /proc and its files. The goroutine that reads events never
 // reads them: it notes a process it has not seen, or a Python process not
-// registered yet, and enrich reads them at once, on a goroutine of its
+// registered yet, and readNoted reads them at once, on a goroutine of its
 // own, while the process lives.
+type processTable struct {
+	procRoot string
+	devices  []gpuinfo.Device // the driver's GPUs
+	pods     container.Namer
+	logf     func(string, ...any)
+	sym      *symbolize.Symbolizer
+	tr       *tracer.Tracer
+	py       *pystack.Resolver
 
-// noteProcess notes the process of an event. The caller holds p.mu.
-func (p *Profiler) noteProcess(pid uint32, comm string) {
-	if _, seen := p.comms[pid]; !seen {
-		p.toEnrich = append(p.toEnrich, pid)
-		signal(p.enrichNow)
-	}
-	p.comms[pid] = comm
+	mu sync.Mutex
+	// procs are never changed once made: a process's next is a new one,
+	// so that snapshots share them.
+	procs   map[uint32]*process
+	python  map[uint32]bool // registered Python processes
+	toRead  []uint32        // noted, not read yet
+	pyAsked map[uint32]bool // to register as Python processes
+	// notPython are processes mapping Python files that are not Python
+	// processes gpu-mem can walk; not retried while they live.
+	notPython   map[int]bool
+	watching    map[int]bool // commands Watch waits for
+	pyProcesses uint64       // Python processes registered
+	readNow     chan struct{}
+	reading     sync.Mutex // one readNoted at a time
+	registering sync.Mutex // one Python registration at a time
 }
 
-// askPython has process pid registered as a Python process if it is one:
-// its allocations carry Python frames once it is. The caller holds p.mu.
-func (p *Profiler) askPython(pid uint32) {
-	if p.notPython[int(pid)] || p.pyAsked[pid] {
-		return
-	}
-	p.pyAsked[pid] = true
-	signal(p.enrichNow)
+// process is what the table knows of one process.
+type process struct {
+	comm      string
+	ordinals  map[int]gpuinfo.Device // its CUDA ordinals' GPUs
+	container container.Identity     // its cgroup's, not named
 }
 
-// enrichNoted reads the processes noted since it last ran. One runs at a
+func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr *tracer.Tracer, py *pystack.Resolver) *processTable {
+	return &processTable{
+		procRoot:  cfg.ProcRoot,
+		devices:   gpuinfo.Devices(cfg.GPUDir),
+		pods:      cfg.Pods,
+		logf:      cfg.Logf,
+		sym:       sym,
+		tr:        tr,
+		py:        py,
+		procs:     map[uint32]*process{},
+		python:    map[uint32]bool{},
+		pyAsked:   map[uint32]bool{},
+		notPython: map[int]bool{},
+		watching:  map[int]bool{},
+		readNow:   make(chan struct{}, 1),
+	}
+}
+
+// note notes the process of an event and says whether it is a registered
+// Python process. For an allocation (alloc), a Python process not yet
+// registered is asked to be: its next allocations carry Python frames.
+func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch p := t.procs[pid]; {
+	case p == nil:
+		t.procs[pid] = &process{comm: comm}
+		t.toRead = append(t.toRead, pid)
+		signal(t.readNow)
+	case p.comm != comm:
+		next := *p
+		next.comm = comm
+		t.procs[pid] = &next
+	}
+	python = t.python[pid]
+	if alloc && !python && !t.notPython[int(pid)] && !t.pyAsked[pid] {
+		t.pyAsked[pid] = true
+		signal(t.readNow)
+	}
+	return python
+}
+
+// exited notes that a process exited, and says whether it was a
+// registered Python process: it is no longer walked once its stacks'
+// Python frames are read (stackStore.pythonExited).
+func (t *processTable) exited(pid uint32) (python bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	python = t.python[pid]
+	delete(t.python, pid)
+	delete(t.notPython, int(pid))
+	return python
+}
+
+// drop forgets a dropped process.
+func (t *processTable) drop(pid uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.procs, pid)
+	t.sym.Forget(pid)
+}
+
+// readNoted reads the processes noted since it last ran. One runs at a
 // time: a report that calls it waits for the processes being read.
-func (p *Profiler) enrichNoted() {
-	p.enriching.Lock()
-	defer p.enriching.Unlock()
-	p.mu.Lock()
-	pids := p.toEnrich
-	p.toEnrich = nil
+func (t *processTable) readNoted() {
+	t.reading.Lock()
+	defer t.reading.Unlock()
+	t.mu.Lock()
+	pids := t.toRead
+	t.toRead = nil
 	var python []uint32
-	for pid := range p.pyAsked {
+	for pid := range t.pyAsked {
 		python = append(python, pid)
 	}
-	clear(p.pyAsked) // one that is not ready yet is asked again by its next event
-	p.mu.Unlock()
+	clear(t.pyAsked) // one that is not ready yet is asked again by its next event
+	t.mu.Unlock()
 	for _, pid := range pids {
-		p.readProcess(pid)
+		t.read(pid)
 	}
 	for _, pid := range python {
-		p.addPython(int(pid))
+		t.addPython(int(pid))
 	}
 }
 
-// readProcess reads a new process's GPUs, pod and memory maps.
-func (p *Profiler) readProcess(pid uint32) {
-	ordinals := gpuinfo.Ordinals(p.devices, p.environ(pid))
-	c := container.OfProcess(p.cfg.ProcRoot, int(pid))
-	p.sym.Track(pid)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, known := p.comms[pid]; !known {
-		p.sym.Forget(pid) // dropped while it was read
+// read reads a new process's GPUs, pod and memory maps.
+func (t *processTable) read(pid uint32) {
+	ordinals := gpuinfo.Ordinals(t.devices, t.environ(pid))
+	c := container.OfProcess(t.procRoot, int(pid))
+	t.sym.Track(pid)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.procs[pid]
+	if p == nil {
+		t.sym.Forget(pid) // dropped while it was read
 		return
 	}
-	p.ordinals[pid] = ordinals
-	p.containers[pid] = c
+	next := *p
+	next.ordinals, next.container = ordinals, c
+	t.procs[pid] = &next
 }
 
 // environ is a process's environment, which says which GPUs it sees; none
 // when it cannot be read.
-func (p *Profiler) environ(pid uint32) []string {
-	if len(p.devices) == 0 {
+func (t *processTable) environ(pid uint32) []string {
+	if len(t.devices) == 0 {
 		return nil
 	}
-	data, err := os.ReadFile(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(int(pid)), "environ"))
+	data, err := os.ReadFile(filepath.Join(t.procRoot, strconv.Itoa(int(pid)), "environ"))
 	if err != nil {
 		return nil
 	}
 	return strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 }
 
-// container is where process pid runs, named when the API server is known.
-// The caller holds p.mu.
-func (p *Profiler) container(pid uint32) container.Identity {
-	c := p.containers[pid]
-	if p.cfg.Pods != nil {
-		c = p.cfg.Pods.Name(c)
+// lookup returns what the table knows of each of pids, its container named
+// where the API server is known: pids' processes for one snapshot.
+func (t *processTable) lookup(pids map[uint32]*process) {
+	t.mu.Lock()
+	for pid := range pids {
+		pids[pid] = t.procs[pid]
 	}
-	return c
+	t.mu.Unlock()
+	for pid, p := range pids {
+		switch {
+		case p == nil:
+			pids[pid] = &process{}
+		case t.pods != nil:
+			named := *p
+			named.container = t.pods.Name(p.container)
+			pids[pid] = &named
+		}
+	}
+}
+
+// pids adds the processes the table knows to set.
+func (t *processTable) addPIDs(set map[uint32]bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	addKeys(set, t.procs)
 }
 
 // addPython registers a Python process with the BPF program and the
-// resolver; false when pid is not one (yet). It reads the process's files:
-// the caller does not hold p.mu.
-func (p *Profiler) addPython(pid int) bool {
-	p.registering.Lock()
-	defer p.registering.Unlock()
-	p.mu.Lock()
-	done, notPython, watching := p.py.Has(uint32(pid)), p.notPython[pid], p.watching[pid]
-	p.mu.Unlock()
+// resolver; false when pid is not one (yet). It reads the process's files.
+func (t *processTable) addPython(pid int) bool {
+	t.registering.Lock()
+	defer t.registering.Unlock()
+	t.mu.Lock()
+	done, notPython, watching := t.python[uint32(pid)], t.notPython[pid], t.watching[pid]
+	t.mu.Unlock()
 	if done || notPython {
 		return done
 	}
-	proc, err := pystack.Detect(p.cfg.ProcRoot, pid)
+	proc, err := pystack.Detect(t.procRoot, pid)
 	switch {
 	case errors.Is(err, pystack.ErrNotReady):
 		return false
-	case errors.Is(err, fs.ErrNotExist) && gone(p.cfg.ProcRoot, pid):
+	case errors.Is(err, fs.ErrNotExist) && gone(t.procRoot, pid):
 		return false // gone before it was read: nothing to walk
 	case errors.Is(err, pystack.ErrNotPython) && watching:
 		return false // not yet: a command between fork and exec
 	case errors.Is(err, pystack.ErrNotPython):
-		p.markNotPython(pid)
+		t.markNotPython(pid)
 		return false
 	case err != nil:
-		p.markNotPython(pid)
-		p.cfg.Logf("no Python frames for %v", err)
+		t.markNotPython(pid)
+		t.logf("no Python frames for %v", err)
 		return false
 	}
-	if err := p.tr.AddPython(uint32(pid), proc.Walk()); err != nil {
-		p.cfg.Logf("%v", err)
+	if err := t.tr.AddPython(uint32(pid), proc.Walk()); err != nil {
+		t.logf("%v", err)
 		return false
 	}
-	if err := p.py.Add(proc); err != nil {
-		p.tr.RemovePython(uint32(pid))
-		p.cfg.Logf("pid %d: %v", pid, err)
+	if err := t.py.Add(proc); err != nil {
+		t.tr.RemovePython(uint32(pid))
+		t.logf("pid %d: %v", pid, err)
 		return false
 	}
-	p.mu.Lock()
-	p.pyStats.Processes++
-	p.mu.Unlock()
-	p.cfg.Logf("pid %d: Python %s frames", pid, proc.Version)
+	t.mu.Lock()
+	t.python[uint32(pid)] = true
+	t.pyProcesses++
+	t.mu.Unlock()
+	t.logf("pid %d: Python %s frames", pid, proc.Version)
 	return true
 }
 
@@ -153,10 +250,29 @@ func gone(procRoot string, pid int) bool {
 	return errors.Is(err, fs.ErrNotExist)
 }
 
-func (p *Profiler) markNotPython(pid int) {
-	p.mu.Lock()
-	p.notPython[pid] = true
-	p.mu.Unlock()
+func (t *processTable) markNotPython(pid int) {
+	t.mu.Lock()
+	t.notPython[pid] = true
+	t.mu.Unlock()
+}
+
+// notPythonPIDs are the processes written off as not Python: the scans
+// check whether they are gone.
+func (t *processTable) notPythonPIDs() []uint32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	pids := make([]uint32, 0, len(t.notPython))
+	for pid := range t.notPython {
+		pids = append(pids, uint32(pid))
+	}
+	return pids
+}
+
+// registeredPython is how many Python processes were registered.
+func (t *processTable) registeredPython() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pyProcesses
 }
 
 // Watch registers a process just started (gpumem record -- COMMAND) as soon
@@ -164,22 +280,23 @@ func (p *Profiler) markNotPython(pid int) {
 // next scan: a short script may allocate within the first half second.
 // Until then, a process that is not (yet) Python is not written off.
 func (p *Profiler) Watch(ctx context.Context, pid int) {
+	t := p.procs
 	ticker := time.NewTicker(10 * time.Millisecond)
 	defer ticker.Stop()
 	deadline := time.After(5 * time.Second)
-	p.mu.Lock()
-	p.watching[pid] = true
-	p.mu.Unlock()
+	t.mu.Lock()
+	t.watching[pid] = true
+	t.mu.Unlock()
 	defer func() {
-		p.mu.Lock()
-		delete(p.watching, pid)
-		p.mu.Unlock()
+		t.mu.Lock()
+		delete(t.watching, pid)
+		t.mu.Unlock()
 	}()
 	for {
-		p.mu.Lock()
-		notPython := p.notPython[pid]
-		p.mu.Unlock()
-		if notPython || p.addPython(pid) {
+		t.mu.Lock()
+		notPython := t.notPython[pid]
+		t.mu.Unlock()
+		if notPython || t.addPython(pid) {
 			return
 		}
 		select {

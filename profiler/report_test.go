@@ -1,6 +1,7 @@
 package profiler
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
@@ -9,77 +10,88 @@ import (
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-// bareProfiler is a Profiler's books without a tracer.
+// bareProfiler is a Profiler's parts without a tracer.
 func bareProfiler() *Profiler {
-	return &Profiler{
-		sym:        symbolize.New("/proc"),
-		ledger:     accounting.New(),
-		stacks:     newStackTable(),
-		pidStacks:  map[uint32][]accounting.StackID{},
-		resolveNow: make(chan struct{}, 1),
-		comms:      map[uint32]string{},
-		frameTable: newFrameTable(),
-		exitedAt:   map[uint32]uint64{},
-	}
+	p := newProfiler(Config{ProcRoot: "/proc", Logf: func(string, ...any) {}}, nil)
+	p.books.closed = true // no tracer: no loss counters to read
+	return p
 }
 
-func listRows(p *Profiler) []Row {
+// rawStackOf interns a stack of pid, not named yet.
+func rawStackOf(p *Profiler, pid uint32, pc uint64) accounting.StackID {
+	return p.stacks.intern(&tracer.Event{PID: pid, Op: memory.Op(1), Stack: []uint64{pc}})
+}
+
+// nameStack names a stack function, as resolve would.
+func nameStack(p *Profiler, id accounting.StackID, function string) {
+	raw := p.stacks.table.m[id].raw
+	p.stacks.storeFrames([]accounting.StackID{id}, []*rawStack{raw}, [][]symbolize.Frame{{{Function: function}}})
+}
+
+// listRows are the rows of an interval snapshot.
+func listRows(t *testing.T, p *Profiler) []Row {
+	t.Helper()
+	s, err := p.Snapshot(Interval)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var rows []Row
-	p.EachRow(func(r *Row) {
-		row := *r
-		row.Frames = append([]*symbolize.Frame(nil), r.Frames...)
-		rows = append(rows, row)
-	})
+	s.EachRow(func(r *Row) { rows = append(rows, *r) })
 	return rows
 }
 
-// TestEachRowLeavesStacksBeingNamed: a listing never waits for symbols. A
-// row whose stack is still being named is left out and the naming asked
-// for; the next listing after it is named has every byte since; an exited
-// process is not dropped before its rows were listed, and is dropped as
-// the listing after that one begins.
-func TestEachRowLeavesStacksBeingNamed(t *testing.T) {
+// TestIntervalSnapshotLeavesStacksBeingNamed: an interval snapshot never
+// waits for symbols but for its peaks' rows. A row whose stack is still
+// being named is left out and the naming asked for; the next snapshot
+// after it is named has every byte since; an exited process is not
+// dropped before its rows were in a snapshot, and is dropped as the
+// snapshot after that one begins.
+func TestIntervalSnapshotLeavesStacksBeingNamed(t *testing.T) {
 	p := bareProfiler()
-	ev := &tracer.Event{PID: 42, Op: memory.Op(1), Stack: []uint64{0x401000}}
-	raw := &rawStack{key: string(stackKey(nil, ev)), op: ev.Op}
-	id, check, _ := p.stacks.lookup([]byte(raw.key))
-	p.stacks.add(id, check, raw)
-	p.pidStacks[42] = []accounting.StackID{id}
-	key := accounting.Key{PID: 42, Stack: id, Kind: memory.KindDevice}
-	p.ledger.Alloc(key, 0x1000, memory.SpacePointer, 100, 1)
-
-	if rows := listRows(p); len(rows) != 0 {
-		t.Fatalf("listed %+v before its stack was named", rows)
+	setup, load := namedStack(p, 42, "setup", 0x400000), rawStackOf(p, 42, 0x401000)
+	held, loaded := accounting.Key{PID: 42, Stack: setup, Kind: memory.KindDevice}, accounting.Key{PID: 42, Stack: load, Kind: memory.KindDevice}
+	l, free := p.books.ledger, freeOpOf(t)
+	// load's memory is freed before the peaks, which setup's makes: no
+	// peak has its row.
+	hold := func(ts uint64, k accounting.Key, bytes uint64) {
+		l.Alloc(k, 0x1000, memory.SpacePointer, bytes, ts)
+		l.Free(42, free, 0x1000, ts+1)
+	}
+	hold(1, loaded, 100)
+	hold(3, held, 1000)
+	if rows := listRows(t, p); len(rows) != 1 || rows[0].Key != held {
+		t.Fatalf("listed %+v, want setup's alone: load's stack is not named", rows)
 	}
 	select {
-	case <-p.resolveNow:
+	case <-p.stacks.resolveNow:
 	default:
 		t.Error("naming not asked for")
 	}
-	p.ledger.Alloc(key, 0x2000, memory.SpacePointer, 50, 2)
-	p.ledger.Exit(42, 3)
-	p.exited(42)
-	// Exited after the first listing began: kept by the second, which
-	// leaves its rows out again (still being named).
-	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks[42]) != 1 {
-		t.Fatalf("second listing: rows %+v, stacks %v", rows, p.pidStacks)
+	hold(5, loaded, 50)
+	hold(7, held, 1000)
+	p.books.exit(42, 9)
+	// Exited after the first snapshot began: kept by the second, which
+	// leaves its row out again (still being named).
+	if rows := listRows(t, p); len(rows) != 1 || len(p.stacks.byPID[42]) != 2 {
+		t.Fatalf("second snapshot: rows %+v, stacks %v", rows, p.stacks.byPID)
 	}
 
-	p.storeFrames([]accounting.StackID{id}, []*rawStack{raw}, [][]symbolize.Frame{{{Function: "load_model"}}})
-	// Exited before the second listing began, but that one left its rows
-	// out: the third lists them.
-	rows := listRows(p)
-	want := accounting.Counters{AllocBytes: 150, AllocCount: 2, ImplicitFreeBytes: 150, ImplicitFreeCount: 2}
-	if len(rows) != 1 || rows[0].Counters != want || len(rows[0].Frames) != 2 || rows[0].Frames[1].Function != "load_model" {
-		t.Fatalf("rows %+v, want one of %+v from load_model", rows, want)
+	nameStack(p, load, "load_model")
+	// Exited before the second snapshot began, but that one left its row
+	// out: the third has it.
+	rows := listRows(t, p)
+	want := accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 150, FreeCount: 2}
+	i := slices.IndexFunc(rows, func(r Row) bool { return r.Key == loaded })
+	if len(rows) != 2 || i < 0 || rows[i].Counters != want || len(rows[i].Frames) != 2 || rows[i].Frames[1].Function != "load_model" {
+		t.Fatalf("rows %+v, want load_model's with %+v", rows, want)
 	}
 	if n := p.Processes(); n != 1 {
 		t.Errorf("%d processes kept before the drop, want 1", n)
 	}
-	if rows := listRows(p); len(rows) != 0 || len(p.pidStacks) != 0 || len(p.stacks.m) != 0 || p.Processes() != 0 || p.frameTable.len() != 0 {
-		t.Errorf("after the drop: rows %+v, stacks %v, %d stacks, %d processes, %d frames", rows, p.pidStacks, len(p.stacks.m), p.Processes(), p.frameTable.len())
+	if rows := listRows(t, p); len(rows) != 0 || len(p.stacks.byPID) != 0 || len(p.stacks.table.m) != 0 || p.Processes() != 0 || p.stacks.frames.len() != 0 {
+		t.Errorf("after the drop: rows %+v, stacks %v, %d stacks, %d processes, %d frames", rows, p.stacks.byPID, len(p.stacks.table.m), p.Processes(), p.stacks.frames.len())
 	}
-	if rows[0].Frames[1].Function != "load_model" {
-		t.Errorf("a row listed before the drop now has %+v", rows[0].Frames[1])
+	if rows[i].Frames[1].Function != "load_model" {
+		t.Errorf("a row listed before the drop now has %+v", rows[i].Frames[1])
 	}
 }

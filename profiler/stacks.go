@@ -8,6 +8,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -29,13 +30,15 @@ type stackTable struct {
 }
 
 // stack is one interned call stack of one process. Its Python frames are
-// named when it is first seen, while the process lives to be read; its
-// native frames soon after, off the event path (the symbol tables of a
-// library such as libtorch_cuda take seconds to load).
+// named as soon as it is seen, while the process lives to be read; its
+// native frames soon after (the symbol tables of a library such as
+// libtorch_cuda take seconds to load); both off the event path.
 type stack struct {
-	check  uint64
-	raw    *rawStack // nil once named
-	frames []uint32  // in the frame table, innermost first: the driver function, then its callers; nil until named
+	check uint64
+	raw   *rawStack // nil once named
+	// frames are in the frame table, innermost first: the driver
+	// function, then its callers; nil until named, never changed after.
+	frames []*symbolize.Frame
 }
 
 // gone says the stack's process was dropped: the entry is a mark, kept
@@ -50,7 +53,9 @@ func (s stack) named() bool { return s.raw == nil }
 type rawStack struct {
 	key    string // what the ID hashes
 	op     memory.Op
-	python []pystack.Frame
+	python []pystack.Frame // named, once pythonRead
+	// pythonRead says the Python frames were read (or there are none).
+	pythonRead bool
 }
 
 func newStackTable() stackTable {
@@ -116,9 +121,21 @@ func (r *rawStack) pid() uint32 { return binary.LittleEndian.Uint32([]byte(r.key
 
 // native are the raw stack's native addresses, read from its key.
 func (r *rawStack) native() []uint64 {
-	out := make([]uint64, binary.LittleEndian.Uint16([]byte(r.key[6:8])))
+	out := make([]uint64, r.nativeLen())
 	for i := range out {
 		out[i] = binary.LittleEndian.Uint64([]byte(r.key[8+8*i : 16+8*i]))
 	}
+	return out
+}
+
+func (r *rawStack) nativeLen() int { return int(binary.LittleEndian.Uint16([]byte(r.key[6:8]))) }
+
+// pyFrames are the raw stack's Python frames as the event carried them,
+// read from its key.
+func (r *rawStack) pyFrames() []tracer.PyFrame {
+	const size = int(unsafe.Sizeof(tracer.PyFrame{}))
+	data := r.key[8+8*r.nativeLen():]
+	out := make([]tracer.PyFrame, len(data)/size)
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(out))), len(out)*size), data)
 	return out
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -17,6 +18,9 @@ func TestStackKeyReadsBack(t *testing.T) {
 	}
 	if got := raw.native(); len(got) != 2 || got[0] != 0x401000 || got[1] != 0x7f0000123456 {
 		t.Errorf("native %#x", got)
+	}
+	if got := raw.pyFrames(); len(got) != 1 || got[0] != ev.PyFrames[0] {
+		t.Errorf("Python frames %+v", got)
 	}
 	other := *ev
 	other.PyFrames = []tracer.PyFrame{{Code: 1, Instr: 3}}
@@ -49,7 +53,7 @@ func intern(t *stackTable, key string) accounting.StackID {
 // name drops a stack's raw key, as resolve does.
 func name(t *stackTable, id accounting.StackID) {
 	s := t.m[id]
-	s.raw, s.frames = nil, []uint32{0}
+	s.raw, s.frames = nil, []*symbolize.Frame{{Function: "named"}}
 	t.m[id] = s
 }
 

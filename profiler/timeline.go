@@ -52,12 +52,11 @@ type Holder struct {
 }
 
 // timeline names the books' timeline, on the GPUs the reports are limited
-// to; nil without Config.Timeline. The caller holds p.mu.
-func (p *Profiler) timeline() *Timeline {
-	if !p.cfg.Timeline {
+// to; nil without one. The processes are the snapshot's.
+func (p *Profiler) timeline(tl *accounting.Timeline, procs map[uint32]*process) *Timeline {
+	if tl == nil {
 		return nil
 	}
-	tl := p.ledger.Timeline(bpfNow())
 	out := &Timeline{Start: wallTime(tl.Start), Timestamp: tl.Start, Width: time.Duration(tl.Width),
 		End: time.Duration(tl.End - tl.Start)}
 	frames := map[accounting.StackID][]*symbolize.Frame{} // each stack's once
@@ -66,7 +65,7 @@ func (p *Profiler) timeline() *Timeline {
 		if !p.peakOnGPU(s.PeakKey) {
 			continue
 		}
-		series := TimelineSeries{PID: s.PID, Comm: p.comms[s.PID], GPU: s.GPU, View: s.View, Buckets: make([]TimelineBucket, len(s.Buckets))}
+		series := TimelineSeries{PID: s.PID, Comm: procs[s.PID].comm, GPU: s.GPU, View: s.View, Buckets: make([]TimelineBucket, len(s.Buckets))}
 		for i, b := range s.Buckets {
 			series.Buckets[i] = TimelineBucket{Min: b.Min, Max: b.Max, MaxTime: time.Duration(b.MaxTime - tl.Start),
 				Top: p.holders(b.Top, frames, holders), Other: b.Other}
@@ -79,8 +78,7 @@ func (p *Profiler) timeline() *Timeline {
 	return out
 }
 
-// holders names a bucket's top rows, once per shared Top. The caller
-// holds p.mu.
+// holders names a bucket's top rows, once per shared Top.
 func (p *Profiler) holders(top []accounting.Holder, frames map[accounting.StackID][]*symbolize.Frame,
 	named map[*accounting.Holder][]Holder) []Holder {
 	if len(top) == 0 {
@@ -93,7 +91,7 @@ func (p *Profiler) holders(top []accounting.Holder, frames map[accounting.StackI
 	for i, h := range top {
 		f, ok := frames[h.Stack]
 		if !ok {
-			f = p.frames(h.Stack)
+			f = p.stacks.stackFrames(h.Stack)
 			frames[h.Stack] = f
 		}
 		out[i] = Holder{Kind: h.Kind, Frames: f, Bytes: h.Bytes}

@@ -13,15 +13,14 @@ import (
 // limits rows; without Config.Timeline there is none.
 func TestTimelineNamed(t *testing.T) {
 	p := bareProfiler()
-	p.closed = true // no tracer: no loss counters to read
-	p.comms[7] = "train"
+	p.procs.procs[7] = &process{comm: "train"}
 	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
 	if r, _ := p.Report(); r.Timeline != nil {
 		t.Fatalf("a timeline without Config.Timeline: %+v", r.Timeline)
 	}
 	p.cfg.Timeline = true
 	start := bpfNow()
-	l := p.ledger
+	l := p.books.ledger
 	l.StartTimeline(start)
 	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: memory.KindDevice, Device: 1}, 0x1000, memory.SpacePointer, 100, start+1)
 	l.Alloc(accounting.Key{PID: 7, Stack: activations, Kind: memory.KindDevice, Device: 1}, 0x2000, memory.SpacePointer, 300, start+2)

@@ -48,15 +48,39 @@ type SeriesFailures struct {
 	Count     uint64
 }
 
-// Totals sums the books. Loss counters that cannot be read are an error.
+// Totals sums the books, without naming a stack: what a scrape of the
+// metrics reads. Loss counters that cannot be read are an error.
 func (p *Profiler) Totals() (Totals, error) {
-	p.enrichNoted() // every row of a process read has its pod and GPUs
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.procs.readNoted() // every row of a process read has its pod and GPUs
+	t, err := p.sumBooks()
+	procs := map[uint32]*process{}
+	for _, s := range t.Series {
+		procs[s.PID] = nil
+	}
+	for _, f := range t.Failures {
+		procs[f.PID] = nil
+	}
+	p.procs.lookup(procs)
+	for i := range t.Series {
+		s := &t.Series[i]
+		s.Comm, s.Container = procs[s.PID].comm, procs[s.PID].container
+	}
+	for i := range t.Failures {
+		f := &t.Failures[i]
+		f.Comm, f.Container = procs[f.PID].comm, procs[f.PID].container
+	}
+	return t, err
+}
+
+// sumBooks sums the books' rows and failures per series.
+func (p *Profiler) sumBooks() (Totals, error) {
 	losses, err := p.currentLosses()
-	t := Totals{Losses: losses, UnknownFrees: p.ledger.Stats().UnknownFrees, Events: p.events}
+	b := p.books
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := Totals{Losses: losses, UnknownFrees: b.ledger.Stats().UnknownFrees, Events: b.events}
 	series := map[SeriesKey]int{}
-	p.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
+	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 		if !p.onGPU(k) {
 			return
 		}
@@ -65,7 +89,7 @@ func (p *Profiler) Totals() (Totals, error) {
 		if !ok {
 			i = len(t.Series)
 			series[sk] = i
-			t.Series = append(t.Series, Series{SeriesKey: sk, Comm: p.comms[k.PID], Container: p.container(k.PID)})
+			t.Series = append(t.Series, Series{SeriesKey: sk})
 		}
 		t.Series[i].Counters.Add(c)
 	})
@@ -74,7 +98,7 @@ func (p *Profiler) Totals() (Totals, error) {
 		result int32
 	}
 	failures := map[failureKey]int{}
-	p.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
+	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
 		if !p.onGPU(k.Key) {
 			return
 		}
@@ -83,7 +107,7 @@ func (p *Profiler) Totals() (Totals, error) {
 		if !ok {
 			i = len(t.Failures)
 			failures[fk] = i
-			t.Failures = append(t.Failures, SeriesFailures{SeriesKey: fk.SeriesKey, Comm: p.comms[k.PID], Container: p.container(k.PID), Result: k.Result})
+			t.Failures = append(t.Failures, SeriesFailures{SeriesKey: fk.SeriesKey, Result: k.Result})
 		}
 		t.Failures[i].Count += f.Count
 	})

@@ -14,8 +14,7 @@ import (
 // other, each holding its own size until it exits, traced by three
 // profilers on this test's own copy of the driver, each read as one path
 // reads it. Read once an interval with a report (the IG operator behind
-// gpumem run, top), or with the interval's peaks then the rows one by one
-// (the agent), each process is in the first interval's reads after its
+// gpumem run, top), or with an interval snapshot (the agent), each process is in the first interval's reads after its
 // exit, its bytes exact, and dropped as the next interval begins: the
 // profiler keeps exactly one process, then none, whatever ran before.
 // Read once at the end (gpumem record), every process is in the report.
@@ -35,17 +34,19 @@ func TestExitedProcessesDropped(t *testing.T) {
 		if err := agent.p.Sync(); err != nil {
 			t.Fatal(err)
 		}
+		snap, err := agent.p.Snapshot(profiler.Interval)
+		if err != nil {
+			t.Fatal(err)
+		}
 		peaks := map[uint32]uint64{}
-		for _, pk := range agent.p.IntervalPeaks() {
+		for _, pk := range snap.Peaks {
 			peaks[pk.PID] += pk.Bytes
 		}
 		if !maps.Equal(peaks, held) {
 			t.Errorf("the interval's peaks: %v, want %v", peaks, held)
 		}
-		var rows []profiler.Row
-		agent.p.EachRow(func(row *profiler.Row) { rows = append(rows, *row) })
-		if got := freedAtExit(t, rows); !maps.Equal(got, held) {
-			t.Errorf("the rows listed: %v, want %v", got, held)
+		if got := freedAtExit(t, snap.Rows(nil)); !maps.Equal(got, held) {
+			t.Errorf("the interval snapshot's rows: %v, want %v", got, held)
 		}
 		for _, s := range []*session{reports, agent} {
 			if n := s.p.Processes(); n != len(held) {

@@ -60,11 +60,13 @@ func (s *session) intervalPeaks(pid int) map[string]profiler.Peak {
 	if err := s.p.Sync(); err != nil {
 		s.t.Fatal(err)
 	}
-	peaks := peaksOf(s.t, s.p.IntervalPeaks(), pid)
-	named := map[accounting.Key]profiler.Row{}
-	for _, row := range s.report().Rows {
-		named[row.Key] = row
+	snap, err := s.p.Snapshot(profiler.Interval)
+	if err != nil {
+		s.t.Fatal(err)
 	}
+	peaks := peaksOf(s.t, snap.Peaks, pid)
+	named := map[accounting.Key]profiler.Row{}
+	snap.EachRow(func(row *profiler.Row) { named[row.Key] = *row })
 	for gpu, pk := range peaks {
 		pk.Rows = namedShares(s.t, pk, named)
 		peaks[gpu] = pk
@@ -73,7 +75,7 @@ func (s *session) intervalPeaks(pid int) map[string]profiler.Peak {
 }
 
 // namedShares are an interval's peak's shares as rows with frames, from
-// the rows of a report: the exporter finds them so among EachRow's.
+// the rows of its snapshot, as the exporter finds them.
 func namedShares(t *testing.T, pk profiler.Peak, named map[accounting.Key]profiler.Row) []profiler.Row {
 	t.Helper()
 	rows := make([]profiler.Row, 0, len(pk.Shares))

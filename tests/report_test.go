@@ -2,84 +2,89 @@ package tests
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
 
-// rowsByKey are a report's rows as text: frames, process name and counts.
-func rowsByKey(r profiler.Report) map[accounting.Key]string {
-	rows := map[accounting.Key]string{}
-	for _, row := range r.Rows {
+// rowsText are rows as text: frames, process name and counts, sorted; the
+// same in two profilers (whose stack IDs differ).
+func rowsText(rows []profiler.Row) []string {
+	var out []string
+	for _, row := range rows {
 		var names []string
 		for _, f := range row.Frames {
 			names = append(names, f.Name())
 		}
-		rows[row.Key] = fmt.Sprintf("%s %s %+v", strings.Join(names, ";"), row.Comm, row.Counters)
+		out = append(out, fmt.Sprintf("%s %s %s %+v", strings.Join(names, ";"), row.Comm, row.Kind, row.Counters))
 	}
-	return rows
+	slices.Sort(out)
+	return out
 }
 
-// TestReportToReusesRows: a report filled again in place, and the rows
-// read one by one (EachRow, as the agent's exporter does every interval),
-// say what a new report says, as the rows grow and as they shrink when a
-// process's rows are dropped (after its exit, as the second report begins).
-func TestReportToReusesRows(t *testing.T) {
+// TestSnapshotToReusesRows: a snapshot taken again in place, and an
+// interval snapshot (as the agent takes every interval, by another
+// profiler of the same processes), say what a new report says, as the
+// rows grow and as they shrink when a process's rows are dropped (after
+// its exit, as the second snapshot begins).
+func TestSnapshotToReusesRows(t *testing.T) {
 	many := startWorkload(t, nil, simwork, "stacks", "300")
 	few := startWorkload(t, nil, simwork, "kinds")
 	s := startProfiler(t, profiler.Config{Library: simLib}, many, few)
+	agent := startProfiler(t, profiler.Config{Library: simLib}, many, few)
 
-	var reused profiler.Report
+	var reused, interval profiler.Snapshot
 	check := func(what string, wantRows int) {
 		t.Helper()
-		if err := s.p.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.p.ReportTo(&reused); err != nil {
-			t.Fatal(err)
-		}
-		fresh := s.report()
-		got, want := rowsByKey(reused), rowsByKey(fresh)
-		if len(reused.Rows) != wantRows && wantRows >= 0 {
-			t.Errorf("%s: %d rows, want %d", what, len(reused.Rows), wantRows)
-		}
-		if len(got) != len(want) {
-			t.Fatalf("%s: %d rows reused, %d in a new report", what, len(got), len(want))
-		}
-		for k, v := range want {
-			if got[k] != v {
-				t.Errorf("%s: row %+v reused: %s, new: %s", what, k, got[k], v)
+		for _, s := range []*session{s, agent} {
+			if err := s.p.Sync(); err != nil {
+				t.Fatal(err)
 			}
 		}
-		// Rows one by one, as the agent's exporter reads them.
-		var each profiler.Report
-		s.p.EachRow(func(row *profiler.Row) {
-			copied := *row
-			copied.Frames = slices.Clone(row.Frames)
-			each.Rows = append(each.Rows, copied)
-		})
-		if got := rowsByKey(each); !maps.Equal(got, want) {
-			t.Errorf("%s: %d rows one by one, %d in a report, or they differ", what, len(got), len(want))
+		if err := s.p.SnapshotTo(&reused, profiler.Whole); err != nil {
+			t.Fatal(err)
+		}
+		want := rowsText(s.report().Rows)
+		if reused.Len() != wantRows && wantRows >= 0 {
+			t.Errorf("%s: %d rows, want %d", what, reused.Len(), wantRows)
+		}
+		if got := rowsText(reused.Rows(nil)); !slices.Equal(got, want) {
+			t.Errorf("%s: %d rows reused, %d in a new report, or they differ", what, len(got), len(want))
+		}
+		// A whole snapshot names every stack first: the interval snapshot
+		// leaves none out for its naming.
+		if _, err := agent.p.Snapshot(profiler.Whole); err != nil {
+			t.Fatal(err)
+		}
+		if err := agent.p.SnapshotTo(&interval, profiler.Interval); err != nil {
+			t.Fatal(err)
+		}
+		if got := rowsText(interval.Rows(nil)); !slices.Equal(got, want) {
+			t.Errorf("%s: %d rows in an interval snapshot, %d in a report, or they differ", what, len(got), len(want))
 		}
 	}
 
 	few.run()
 	check("few", -1)
-	kinds := len(reused.Rows)
+	kinds := reused.Len()
 	many.run()
 	check("many", -1)
-	if len(reused.Rows) < kinds+300 {
-		t.Errorf("%d rows, want at least %d", len(reused.Rows), kinds+300)
+	if reused.Len() < kinds+300 {
+		t.Errorf("%d rows, want at least %d", reused.Len(), kinds+300)
 	}
 	many.exit()
-	// The first report begun after the exit has the process's rows; the
+	// The first snapshot begun after the exit has the process's rows; the
 	// process is dropped as the next begins.
 	if n := len(s.report().Rows); n < kinds+300 {
 		t.Errorf("the first report after the exit: %d rows, want at least %d", n, kinds+300)
+	}
+	if err := agent.p.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if first, err := agent.p.Snapshot(profiler.Interval); err != nil || first.Len() < kinds+300 {
+		t.Errorf("the first interval snapshot after the exit: %d rows, want at least %d (%v)", first.Len(), kinds+300, err)
 	}
 	check("after the exit", kinds)
 }

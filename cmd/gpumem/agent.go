@@ -35,6 +35,7 @@ type agentOptions struct {
 	passwordFile string
 	tokenFile    string
 	peaks        metrics.LastPeaks // the last interval's, for the gauges
+	snapshot     profiler.Snapshot // the last interval's, its memory reused
 
 	// The exporter's rejections at the last status line, and the last
 	// reason logged: a reason is logged once, not on every line while
@@ -203,11 +204,11 @@ func (o *agentOptions) run(ctx context.Context) error {
 
 // export logs the status line and pushes one interval. The status line
 // needs the totals per process, and comes first: it never waits for
-// symbols. The interval's peaks, taken once, go to the gauges and the push
-// (their stacks named first); the exporter reads the rows one by one,
-// keeping only what changes in its profiles: no report of every row.
-// Processes that exited are dropped by the profiler itself as later
-// intervals begin, once an interval has had them (profiler/exited.go).
+// symbols. The interval's snapshot, taken once, goes to the gauges (its
+// peaks) and the push, which keeps only what changes in its profiles. The
+// snapshot's memory is reused the next interval. Processes that exited are
+// dropped by the profiler itself as later intervals begin, once an
+// interval's snapshot has had them (profiler/exited.go).
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	t, err := p.Totals()
 	if err != nil {
@@ -224,10 +225,10 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 		line += o.pushStatus(exp.Stats())
 	}
 	logf("%s", line)
-	peaks := p.IntervalPeaks()
-	o.peaks.Set(peaks)
+	_ = p.SnapshotTo(&o.snapshot, profiler.Interval) // a loss counter's read error: said by the status line
+	o.peaks.Set(o.snapshot.Peaks)
 	if exp != nil {
-		exp.ExportRows(p.EachRow, peaks)
+		exp.ExportSnapshot(&o.snapshot)
 	}
 }
 

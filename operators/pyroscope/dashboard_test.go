@@ -109,10 +109,9 @@ func pushedProfileTypes(t *testing.T) map[string]bool {
 	types := map[string]bool{}
 	for _, kind := range []memory.Kind{memory.KindDevice, memory.KindTensor} {
 		e := &Exporter{series: map[seriesKey]*series{}}
-		req, _ := e.request(func(add func(*profiler.Row)) time.Time {
+		req := e.request(time.Now(), func(add func(*profiler.Row)) {
 			add(&profiler.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",
 				Frames: []*symbolize.Frame{{Function: "f"}}, Counters: accounting.Counters{AllocBytes: 1, AllocCount: 1}})
-			return time.Now()
 		}, nil)
 		for _, s := range req.Series {
 			p, err := profile.ParseData(s.Samples[0].RawProfile)

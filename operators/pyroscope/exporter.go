@@ -226,26 +226,23 @@ func authInterceptor(cfg Config) grpc.UnaryClientInterceptor {
 // Export queues the interval ending with the report: per process and kind,
 // what was allocated since the previous export, what is live now and, if
 // the report has peaks, each stack's share of them: the report's peaks are
-// taken as the interval's (Profiler.IntervalPeaks). When the queue is full,
-// the oldest interval is dropped and counted. An interval without series
-// (no process held or allocated memory) is not queued: Pyroscope refuses a
-// push without series.
+// taken as the interval's. When the queue is full, the oldest interval is
+// dropped and counted. An interval without series (no process held or
+// allocated memory) is not queued: Pyroscope refuses a push without series.
 func (e *Exporter) Export(r profiler.Report) {
-	e.ExportRows(func(add func(*profiler.Row)) time.Time {
-		for i := range r.Rows {
-			add(&r.Rows[i])
-		}
-		return r.Time
-	}, r.Peaks)
+	e.export(r.Time, r.EachRow, r.Peaks)
 }
 
-// ExportRows is Export of the rows that each hands to add, one at a time,
-// of the interval ending at the time it returns, whose peaks are peaks
-// (Profiler.IntervalPeaks, whose rows each must list: taken first, they
-// are). add keeps nothing of a row, so that rows can be read one by one
-// (Profiler.EachRow) rather than gathered in a report.
-func (e *Exporter) ExportRows(each func(add func(*profiler.Row)) time.Time, peaks []profiler.Peak) {
-	req, end := e.request(each, peaks)
+// ExportSnapshot is Export of an interval snapshot (profiler.Interval),
+// with its interval's peaks. It keeps nothing of the snapshot.
+func (e *Exporter) ExportSnapshot(s *profiler.Snapshot) {
+	e.export(s.Time, s.EachRow, s.Peaks)
+}
+
+// export queues the interval ending at end, whose rows each hands to its
+// argument one at a time, and whose peaks are peaks.
+func (e *Exporter) export(end time.Time, each func(func(*profiler.Row)), peaks []profiler.Peak) {
+	req := e.request(end, each, peaks)
 	if len(req.Series) == 0 {
 		// Pyroscope answers InvalidArgument "no profiles received"
 		// (Distributor.PushBatch): nothing to send.
@@ -273,11 +270,11 @@ type seriesKey struct {
 	gpu  string
 }
 
-// request builds the interval's push and returns it with the interval's end.
-func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time, peaks []profiler.Peak) (*pushv1.PushRequest, time.Time) {
+// request builds the push of the interval ending at t.
+func (e *Exporter) request(t time.Time, each func(func(*profiler.Row)), peaks []profiler.Peak) *pushv1.PushRequest {
 	e.interval++
 	shares := pprof.PeakShares(peaks)
-	t := each(func(row *profiler.Row) {
+	each(func(row *profiler.Row) {
 		k := seriesKey{row.PID, row.Kind, row.GPU()}
 		s := e.series[k]
 		if s == nil {
@@ -322,7 +319,7 @@ func (e *Exporter) request(each func(add func(*profiler.Row)) time.Time, peaks [
 			Samples: []*pushv1.RawSample{{RawProfile: e.compress(s.enc, t, t.Sub(start))}},
 		})
 	}
-	return req, t
+	return req
 }
 
 // compress writes a series' profile of the interval, gzipped, with one

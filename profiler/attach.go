@@ -1,0 +1,144 @@
+package profiler
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+
+	"github.com/gpu-mem/gpu-mem/discover"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// attacher attaches the tracer to the driver libraries and PyTorch
+// allocators found, each once; a failure is said once and retried at each
+// scan.
+type attacher struct {
+	tr        *tracer.Tracer
+	library   string // Config.Library: the only driver attached
+	noTensors bool
+	logf      func(string, ...any)
+
+	mu       sync.Mutex
+	attached map[string]discover.Library
+	failed   map[string]error // libraries whose attach failed, said once
+}
+
+func newAttacher(cfg Config, tr *tracer.Tracer) *attacher {
+	return &attacher{tr: tr, library: cfg.Library, noTensors: cfg.NoTensors, logf: cfg.Logf,
+		attached: map[string]discover.Library{}, failed: map[string]error{}}
+}
+
+// attachInstalled attaches to the driver libraries installed on the node,
+// before any process loads them: uprobes hold on the file, so a program
+// started later is traced from its first driver call (its contexts, and so
+// its GPU, included), where discovery would see it only at the next scan.
+// The host's file system is searched too when the node's process 1 is
+// readable (a DaemonSet with hostPID).
+func (a *attacher) attachInstalled(procRoot string, dirs []string) {
+	if dirs == nil {
+		dirs = discover.DriverDirs
+	}
+	roots := []string{"/"}
+	if host := filepath.Join(procRoot, "1", "root"); readableDir(host) {
+		roots = append(roots, host)
+	}
+	for _, lib := range discover.Installed(roots, dirs) {
+		if !a.shouldAttach(lib) {
+			continue
+		}
+		if err := a.attach(lib); err != nil {
+			a.logf("%v (installed; processes that load it are attached when found)", err)
+		}
+	}
+}
+
+func readableDir(path string) bool {
+	_, err := os.ReadDir(path)
+	return err == nil
+}
+
+// attachFound attaches to the libraries a scan found, and says how many
+// driver libraries it found.
+func (a *attacher) attachFound(libs []discover.Library) (drivers int) {
+	for _, lib := range libs {
+		if !lib.Allocator {
+			drivers++
+		}
+		if !a.shouldAttach(lib) {
+			continue
+		}
+		err := a.attach(lib)
+		if err == nil || !a.firstFailure(lib, err) {
+			continue
+		}
+		if errors.Is(err, tracer.ErrNoProbes) {
+			a.logf("%v: no tensor view for it, the driver view goes on", err)
+		} else {
+			a.logf("%v (retrying)", err)
+		}
+	}
+	return drivers
+}
+
+// firstFailure notes a library's failure to attach, and says whether it
+// is its first.
+func (a *attacher) firstFailure(lib discover.Library, err error) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.failed[lib.ID()] != nil {
+		return false
+	}
+	a.failed[lib.ID()] = err
+	return true
+}
+
+// shouldAttach says whether a library found by a scan is to be attached:
+// not yet attached, not the driver when --library names it (allocators are
+// still found), not an allocator with the tensor view off or without probes.
+func (a *attacher) shouldAttach(lib discover.Library) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.attached[lib.ID()]; ok {
+		return false
+	}
+	if a.library != "" && !lib.Allocator || a.noTensors && lib.Allocator {
+		return false
+	}
+	return !errors.Is(a.failed[lib.ID()], tracer.ErrNoProbes)
+}
+
+func (a *attacher) attach(lib discover.Library) error {
+	what := "driver functions"
+	var n int
+	var err error
+	if lib.Allocator {
+		what = "PyTorch allocator probes"
+		n, err = a.tr.AttachAllocator(lib.Path)
+	} else {
+		var symbols []string
+		symbols, err = a.tr.Attach(lib.Path)
+		n = len(symbols)
+	}
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.attached[lib.ID()] = lib
+	a.mu.Unlock()
+	a.logf("attached to %s: %d %s", lib.Path, n, what)
+	return nil
+}
+
+// appendLibraries appends the paths of the libraries attached to dst,
+// sorted.
+func (a *attacher) appendLibraries(dst []string) []string {
+	a.mu.Lock()
+	for _, lib := range a.attached {
+		dst = append(dst, lib.Path)
+	}
+	a.mu.Unlock()
+	sort.Strings(dst)
+	return dst
+}

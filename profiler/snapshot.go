@@ -1,0 +1,228 @@
+package profiler
+
+import (
+	"slices"
+	"time"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+)
+
+// Snapshot is the books at one moment, named: what every reader of the
+// profiler reads (the agent's exporter, gauges and status line once an
+// interval, Report for gpumem record, top and the IG operator), and
+// nothing in it calls back into the profiler. The profiler never changes
+// a snapshot once taken; SnapshotTo reuses the memory of one its caller is
+// done with. Stack IDs are stable: a stack keeps its ID from its first
+// event until its process is dropped, so a reader may key a cache on them.
+type Snapshot struct {
+	Time     time.Time
+	Failures []Failure // in no order
+	OOMs     []OOM     // out-of-memory snapshots, oldest first, the latest MaxOOMs
+	// Peaks are each process's per GPU and view, by PID, GPU and view: an
+	// Interval snapshot's are the interval's, with Shares and no Rows; a
+	// Whole one's are over the run (exited processes' until dropped), with
+	// Rows.
+	Peaks    []Peak
+	Timeline *Timeline // Whole, with Config.Timeline: live bytes over time
+	Counts
+	Libraries []string // driver libraries attached
+
+	rows   []snapshotRow
+	procs  map[uint32]*process // of the rows, peaks and failures
+	shares []accounting.PeakRow
+}
+
+// snapshotRow is a row of the books as a snapshot keeps it: its process's
+// name, pod and GPUs are the snapshot's, once per process.
+type snapshotRow struct {
+	accounting.Key
+	accounting.Counters
+	frames []*symbolize.Frame // the stack's, shared
+}
+
+// Kind says what a snapshot holds.
+type Kind int
+
+const (
+	// Whole is every row, its stack named first if need be (the first
+	// stack through a large library waits for its symbol table), and the
+	// run's peaks with their rows.
+	Whole Kind = iota
+	// Interval begins the next interval: the interval's peaks, and the
+	// rows whose stacks are named, never waiting for symbols but for the
+	// peaks' rows. A row whose stack is still being named (in the
+	// background, a library's table read at its first use) is left out,
+	// and is in a later snapshot with every byte counted since, so that an
+	// exporter of the differences between snapshots loses nothing and
+	// counts nothing twice. The agent takes one an interval.
+	Interval
+)
+
+// Len is how many rows the snapshot holds.
+func (s *Snapshot) Len() int { return len(s.rows) }
+
+// EachRow calls fn with each row, in no order. The row is reused: fn must
+// not keep it; its frames are the snapshot's, read-only.
+func (s *Snapshot) EachRow(fn func(*Row)) {
+	var row Row
+	for i := range s.rows {
+		r := &s.rows[i]
+		row = s.procs[r.PID].row(r.Key, r.Counters, r.frames)
+		fn(&row)
+	}
+}
+
+// Rows are the snapshot's rows, by live bytes, then allocated bytes,
+// descending, appended to dst.
+func (s *Snapshot) Rows(dst []Row) []Row {
+	dst = slices.Grow(dst, len(s.rows))
+	s.EachRow(func(r *Row) { dst = append(dst, *r) })
+	sortRows(dst)
+	return dst
+}
+
+// row is a row of process p.
+func (p *process) row(k accounting.Key, c accounting.Counters, frames []*symbolize.Frame) Row {
+	return Row{Key: k, Comm: p.comm, Device: p.device(k), Container: p.container, Frames: frames, Counters: c}
+}
+
+// device is the GPU a row's memory is on, if known.
+func (p *process) device(k accounting.Key) gpuinfo.Device {
+	if !k.Kind.OnDevice() {
+		return gpuinfo.Device{}
+	}
+	return p.ordinals[int(k.Device)]
+}
+
+// Snapshot takes the books at this moment. Read errors of the loss
+// counters are returned beside a complete snapshot of everything else.
+func (p *Profiler) Snapshot(kind Kind) (*Snapshot, error) {
+	s := &Snapshot{}
+	err := p.SnapshotTo(s, kind)
+	return s, err
+}
+
+// SnapshotTo is Snapshot into s, reusing the memory of its rows: a caller
+// that takes one every interval, done with the previous one by the time it
+// takes the next, keeps one. Every process of the rows is read (its pod
+// and GPUs) and every event sent before the call counted. One snapshot is
+// taken at a time; the events flow meanwhile, but for the moment the
+// books' rows are copied (about 20 ns a row).
+func (p *Profiler) SnapshotTo(s *Snapshot, kind Kind) error {
+	p.snapshotting.Lock()
+	defer p.snapshotting.Unlock()
+	p.procs.readNoted()
+	if kind == Whole {
+		p.stacks.resolve()
+		p.deliverOOMs()
+	}
+	*s = Snapshot{rows: s.rows[:0], shares: s.shares[:0], Libraries: p.attacher.appendLibraries(s.Libraries[:0]),
+		procs: map[uint32]*process{}}
+	peaks, timeline, err := p.copyBooks(s, kind)
+	if kind == Interval && !p.stacks.allNamed(s.shares) {
+		p.stacks.resolve() // a row of a peak is in the snapshot
+	}
+	s.Python.Processes = p.procs.registeredPython()
+	p.nameRows(s, kind)
+	for _, pk := range peaks {
+		s.procs[pk.PID] = nil // the timeline's processes are the run's peaks'
+	}
+	p.procs.lookup(s.procs)
+	s.Peaks = p.peaks(s, peaks, kind == Whole)
+	s.Timeline = p.timeline(timeline, s.procs)
+	for i := range s.Failures {
+		f := &s.Failures[i]
+		f.Comm, f.Frames = s.procs[f.PID].comm, p.stacks.stackFrames(f.Stack)
+	}
+	return err
+}
+
+// copyBooks copies the books into s, begins the next interval (a Whole
+// snapshot begins one for a reader that never takes an Interval one), and
+// returns the peaks and timeline to name.
+func (p *Profiler) copyBooks(s *Snapshot, kind Kind) ([]accounting.Peak, *accounting.Timeline, error) {
+	losses, err := p.currentLosses()
+	b := p.books
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p.startInterval(kind == Interval)
+	s.Time, s.Losses = time.Now(), losses
+	s.Ledger, s.Python, s.NativeTruncated, s.Events = b.ledger.Stats(), b.python, b.nativeTruncated, b.events
+	s.OOMs = slices.Clone(b.ooms)
+	if n := b.ledger.Len(); cap(s.rows) < n {
+		s.rows = slices.Grow(s.rows, n)
+	}
+	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
+		if p.onGPU(k) {
+			s.rows = append(s.rows, snapshotRow{Key: k, Counters: c})
+			s.procs[k.PID] = nil
+		}
+	})
+	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
+		if p.onGPU(k.Key) {
+			s.Failures = append(s.Failures, Failure{FailureKey: k, Failures: f})
+			s.procs[k.PID] = nil
+		}
+	})
+	var peaks []accounting.Peak
+	if kind == Interval {
+		peaks = b.ledger.TakeIntervalPeaks(bpfNow())
+		for i := range peaks { // into s: the ledger reuses its buffer
+			start := len(s.shares)
+			s.shares = append(s.shares, peaks[i].Rows...)
+			peaks[i].Rows = s.shares[start:len(s.shares):len(s.shares)]
+		}
+	} else {
+		peaks = b.ledger.Peaks()
+	}
+	var timeline *accounting.Timeline
+	if kind == Whole && p.cfg.Timeline {
+		tl := b.ledger.Timeline(bpfNow())
+		timeline = &tl
+	}
+	return peaks, timeline, err
+}
+
+// nameRows names the snapshot's rows. An Interval snapshot leaves out the
+// rows whose stacks are being named, and keeps their processes from being
+// dropped until a snapshot has them.
+func (p *Profiler) nameRows(s *Snapshot, kind Kind) {
+	unnamed := p.stacks.nameRows(s.rows)
+	if kind == Whole {
+		return
+	}
+	var waiting map[uint32]bool
+	s.rows = slices.DeleteFunc(s.rows, func(r snapshotRow) bool {
+		if !unnamed[r.Stack] {
+			return false
+		}
+		if waiting == nil {
+			waiting = map[uint32]bool{}
+		}
+		waiting[r.PID] = true
+		return true
+	})
+	clear(s.rows[len(s.rows):cap(s.rows)]) // frames of the previous snapshot: not kept alive
+	p.books.mu.Lock()
+	p.books.unlisted = waiting
+	p.books.mu.Unlock()
+	if len(waiting) > 0 {
+		p.stacks.askResolve()
+	}
+}
+
+// currentLosses are the tracer's loss counts, or its last ones once closed.
+// The BPF maps are read without the books' lock: events keep flowing.
+func (p *Profiler) currentLosses() (schema.Losses, error) {
+	b := p.books
+	b.mu.Lock()
+	closed, losses := b.closed, b.losses
+	b.mu.Unlock()
+	if closed {
+		return losses, nil
+	}
+	return p.tr.Losses()
+}

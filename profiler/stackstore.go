@@ -1,0 +1,283 @@
+package profiler
+
+import (
+	"sync"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// stackStore interns the stacks of allocation events and names them, off
+// the event path: a new stack's Python frames at once, on a goroutine of
+// their own (readPython), since the process may be gone a moment later;
+// its native frames in batches (resolve), at every scan and every
+// resolveBatch new stacks, since a large library's symbol table takes a
+// while to load. A stack is dropped with its process only (dropProcess):
+// an ID the books hold names its stack until the books drop the process.
+type stackStore struct {
+	sym *symbolize.Symbolizer
+	py  *pystack.Resolver
+	// pythonGone is called for each exited Python process once the frames
+	// of its stacks are read, not before: it stops the walks of it.
+	pythonGone func(pid uint32)
+
+	mu         sync.Mutex
+	table      stackTable
+	keyBuf     []byte // intern's, reused
+	byPID      map[uint32][]accounting.StackID
+	frames     frameTable // each distinct frame of named stacks, once
+	unresolved []accounting.StackID
+	pyUnread   []accounting.StackID // stacks whose Python frames are not read yet
+	pyExited   []uint32             // Python processes to forget once their frames are read
+	resolveNow chan struct{}        // to the goroutine that resolves
+	readNow    chan struct{}        // to the goroutine that reads Python frames
+	resolving  sync.Mutex           // one resolve at a time
+	reading    sync.Mutex           // one readPython at a time
+}
+
+func newStackStore(sym *symbolize.Symbolizer, py *pystack.Resolver, pythonGone func(uint32)) *stackStore {
+	return &stackStore{
+		sym:        sym,
+		py:         py,
+		pythonGone: pythonGone,
+		table:      newStackTable(),
+		byPID:      map[uint32][]accounting.StackID{},
+		frames:     newFrameTable(),
+		resolveNow: make(chan struct{}, 1),
+		readNow:    make(chan struct{}, 1),
+	}
+}
+
+// resolveBatch: every so many new stacks, besides every scan, the resolver
+// is asked to name them, so that a burst of new stacks does not hold all of
+// its raw frames until the next scan.
+const resolveBatch = 1024
+
+// intern returns the ID of the event's stack. It reads nothing: a new
+// stack is named by the store's goroutines.
+func (s *stackStore) intern(ev *tracer.Event) accounting.StackID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// The key is built in a reused buffer; only a new stack's key is kept,
+	// until the stack is named.
+	k := stackKey(s.keyBuf[:0], ev)
+	s.keyBuf = k
+	id, check, found := s.table.lookup(k)
+	if found {
+		return id
+	}
+	raw := &rawStack{key: string(k), op: ev.Op, pythonRead: len(ev.PyFrames) == 0}
+	s.table.add(id, check, raw)
+	s.byPID[ev.PID] = append(s.byPID[ev.PID], id)
+	s.unresolved = append(s.unresolved, id)
+	if !raw.pythonRead {
+		s.pyUnread = append(s.pyUnread, id)
+		signal(s.readNow)
+	}
+	if len(s.unresolved)%resolveBatch == 0 {
+		signal(s.resolveNow)
+	}
+	return id
+}
+
+// pythonExited has an exited Python process forgotten once the frames of
+// its stacks are read.
+func (s *stackStore) pythonExited(pid uint32) {
+	s.mu.Lock()
+	s.pyExited = append(s.pyExited, pid)
+	s.mu.Unlock()
+	signal(s.readNow)
+}
+
+// readPython names the Python frames of the stacks interned since it last
+// ran, from their processes' memory, then forgets the Python processes
+// that exited meanwhile. The memory is read without s.mu: events keep
+// flowing.
+func (s *stackStore) readPython() {
+	s.reading.Lock()
+	defer s.reading.Unlock()
+	s.mu.Lock()
+	ids, exited := s.pyUnread, s.pyExited
+	s.pyUnread, s.pyExited = nil, nil
+	raws := make([]*rawStack, 0, len(ids))
+	for _, id := range ids {
+		raws = append(raws, s.table.m[id].raw)
+	}
+	s.mu.Unlock()
+	named := make([][]pystack.Frame, len(raws))
+	for i, r := range raws {
+		if r != nil {
+			named[i] = s.py.Frames(r.pid(), r.pyFrames())
+		}
+	}
+	s.mu.Lock()
+	for i, r := range raws {
+		if r != nil {
+			r.python, r.pythonRead = named[i], true
+		}
+	}
+	s.mu.Unlock()
+	for _, pid := range exited {
+		s.py.Forget(pid)
+		s.pythonGone(pid)
+	}
+}
+
+// resolve names the native frames of the stacks interned since it last
+// ran, and drops their raw frames. The symbol tables are read without
+// s.mu, so that events keep flowing.
+func (s *stackStore) resolve() {
+	s.resolving.Lock()
+	defer s.resolving.Unlock()
+	s.mu.Lock()
+	todo := s.unresolved
+	s.unresolved = nil
+	s.mu.Unlock()
+	s.readPython() // every stack of todo has its Python frames read after
+	// In batches: a batch's frames are copies until interned.
+	const batch = resolveBatch
+	raws := make([]*rawStack, 0, min(batch, len(todo)))
+	named := make([][]symbolize.Frame, 0, cap(raws))
+	for len(todo) > 0 {
+		ids := todo[:min(batch, len(todo))]
+		todo = todo[len(ids):]
+		raws, named = raws[:0], named[:0]
+		s.mu.Lock()
+		for _, id := range ids {
+			raws = append(raws, s.table.m[id].raw)
+		}
+		s.mu.Unlock()
+		for _, r := range raws {
+			var frames []symbolize.Frame
+			if r != nil {
+				frames = pystack.Merge(s.sym.Frames(r.pid(), r.native()), r.python)
+			}
+			named = append(named, frames)
+		}
+		s.storeFrames(ids, raws, named)
+	}
+}
+
+// storeFrames keeps the named frames of stacks, unless a stack was dropped
+// (and its ID perhaps taken again) while they were read.
+func (s *stackStore) storeFrames(ids []accounting.StackID, raws []*rawStack, named [][]symbolize.Frame) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, id := range ids {
+		if st, ok := s.table.m[id]; ok && raws[i] != nil && st.raw == raws[i] {
+			st.frames = s.internFrames(st.raw.op, named[i])
+			st.raw = nil // named now
+			s.table.m[id] = st
+		}
+	}
+}
+
+// internFrames returns the stack's frames, after the driver function's, in
+// the frame table, referenced until the stack is dropped.
+func (s *stackStore) internFrames(op memory.Op, frames []symbolize.Frame) []*symbolize.Frame {
+	out := make([]*symbolize.Frame, 0, len(frames)+1)
+	out = append(out, s.frames.intern(driverFrame(op)))
+	for _, f := range frames {
+		out = append(out, s.frames.intern(f))
+	}
+	return out
+}
+
+// driverFrame is the frame of the driver function a stack ends in.
+func driverFrame(op memory.Op) symbolize.Frame {
+	return symbolize.Frame{Function: op.Symbol(), Module: "libcuda.so.1"}
+}
+
+// askResolve has the stacks waiting named, unless they are being named.
+func (s *stackStore) askResolve() { signal(s.resolveNow) }
+
+// stackFrames are a stack's frames: once it is named, the store's, shared and
+// never changed; before, its driver function and the Python frames read
+// so far.
+func (s *stackStore) stackFrames(id accounting.StackID) []*symbolize.Frame {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.framesLocked(id)
+}
+
+func (s *stackStore) framesLocked(id accounting.StackID) []*symbolize.Frame {
+	st := s.table.m[id]
+	if st.frames != nil || st.raw == nil {
+		return st.frames
+	}
+	// Not named yet: no reference is taken for the frames known.
+	frames := []*symbolize.Frame{s.frames.find(driverFrame(st.raw.op))}
+	for _, f := range pystack.Merge(nil, st.raw.python) {
+		frames = append(frames, s.frames.find(f))
+	}
+	return frames
+}
+
+// nameRows sets the frames of rows from their stacks, and returns the
+// stacks not named yet (their frames those known so far). A chunk of rows
+// at a time: events wait for the lock no longer than that.
+func (s *stackStore) nameRows(rows []snapshotRow) (unnamed map[accounting.StackID]bool) {
+	const chunk = 4096
+	for len(rows) > 0 {
+		s.mu.Lock()
+		for i := range rows[:min(chunk, len(rows))] {
+			r := &rows[i]
+			r.frames = s.framesLocked(r.Stack)
+			if !s.table.m[r.Stack].named() {
+				if unnamed == nil {
+					unnamed = map[accounting.StackID]bool{}
+				}
+				unnamed[r.Stack] = true
+			}
+		}
+		s.mu.Unlock()
+		rows = rows[min(chunk, len(rows)):]
+	}
+	return unnamed
+}
+
+// allNamed says whether the stacks of every share are named.
+func (s *stackStore) allNamed(shares []accounting.PeakRow) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range shares {
+		if !s.table.m[r.Stack].named() {
+			return false
+		}
+	}
+	return true
+}
+
+// naming says whether a process has stacks not yet named.
+func (s *stackStore) naming(pid uint32) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range s.byPID[pid] {
+		if !s.table.m[id].named() {
+			return true
+		}
+	}
+	return false
+}
+
+// dropProcess forgets the stacks of a dropped process. Snapshots taken
+// before keep their frames.
+func (s *stackStore) dropProcess(pid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range s.byPID[pid] {
+		s.frames.release(s.table.m[id].frames)
+		s.table.drop(id)
+	}
+	delete(s.byPID, pid)
+}
+
+// addPIDs adds the processes with stacks to set.
+func (s *stackStore) addPIDs(set map[uint32]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	addKeys(set, s.byPID)
+}
