@@ -5,6 +5,7 @@
 set -uo pipefail
 gpumem=$1
 out=$2
+mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/protocol.sh"
 status=0
