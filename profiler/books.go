@@ -45,6 +45,12 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.events++
+	if _, exited := b.exitedAt[ev.PID]; exited && !ev.Exit {
+		// The PID was taken again by a new process before the exited one
+		// was dropped: not dropped while the new one lives, the two share
+		// the books (rows stay apart where their stacks differ).
+		delete(b.exitedAt, ev.PID)
+	}
 	switch {
 	case ev.Exit:
 		b.exitLocked(ev.PID, ev.Timestamp)

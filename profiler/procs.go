@@ -41,10 +41,14 @@ type processTable struct {
 	procs   map[uint32]*process
 	python  map[uint32]bool // registered Python processes
 	toRead  []uint32        // noted, not read yet
+	renewed map[uint32]bool // of toRead, PIDs taken again by a new process
 	pyAsked map[uint32]bool // to register as Python processes
 	// notPython are processes mapping Python files that are not Python
 	// processes gpu-mem can walk; not retried while they live.
-	notPython   map[int]bool
+	notPython map[int]bool
+	// notReady are Python processes whose interpreter was starting, and
+	// when to look again: not at every event meanwhile.
+	notReady    map[uint32]time.Time
 	watching    map[int]bool // commands Watch waits for
 	pyProcesses uint64       // Python processes registered
 	readNow     chan struct{}
@@ -57,6 +61,7 @@ type process struct {
 	comm      string
 	ordinals  map[int]gpuinfo.Device // its CUDA ordinals' GPUs
 	container container.Identity     // its cgroup's, not named
+	exited    bool                   // an event after it is a new process's
 }
 
 func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr *tracer.Tracer, py *pystack.Resolver) *processTable {
@@ -71,7 +76,9 @@ func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr *tracer.Tracer, p
 		procs:     map[uint32]*process{},
 		python:    map[uint32]bool{},
 		pyAsked:   map[uint32]bool{},
+		renewed:   map[uint32]bool{},
 		notPython: map[int]bool{},
+		notReady:  map[uint32]time.Time{},
 		watching:  map[int]bool{},
 		readNow:   make(chan struct{}, 1),
 	}
@@ -84,7 +91,10 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch p := t.procs[pid]; {
-	case p == nil:
+	case p == nil || p.exited:
+		if p != nil {
+			t.renewed[pid] = true
+		}
 		t.procs[pid] = &process{comm: comm}
 		t.toRead = append(t.toRead, pid)
 		signal(t.readNow)
@@ -94,11 +104,22 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 		t.procs[pid] = &next
 	}
 	python = t.python[pid]
-	if alloc && !python && !t.notPython[int(pid)] && !t.pyAsked[pid] {
+	if alloc && !python && !t.notPython[int(pid)] && !t.pyAsked[pid] && !t.startingNow(pid) {
 		t.pyAsked[pid] = true
 		signal(t.readNow)
 	}
 	return python
+}
+
+// notReadyRetry is how long a Python process whose interpreter was
+// starting is left before it is looked at again.
+const notReadyRetry = 50 * time.Millisecond
+
+// startingNow says whether a Python process's interpreter was starting a
+// moment ago. The caller holds t.mu.
+func (t *processTable) startingNow(pid uint32) bool {
+	at, ok := t.notReady[pid]
+	return ok && time.Now().Before(at)
 }
 
 // exited notes that a process exited, and says whether it was a
@@ -107,9 +128,15 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 func (t *processTable) exited(pid uint32) (python bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if p := t.procs[pid]; p != nil {
+		next := *p
+		next.exited = true
+		t.procs[pid] = &next
+	}
 	python = t.python[pid]
 	delete(t.python, pid)
 	delete(t.notPython, int(pid))
+	delete(t.notReady, pid)
 	return python
 }
 
@@ -127,8 +154,8 @@ func (t *processTable) readNoted() {
 	t.reading.Lock()
 	defer t.reading.Unlock()
 	t.mu.Lock()
-	pids := t.toRead
-	t.toRead = nil
+	pids, renewed := t.toRead, t.renewed
+	t.toRead, t.renewed = nil, map[uint32]bool{}
 	var python []uint32
 	for pid := range t.pyAsked {
 		python = append(python, pid)
@@ -136,6 +163,9 @@ func (t *processTable) readNoted() {
 	clear(t.pyAsked) // one that is not ready yet is asked again by its next event
 	t.mu.Unlock()
 	for _, pid := range pids {
+		if renewed[pid] {
+			t.sym.Forget(pid) // the exited process's maps
+		}
 		t.read(pid)
 	}
 	for _, pid := range python {
@@ -214,6 +244,9 @@ func (t *processTable) addPython(pid int) bool {
 	proc, err := pystack.Detect(t.procRoot, pid)
 	switch {
 	case errors.Is(err, pystack.ErrNotReady):
+		t.mu.Lock()
+		t.notReady[uint32(pid)] = time.Now().Add(notReadyRetry)
+		t.mu.Unlock()
 		return false
 	case errors.Is(err, fs.ErrNotExist) && gone(t.procRoot, pid):
 		return false // gone before it was read: nothing to walk
@@ -238,6 +271,7 @@ func (t *processTable) addPython(pid int) bool {
 	}
 	t.mu.Lock()
 	t.python[uint32(pid)] = true
+	delete(t.notReady, uint32(pid))
 	t.pyProcesses++
 	t.mu.Unlock()
 	t.logf("pid %d: Python %s frames", pid, proc.Version)

@@ -35,9 +35,7 @@ func listRows(t *testing.T, p *Profiler) []Row {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows []Row
-	s.EachRow(func(r *Row) { rows = append(rows, *r) })
-	return rows
+	return s.Rows(nil)
 }
 
 // TestIntervalSnapshotLeavesStacksBeingNamed: an interval snapshot never

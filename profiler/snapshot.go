@@ -33,14 +33,20 @@ type Snapshot struct {
 	rows   []snapshotRow
 	procs  map[uint32]*process // of the rows, peaks and failures
 	shares []accounting.PeakRow
+	// The rows' frames: the frame table's, by index, as the rows were
+	// named; those of stacks not named yet (a Whole snapshot names them
+	// first: rare).
+	table   []*symbolize.Frame
+	unnamed map[accounting.StackID][]*symbolize.Frame
 }
 
 // snapshotRow is a row of the books as a snapshot keeps it: its process's
-// name, pod and GPUs are the snapshot's, once per process.
+// name, pod and GPUs are the snapshot's, once per process; its frames,
+// indices in the snapshot's table.
 type snapshotRow struct {
 	accounting.Key
 	accounting.Counters
-	frames []*symbolize.Frame // the stack's, shared
+	frames []uint32 // the stack's, shared with the profiler: read-only
 }
 
 // Kind says what a snapshot holds.
@@ -59,27 +65,49 @@ const (
 	// exporter of the differences between snapshots loses nothing and
 	// counts nothing twice. The agent takes one an interval.
 	Interval
+	// IntervalPeaks is Interval without rows: for a reader of the peaks
+	// alone (the agent's gauges, with no Pyroscope server), which then
+	// copies no row.
+	IntervalPeaks
 )
 
 // Len is how many rows the snapshot holds.
 func (s *Snapshot) Len() int { return len(s.rows) }
 
-// EachRow calls fn with each row, in no order. The row is reused: fn must
-// not keep it; its frames are the snapshot's, read-only.
+// EachRow calls fn with each row, in no order. The row and its frame
+// slice are reused: fn must not keep them; the frames themselves are
+// read-only and never change.
 func (s *Snapshot) EachRow(fn func(*Row)) {
 	var row Row
+	var frames []*symbolize.Frame
 	for i := range s.rows {
 		r := &s.rows[i]
-		row = s.procs[r.PID].row(r.Key, r.Counters, r.frames)
+		frames = s.appendFrames(frames[:0], r)
+		row = s.procs[r.PID].row(r.Key, r.Counters, frames)
 		fn(&row)
 	}
+}
+
+// appendFrames appends a row's frames to dst.
+func (s *Snapshot) appendFrames(dst []*symbolize.Frame, r *snapshotRow) []*symbolize.Frame {
+	if r.frames == nil {
+		return append(dst, s.unnamed[r.Stack]...)
+	}
+	for _, f := range r.frames {
+		dst = append(dst, s.table[f])
+	}
+	return dst
 }
 
 // Rows are the snapshot's rows, by live bytes, then allocated bytes,
 // descending, appended to dst.
 func (s *Snapshot) Rows(dst []Row) []Row {
 	dst = slices.Grow(dst, len(s.rows))
-	s.EachRow(func(r *Row) { dst = append(dst, *r) })
+	s.EachRow(func(r *Row) {
+		row := *r
+		row.Frames = slices.Clone(r.Frames)
+		dst = append(dst, row)
+	})
 	sortRows(dst)
 	return dst
 }
@@ -107,10 +135,10 @@ func (p *Profiler) Snapshot(kind Kind) (*Snapshot, error) {
 
 // SnapshotTo is Snapshot into s, reusing the memory of its rows: a caller
 // that takes one every interval, done with the previous one by the time it
-// takes the next, keeps one. Every process of the rows is read (its pod
-// and GPUs) and every event sent before the call counted. One snapshot is
-// taken at a time; the events flow meanwhile, but for the moment the
-// books' rows are copied (about 20 ns a row).
+// takes the next, keeps one. The processes noted so far are read first
+// (their pods and GPUs); Sync before it counts every event sent before.
+// One snapshot is taken at a time; the events flow meanwhile, but for the
+// moment the books' rows are copied.
 func (p *Profiler) SnapshotTo(s *Snapshot, kind Kind) error {
 	p.snapshotting.Lock()
 	defer p.snapshotting.Unlock()
@@ -119,8 +147,8 @@ func (p *Profiler) SnapshotTo(s *Snapshot, kind Kind) error {
 		p.stacks.resolve()
 		p.deliverOOMs()
 	}
-	*s = Snapshot{rows: s.rows[:0], shares: s.shares[:0], Libraries: p.attacher.appendLibraries(s.Libraries[:0]),
-		procs: map[uint32]*process{}}
+	*s = Snapshot{rows: s.rows[:0], shares: s.shares[:0], table: s.table[:0],
+		Libraries: p.attacher.appendLibraries(s.Libraries[:0]), procs: map[uint32]*process{}}
 	peaks, timeline, err := p.copyBooks(s, kind)
 	if kind == Interval && !p.stacks.allNamed(s.shares) {
 		p.stacks.resolve() // a row of a peak is in the snapshot
@@ -148,19 +176,13 @@ func (p *Profiler) copyBooks(s *Snapshot, kind Kind) ([]accounting.Peak, *accoun
 	b := p.books
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p.startInterval(kind == Interval)
+	p.startInterval(kind != Whole)
 	s.Time, s.Losses = time.Now(), losses
 	s.Ledger, s.Python, s.NativeTruncated, s.Events = b.ledger.Stats(), b.python, b.nativeTruncated, b.events
 	s.OOMs = slices.Clone(b.ooms)
-	if n := b.ledger.Len(); cap(s.rows) < n {
-		s.rows = slices.Grow(s.rows, n)
+	if kind != IntervalPeaks {
+		p.copyRows(s)
 	}
-	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
-		if p.onGPU(k) {
-			s.rows = append(s.rows, snapshotRow{Key: k, Counters: c})
-			s.procs[k.PID] = nil
-		}
-	})
 	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
 		if p.onGPU(k.Key) {
 			s.Failures = append(s.Failures, Failure{FailureKey: k, Failures: f})
@@ -168,7 +190,7 @@ func (p *Profiler) copyBooks(s *Snapshot, kind Kind) ([]accounting.Peak, *accoun
 		}
 	})
 	var peaks []accounting.Peak
-	if kind == Interval {
+	if kind != Whole {
 		peaks = b.ledger.TakeIntervalPeaks(bpfNow())
 		for i := range peaks { // into s: the ledger reuses its buffer
 			start := len(s.shares)
@@ -186,17 +208,31 @@ func (p *Profiler) copyBooks(s *Snapshot, kind Kind) ([]accounting.Peak, *accoun
 	return peaks, timeline, err
 }
 
+// copyRows copies the books' rows into s. The caller holds p.books.mu.
+func (p *Profiler) copyRows(s *Snapshot) {
+	l := p.books.ledger
+	s.rows = slices.Grow(s.rows, l.Len())
+	l.Rows(func(k accounting.Key, c accounting.Counters) {
+		if p.onGPU(k) {
+			s.rows = append(s.rows, snapshotRow{Key: k, Counters: c})
+			s.procs[k.PID] = nil
+		}
+	})
+}
+
 // nameRows names the snapshot's rows. An Interval snapshot leaves out the
 // rows whose stacks are being named, and keeps their processes from being
 // dropped until a snapshot has them.
 func (p *Profiler) nameRows(s *Snapshot, kind Kind) {
-	unnamed := p.stacks.nameRows(s.rows)
+	var unnamed map[accounting.StackID][]*symbolize.Frame
+	s.table, unnamed = p.stacks.nameRows(s.rows, s.table)
 	if kind == Whole {
+		s.unnamed = unnamed
 		return
 	}
 	var waiting map[uint32]bool
 	s.rows = slices.DeleteFunc(s.rows, func(r snapshotRow) bool {
-		if !unnamed[r.Stack] {
+		if r.frames != nil { // named
 			return false
 		}
 		if waiting == nil {

@@ -7,8 +7,6 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/pystack"
-	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -36,9 +34,9 @@ type stackTable struct {
 type stack struct {
 	check uint64
 	raw   *rawStack // nil once named
-	// frames are in the frame table, innermost first: the driver
+	// frames are indices in the frame table, innermost first: the driver
 	// function, then its callers; nil until named, never changed after.
-	frames []*symbolize.Frame
+	frames []uint32
 }
 
 // gone says the stack's process was dropped: the entry is a mark, kept
@@ -51,11 +49,8 @@ func (s stack) named() bool { return s.raw == nil }
 
 // rawStack is a stack as its first event carried it, kept until named.
 type rawStack struct {
-	key    string // what the ID hashes
-	op     memory.Op
-	python []pystack.Frame // named, once pythonRead
-	// pythonRead says the Python frames were read (or there are none).
-	pythonRead bool
+	key string // what the ID hashes
+	op  memory.Op
 }
 
 func newStackTable() stackTable {

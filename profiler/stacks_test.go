@@ -6,7 +6,6 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -53,7 +52,7 @@ func intern(t *stackTable, key string) accounting.StackID {
 // name drops a stack's raw key, as resolve does.
 func name(t *stackTable, id accounting.StackID) {
 	s := t.m[id]
-	s.raw, s.frames = nil, []*symbolize.Frame{{Function: "named"}}
+	s.raw, s.frames = nil, []uint32{0}
 	t.m[id] = s
 }
 

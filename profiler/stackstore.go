@@ -31,11 +31,14 @@ type stackStore struct {
 	frames     frameTable // each distinct frame of named stacks, once
 	unresolved []accounting.StackID
 	pyUnread   []accounting.StackID // stacks whose Python frames are not read yet
-	pyExited   []uint32             // Python processes to forget once their frames are read
-	resolveNow chan struct{}        // to the goroutine that resolves
-	readNow    chan struct{}        // to the goroutine that reads Python frames
-	resolving  sync.Mutex           // one resolve at a time
-	reading    sync.Mutex           // one readPython at a time
+	// python are the Python frames read of stacks not named yet: apart
+	// from the raw stacks, which most often have none.
+	python     map[*rawStack][]pystack.Frame
+	pyExited   []uint32      // Python processes to forget once their frames are read
+	resolveNow chan struct{} // to the goroutine that resolves
+	readNow    chan struct{} // to the goroutine that reads Python frames
+	resolving  sync.Mutex    // one resolve at a time
+	reading    sync.Mutex    // one readPython at a time
 }
 
 func newStackStore(sym *symbolize.Symbolizer, py *pystack.Resolver, pythonGone func(uint32)) *stackStore {
@@ -46,6 +49,7 @@ func newStackStore(sym *symbolize.Symbolizer, py *pystack.Resolver, pythonGone f
 		table:      newStackTable(),
 		byPID:      map[uint32][]accounting.StackID{},
 		frames:     newFrameTable(),
+		python:     map[*rawStack][]pystack.Frame{},
 		resolveNow: make(chan struct{}, 1),
 		readNow:    make(chan struct{}, 1),
 	}
@@ -69,11 +73,11 @@ func (s *stackStore) intern(ev *tracer.Event) accounting.StackID {
 	if found {
 		return id
 	}
-	raw := &rawStack{key: string(k), op: ev.Op, pythonRead: len(ev.PyFrames) == 0}
+	raw := &rawStack{key: string(k), op: ev.Op}
 	s.table.add(id, check, raw)
 	s.byPID[ev.PID] = append(s.byPID[ev.PID], id)
 	s.unresolved = append(s.unresolved, id)
-	if !raw.pythonRead {
+	if len(ev.PyFrames) > 0 {
 		s.pyUnread = append(s.pyUnread, id)
 		signal(s.readNow)
 	}
@@ -115,8 +119,8 @@ func (s *stackStore) readPython() {
 	}
 	s.mu.Lock()
 	for i, r := range raws {
-		if r != nil {
-			r.python, r.pythonRead = named[i], true
+		if r != nil && s.table.m[ids[i]].raw == r { // not dropped meanwhile
+			s.python[r] = named[i]
 		}
 	}
 	s.mu.Unlock()
@@ -140,20 +144,22 @@ func (s *stackStore) resolve() {
 	// In batches: a batch's frames are copies until interned.
 	const batch = resolveBatch
 	raws := make([]*rawStack, 0, min(batch, len(todo)))
+	python := make([][]pystack.Frame, 0, cap(raws))
 	named := make([][]symbolize.Frame, 0, cap(raws))
 	for len(todo) > 0 {
 		ids := todo[:min(batch, len(todo))]
 		todo = todo[len(ids):]
-		raws, named = raws[:0], named[:0]
+		raws, python, named = raws[:0], python[:0], named[:0]
 		s.mu.Lock()
 		for _, id := range ids {
-			raws = append(raws, s.table.m[id].raw)
+			r := s.table.m[id].raw
+			raws, python = append(raws, r), append(python, s.python[r])
 		}
 		s.mu.Unlock()
-		for _, r := range raws {
+		for i, r := range raws {
 			var frames []symbolize.Frame
 			if r != nil {
-				frames = pystack.Merge(s.sym.Frames(r.pid(), r.native()), r.python)
+				frames = pystack.Merge(s.sym.Frames(r.pid(), r.native()), python[i])
 			}
 			named = append(named, frames)
 		}
@@ -169,6 +175,7 @@ func (s *stackStore) storeFrames(ids []accounting.StackID, raws []*rawStack, nam
 	for i, id := range ids {
 		if st, ok := s.table.m[id]; ok && raws[i] != nil && st.raw == raws[i] {
 			st.frames = s.internFrames(st.raw.op, named[i])
+			delete(s.python, st.raw)
 			st.raw = nil // named now
 			s.table.m[id] = st
 		}
@@ -177,8 +184,8 @@ func (s *stackStore) storeFrames(ids []accounting.StackID, raws []*rawStack, nam
 
 // internFrames returns the stack's frames, after the driver function's, in
 // the frame table, referenced until the stack is dropped.
-func (s *stackStore) internFrames(op memory.Op, frames []symbolize.Frame) []*symbolize.Frame {
-	out := make([]*symbolize.Frame, 0, len(frames)+1)
+func (s *stackStore) internFrames(op memory.Op, frames []symbolize.Frame) []uint32 {
+	out := make([]uint32, 0, len(frames)+1)
 	out = append(out, s.frames.intern(driverFrame(op)))
 	for _, f := range frames {
 		out = append(out, s.frames.intern(f))
@@ -194,49 +201,61 @@ func driverFrame(op memory.Op) symbolize.Frame {
 // askResolve has the stacks waiting named, unless they are being named.
 func (s *stackStore) askResolve() { signal(s.resolveNow) }
 
-// stackFrames are a stack's frames: once it is named, the store's, shared and
-// never changed; before, its driver function and the Python frames read
-// so far.
+// stackFrames are a stack's frames; before it is named, its driver
+// function and the Python frames read so far.
 func (s *stackStore) stackFrames(id accounting.StackID) []*symbolize.Frame {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.framesLocked(id)
+	st := s.table.m[id]
+	if st.raw != nil {
+		return s.unnamedFrames(st.raw)
+	}
+	frames := make([]*symbolize.Frame, len(st.frames))
+	for i, f := range st.frames {
+		frames[i] = s.frames.frames[f]
+	}
+	return frames
 }
 
-func (s *stackStore) framesLocked(id accounting.StackID) []*symbolize.Frame {
-	st := s.table.m[id]
-	if st.frames != nil || st.raw == nil {
-		return st.frames
-	}
-	// Not named yet: no reference is taken for the frames known.
-	frames := []*symbolize.Frame{s.frames.find(driverFrame(st.raw.op))}
-	for _, f := range pystack.Merge(nil, st.raw.python) {
+// unnamedFrames are what is known of the frames of a stack not named yet:
+// its driver function and the Python frames read so far. No reference is
+// taken on them. The caller holds s.mu.
+func (s *stackStore) unnamedFrames(raw *rawStack) []*symbolize.Frame {
+	frames := []*symbolize.Frame{s.frames.find(driverFrame(raw.op))}
+	for _, f := range pystack.Merge(nil, s.python[raw]) {
 		frames = append(frames, s.frames.find(f))
 	}
 	return frames
 }
 
-// nameRows sets the frames of rows from their stacks, and returns the
-// stacks not named yet (their frames those known so far). A chunk of rows
-// at a time: events wait for the lock no longer than that.
-func (s *stackStore) nameRows(rows []snapshotRow) (unnamed map[accounting.StackID]bool) {
+// nameRows sets the frames of rows from their stacks' (indices in table),
+// and returns the table, copied into table, and the frames known of the
+// stacks not named yet. A chunk of rows at a time: events wait for the
+// lock no longer than that. Indices are freed only as processes are
+// dropped, which snapshots do before they name rows: the table copied
+// last has every index of every chunk.
+func (s *stackStore) nameRows(rows []snapshotRow, table []*symbolize.Frame) ([]*symbolize.Frame, map[accounting.StackID][]*symbolize.Frame) {
+	var unnamed map[accounting.StackID][]*symbolize.Frame
 	const chunk = 4096
-	for len(rows) > 0 {
+	for done := 0; ; {
 		s.mu.Lock()
-		for i := range rows[:min(chunk, len(rows))] {
-			r := &rows[i]
-			r.frames = s.framesLocked(r.Stack)
-			if !s.table.m[r.Stack].named() {
+		for i := range rows[done:min(done+chunk, len(rows))] {
+			r := &rows[done+i]
+			st := s.table.m[r.Stack]
+			if r.frames = st.frames; st.raw != nil {
 				if unnamed == nil {
-					unnamed = map[accounting.StackID]bool{}
+					unnamed = map[accounting.StackID][]*symbolize.Frame{}
 				}
-				unnamed[r.Stack] = true
+				unnamed[r.Stack] = s.unnamedFrames(st.raw)
 			}
 		}
+		if done += chunk; done >= len(rows) {
+			table = s.frames.appendPointers(table)
+			s.mu.Unlock()
+			return table, unnamed
+		}
 		s.mu.Unlock()
-		rows = rows[min(chunk, len(rows)):]
 	}
-	return unnamed
 }
 
 // allNamed says whether the stacks of every share are named.
@@ -269,7 +288,9 @@ func (s *stackStore) dropProcess(pid uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range s.byPID[pid] {
-		s.frames.release(s.table.m[id].frames)
+		st := s.table.m[id]
+		s.frames.release(st.frames)
+		delete(s.python, st.raw)
 		s.table.drop(id)
 	}
 	delete(s.byPID, pid)

@@ -66,7 +66,9 @@ func (s *session) intervalPeaks(pid int) map[string]profiler.Peak {
 	}
 	peaks := peaksOf(s.t, snap.Peaks, pid)
 	named := map[accounting.Key]profiler.Row{}
-	snap.EachRow(func(row *profiler.Row) { named[row.Key] = *row })
+	for _, row := range snap.Rows(nil) {
+		named[row.Key] = row
+	}
 	for gpu, pk := range peaks {
 		pk.Rows = namedShares(s.t, pk, named)
 		peaks[gpu] = pk

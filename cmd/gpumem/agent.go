@@ -225,7 +225,11 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 		line += o.pushStatus(exp.Stats())
 	}
 	logf("%s", line)
-	_ = p.SnapshotTo(&o.snapshot, profiler.Interval) // a loss counter's read error: said by the status line
+	kind := profiler.IntervalPeaks // for the gauges alone: no row copied
+	if exp != nil {
+		kind = profiler.Interval
+	}
+	_ = p.SnapshotTo(&o.snapshot, kind) // a loss counter's read error: said by the status line
 	o.peaks.Set(o.snapshot.Peaks)
 	if exp != nil {
 		exp.ExportSnapshot(&o.snapshot)

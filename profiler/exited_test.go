@@ -1,0 +1,58 @@
+package profiler
+
+import (
+	"testing"
+
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// TestPIDTakenAgain: a process exits and a new one takes its PID before
+// the first is dropped. The new process is not dropped with the old one
+// while it lives: its rows keep their frames and it has its own name,
+// read again; once it exits, both go.
+func TestPIDTakenAgain(t *testing.T) {
+	p := bareProfiler()
+	event := func(ev tracer.Event) {
+		ev.PID, ev.Op, ev.Bytes = 42, memory.Op(1), 100
+		p.handle(&ev)
+	}
+	rowsOf42 := func() []Row {
+		t.Helper()
+		var rows []Row
+		for _, r := range listRows(t, p) {
+			if r.PID == 42 {
+				rows = append(rows, r)
+			}
+		}
+		return rows
+	}
+	event(tracer.Event{Comm: "old", Address: 0x1000, Timestamp: 1, Stack: []uint64{0x401000}})
+	event(tracer.Event{Exit: true, Timestamp: 2})
+	if rows := rowsOf42(); len(rows) != 1 || rows[0].Comm != "old" {
+		t.Fatalf("the first process: %+v", rows)
+	}
+	event(tracer.Event{Comm: "new", Address: 0x2000, Timestamp: 3, Stack: []uint64{0x402000}})
+	if !p.procs.renewed[42] {
+		t.Error("the new process is not read again")
+	}
+	for i := range 3 { // the old one would be dropped at the second
+		rows := rowsOf42()
+		var live uint64
+		for _, r := range rows {
+			live += r.LiveBytes()
+			if r.Comm != "new" || len(r.Frames) == 0 {
+				t.Errorf("interval %d: row %+v", i, r)
+			}
+		}
+		if live != 100 || p.Processes() != 1 {
+			t.Fatalf("interval %d: %d bytes live in %d rows, %d processes: want the new one's 100", i, live, len(rows), p.Processes())
+		}
+	}
+	event(tracer.Event{Exit: true, Timestamp: 4})
+	rowsOf42()
+	rowsOf42()
+	if n := p.Processes(); n != 0 {
+		t.Errorf("%d processes after both exited", n)
+	}
+}

@@ -1,0 +1,44 @@
+package profiler
+
+import (
+	"testing"
+	"time"
+)
+
+// TestNoteAsksForPythonOnce: an allocation of a process not registered as
+// Python has it looked at once until the look is done; one whose
+// interpreter was starting is left for notReadyRetry, not looked at again
+// at every event; frees never ask.
+func TestNoteAsksForPythonOnce(t *testing.T) {
+	p := bareProfiler()
+	procs := p.procs
+	asked := func() bool {
+		t.Helper()
+		select {
+		case <-procs.readNow:
+		default:
+		}
+		ok := procs.pyAsked[7]
+		clear(procs.pyAsked)
+		return ok
+	}
+	if procs.note(7, "python3", false); asked() {
+		t.Error("a free asked for Python")
+	}
+	procs.note(7, "python3", true)
+	procs.note(7, "python3", true)
+	if !asked() {
+		t.Error("an allocation did not ask for Python")
+	}
+	procs.notReady[7] = time.Now().Add(time.Hour)
+	if procs.note(7, "python3", true); asked() {
+		t.Error("asked again while the interpreter was starting")
+	}
+	procs.notReady[7] = time.Now().Add(-time.Millisecond)
+	if procs.note(7, "python3", true); !asked() {
+		t.Error("not asked again once the wait was over")
+	}
+	if procs.exited(7); len(procs.notReady) != 0 {
+		t.Errorf("kept after the exit: %v", procs.notReady)
+	}
+}
