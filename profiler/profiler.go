@@ -62,8 +62,9 @@ type Config struct {
 	ScanInterval time.Duration
 	// Logf receives progress messages (attachments, waiting); may be nil.
 	Logf func(format string, args ...any)
-	// OnOOM, when set, receives each out-of-memory snapshot as it is taken,
-	// from the goroutine that reads events: it should not block for long.
+	// OnOOM, when set, receives each out-of-memory snapshot soon after it
+	// is taken, in order, from a goroutine of its own (never the one that
+	// reads events); Sync and reports wait for those taken before them.
 	OnOOM func(OOM)
 	// Timeline keeps each process's live bytes per GPU and view over time,
 	// for Report.Timeline (gpumem record's HTML report): bounded memory

@@ -11,8 +11,9 @@ import (
 )
 
 // Snapshot is the books at one moment, named: what every reader of the
-// profiler reads (the agent's exporter, gauges and status line once an
-// interval, Report for gpumem record, top and the IG operator), and
+// profiler reads (the agent's exporter and gauges once an interval,
+// Report for gpumem record, top and the IG operator; Totals, for a scrape
+// of the metrics, is a copy of its own), and
 // nothing in it calls back into the profiler. The profiler never changes
 // a snapshot once taken; SnapshotTo reuses the memory of one its caller is
 // done with. Stack IDs are stable: a stack keeps its ID from its first
@@ -22,7 +23,7 @@ type Snapshot struct {
 	Failures []Failure // in no order
 	OOMs     []OOM     // out-of-memory snapshots, oldest first, the latest MaxOOMs
 	// Peaks are each process's per GPU and view, by PID, GPU and view: an
-	// Interval snapshot's are the interval's, with Shares and no Rows; a
+	// interval snapshot's are the interval's, with Shares and no Rows; a
 	// Whole one's are over the run (exited processes' until dropped), with
 	// Rows.
 	Peaks    []Peak
