@@ -76,7 +76,6 @@ func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr *tracer.Tracer, p
 		procs:     map[uint32]*process{},
 		python:    map[uint32]bool{},
 		pyAsked:   map[uint32]bool{},
-		renewed:   map[uint32]bool{},
 		notPython: map[int]bool{},
 		notReady:  map[uint32]time.Time{},
 		watching:  map[int]bool{},
@@ -93,6 +92,9 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 	switch p := t.procs[pid]; {
 	case p == nil || p.exited:
 		if p != nil {
+			if t.renewed == nil {
+				t.renewed = map[uint32]bool{}
+			}
 			t.renewed[pid] = true
 		}
 		t.procs[pid] = &process{comm: comm}
@@ -155,7 +157,7 @@ func (t *processTable) readNoted() {
 	defer t.reading.Unlock()
 	t.mu.Lock()
 	pids, renewed := t.toRead, t.renewed
-	t.toRead, t.renewed = nil, map[uint32]bool{}
+	t.toRead, t.renewed = nil, nil
 	var python []uint32
 	for pid := range t.pyAsked {
 		python = append(python, pid)

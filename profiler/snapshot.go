@@ -225,10 +225,8 @@ func (p *Profiler) copyRows(s *Snapshot) {
 // rows whose stacks are being named, and keeps their processes from being
 // dropped until a snapshot has them.
 func (p *Profiler) nameRows(s *Snapshot, kind Kind) {
-	var unnamed map[accounting.StackID][]*symbolize.Frame
-	s.table, unnamed = p.stacks.nameRows(s.rows, s.table)
+	s.table, s.unnamed = p.stacks.nameRows(s.rows, s.table, kind == Whole)
 	if kind == Whole {
-		s.unnamed = unnamed
 		return
 	}
 	var waiting map[uint32]bool

@@ -229,12 +229,13 @@ func (s *stackStore) unnamedFrames(raw *rawStack) []*symbolize.Frame {
 }
 
 // nameRows sets the frames of rows from their stacks' (indices in table),
-// and returns the table, copied into table, and the frames known of the
-// stacks not named yet. A chunk of rows at a time: events wait for the
+// and returns the table, copied into table, and, if withUnnamed, the
+// frames known of the stacks not named yet (whose rows have no indices).
+// A chunk of rows at a time: events wait for the
 // lock no longer than that. Indices are freed only as processes are
 // dropped, which snapshots do before they name rows: the table copied
 // last has every index of every chunk.
-func (s *stackStore) nameRows(rows []snapshotRow, table []*symbolize.Frame) ([]*symbolize.Frame, map[accounting.StackID][]*symbolize.Frame) {
+func (s *stackStore) nameRows(rows []snapshotRow, table []*symbolize.Frame, withUnnamed bool) ([]*symbolize.Frame, map[accounting.StackID][]*symbolize.Frame) {
 	var unnamed map[accounting.StackID][]*symbolize.Frame
 	const chunk = 4096
 	for done := 0; ; {
@@ -242,7 +243,7 @@ func (s *stackStore) nameRows(rows []snapshotRow, table []*symbolize.Frame) ([]*
 		for i := range rows[done:min(done+chunk, len(rows))] {
 			r := &rows[done+i]
 			st := s.table.m[r.Stack]
-			if r.frames = st.frames; st.raw != nil {
+			if r.frames = st.frames; st.raw != nil && withUnnamed {
 				if unnamed == nil {
 					unnamed = map[accounting.StackID][]*symbolize.Frame{}
 				}
