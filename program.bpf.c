@@ -733,37 +733,109 @@ struct {
 	__type(value, struct frame_head);
 } frame_heads SEC(".maps");
 
-static __always_inline __u64 frame_u64(const struct frame_head *h, __u64 frame, __u16 off)
+/* The calling thread's data stack (3.11+), read at once: the frames a walk
+ * follows lie in it, one below the other, so that a walk costs one read of
+ * user memory however deep. Frames outside it (generators', C-stack shims,
+ * an older chunk) have their heads read one by one. It holds the bytes from
+ * lo to the top frame's head. */
+#define GPUMEM_PY_STACK_WINDOW 16384
+
+struct stack_window {
+	__u8 bytes[GPUMEM_PY_STACK_WINDOW + 8]; /* + 8: a field read at the last offset */
+	__u64 lo;
+	__u64 len; /* 0: nothing read */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_window);
+} stack_windows SEC(".maps");
+
+/* read_stack_window reads the thread's data stack chunk, from its start or
+ * as far below the top frame as the window holds, up to the top frame's
+ * head. */
+static __always_inline void read_stack_window(struct stack_window *w, const struct gpumem_python *py, __u64 ts,
+					      __u64 top)
 {
-	if (h->ok && off <= GPUMEM_PY_FRAME_HEAD - 8)
-		return *(const __u64 *)&h->bytes[off];
-	return read_ptr(frame + off);
+	w->len = 0;
+	if (py->tstate_datastack_chunk == GPUMEM_PY_NO_FIELD || !top)
+		return;
+	__u64 chunk = read_ptr(ts + py->tstate_datastack_chunk);
+	__u64 chunk_size = read_ptr(chunk + 8); /* _PyStackChunk: previous, size, top, data */
+	__u64 end = top + GPUMEM_PY_FRAME_HEAD;
+	if (!chunk || top < chunk || end > chunk + chunk_size)
+		return;
+	__u64 lo = end - chunk > GPUMEM_PY_STACK_WINDOW ? end - GPUMEM_PY_STACK_WINDOW : chunk;
+	__u64 len = end - lo;
+	if (len > GPUMEM_PY_STACK_WINDOW || bpf_probe_read_user(w->bytes, len, (void *)lo))
+		return;
+	w->lo = lo;
+	w->len = len;
 }
 
-static __always_inline __u8 frame_u8(const struct frame_head *h, __u64 frame, __u16 off)
+/* A frame being read: at its offset in the window or, outside it, with its
+ * head read alone into a frame_head (ok when that read succeeded). */
+#define GPUMEM_OUTSIDE_WINDOW (~0ULL)
+
+struct frame_at {
+	__u64 frame;
+	__u64 at;
+};
+
+static __always_inline struct frame_at locate_frame(const struct stack_window *w, struct frame_head *h, __u64 frame)
 {
-	if (h->ok && off < GPUMEM_PY_FRAME_HEAD)
-		return h->bytes[off];
-	return read_u8(frame + off);
+	struct frame_at f = {.frame = frame, .at = GPUMEM_OUTSIDE_WINDOW};
+	if (frame >= w->lo && frame - w->lo + GPUMEM_PY_FRAME_HEAD <= w->len) {
+		f.at = frame - w->lo;
+		return f;
+	}
+	h->ok = bpf_probe_read_user(h->bytes, sizeof(h->bytes), (void *)frame) == 0;
+	return f;
 }
 
-static __always_inline void read_frame(const struct gpumem_python *py, const struct frame_head *h,
-				       __u64 frame, struct gpumem_pyframe *f)
+static __always_inline __u64 frame_u64(const struct stack_window *w, const struct frame_head *h,
+				       const struct frame_at *f, __u16 off)
 {
-	f->code = frame_u64(h, frame, py->frame_code);
-	f->instr = frame_u64(h, frame, py->frame_instr);
+	if (off <= GPUMEM_PY_FRAME_HEAD - 8) {
+		if (f->at != GPUMEM_OUTSIDE_WINDOW)
+			return *(const __u64 *)&w->bytes[(f->at + off) & (GPUMEM_PY_STACK_WINDOW - 1)];
+		if (h->ok)
+			return *(const __u64 *)&h->bytes[off];
+	}
+	return read_ptr(f->frame + off);
+}
+
+static __always_inline __u8 frame_u8(const struct stack_window *w, const struct frame_head *h,
+				     const struct frame_at *f, __u16 off)
+{
+	if (off < GPUMEM_PY_FRAME_HEAD) {
+		if (f->at != GPUMEM_OUTSIDE_WINDOW)
+			return w->bytes[(f->at + off) & (GPUMEM_PY_STACK_WINDOW - 1)];
+		if (h->ok)
+			return h->bytes[off];
+	}
+	return read_u8(f->frame + off);
+}
+
+static __always_inline void read_frame(const struct gpumem_python *py, const struct stack_window *w,
+				       const struct frame_head *h, const struct frame_at *at, struct gpumem_pyframe *f)
+{
+	f->code = frame_u64(w, h, at, py->frame_code);
+	f->instr = frame_u64(w, h, at, py->frame_instr);
 	if (py->instr_size == 4)
 		f->instr &= 0xffffffff;
 	f->cls = 0;
 	f->flags = 0;
-	if (py->frame_is_entry != GPUMEM_PY_NO_FIELD && frame_u8(h, frame, py->frame_is_entry))
+	if (py->frame_is_entry != GPUMEM_PY_NO_FIELD && frame_u8(w, h, at, py->frame_is_entry))
 		f->flags = GPUMEM_PYFRAME_ENTRY;
 	if (py->frame_localsplus != GPUMEM_PY_NO_FIELD) {
 		/* 3.10: one evaluation loop per frame; no qualified names, so keep
 		 * the class of the first argument: the object itself when it is
 		 * a class (cls), else its type (self). */
 		f->flags = GPUMEM_PYFRAME_ENTRY;
-		__u64 arg = read_ptr(frame + py->frame_localsplus);
+		__u64 arg = read_ptr(at->frame + py->frame_localsplus);
 		if (arg) {
 			__u64 type = read_ptr(arg + 8); /* ob_type */
 			__u64 tp_flags = read_ptr(type + py->type_flags);
@@ -779,36 +851,54 @@ struct walk_frames {
 	__u16 flags;
 };
 
+/* walk_frame reads one frame into e->pystack and moves c to its caller;
+ * false when the walk is over. */
+static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_event *e, const struct stack_window *w,
+				       struct frame_head *h)
+{
+	if (!c->frame)
+		return false;
+	if (c->n >= GPUMEM_MAX_PY_FRAMES) {
+		c->flags |= GPUMEM_PY_TRUNCATED;
+		return false;
+	}
+	struct frame_at at = locate_frame(w, h, c->frame);
+	if (c->py.owner_cstack && frame_u8(w, h, &at, c->py.frame_owner) == c->py.owner_cstack) {
+		/* A shim: the frame inside it was entered from C. */
+		if (c->n > 0)
+			e->pystack[(c->n - 1) & (GPUMEM_MAX_PY_FRAMES - 1)].flags |= GPUMEM_PYFRAME_ENTRY;
+	} else {
+		read_frame(&c->py, w, h, &at, &e->pystack[c->n & (GPUMEM_MAX_PY_FRAMES - 1)]);
+		c->n++;
+	}
+	if (c->py.frame_previous <= GPUMEM_PY_FRAME_HEAD - 8 && (at.at != GPUMEM_OUTSIDE_WINDOW || h->ok)) {
+		c->frame = frame_u64(w, h, &at, c->py.frame_previous);
+		return true;
+	}
+	__u64 previous;
+	if (bpf_probe_read_user(&previous, sizeof(previous), (void *)(c->frame + c->py.frame_previous))) {
+		c->flags |= GPUMEM_PY_READ_ERROR;
+		return false;
+	}
+	c->frame = previous;
+	return true;
+}
+
+/* Frames one bpf_loop step walks: a step's call and map lookups cost about
+ * what reading a frame from the window does. */
+#define GPUMEM_PY_FRAMES_PER_STEP 4
+
 static long walk_frames_step(__u64 index, struct walk_frames *c)
 {
 	__u32 zero = 0;
 	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
 	struct frame_head *h = bpf_map_lookup_elem(&frame_heads, &zero);
-	if (!e || !h || !c->frame)
+	struct stack_window *w = bpf_map_lookup_elem(&stack_windows, &zero);
+	if (!e || !h || !w)
 		return 1;
-	if (c->n >= GPUMEM_MAX_PY_FRAMES) {
-		c->flags |= GPUMEM_PY_TRUNCATED;
-		return 1;
-	}
-	h->ok = bpf_probe_read_user(h->bytes, sizeof(h->bytes), (void *)c->frame) == 0;
-	if (c->py.owner_cstack && frame_u8(h, c->frame, c->py.frame_owner) == c->py.owner_cstack) {
-		/* A shim: the frame inside it was entered from C. */
-		if (c->n > 0)
-			e->pystack[(c->n - 1) & (GPUMEM_MAX_PY_FRAMES - 1)].flags |= GPUMEM_PYFRAME_ENTRY;
-	} else {
-		read_frame(&c->py, h, c->frame, &e->pystack[c->n & (GPUMEM_MAX_PY_FRAMES - 1)]);
-		c->n++;
-	}
-	if (h->ok && c->py.frame_previous <= GPUMEM_PY_FRAME_HEAD - 8) {
-		c->frame = *(__u64 *)&h->bytes[c->py.frame_previous];
-		return 0;
-	}
-	__u64 previous;
-	if (bpf_probe_read_user(&previous, sizeof(previous), (void *)(c->frame + c->py.frame_previous))) {
-		c->flags |= GPUMEM_PY_READ_ERROR;
-		return 1;
-	}
-	c->frame = previous;
+	for (int i = 0; i < GPUMEM_PY_FRAMES_PER_STEP; i++)
+		if (!walk_frame(c, e, w, h))
+			return 1;
 	return 0;
 }
 
@@ -824,10 +914,15 @@ static __always_inline void capture_python(struct gpumem_event *e)
 		e->stack_flags = GPUMEM_PY_NO_THREAD;
 		return;
 	}
+	__u32 zero = 0;
+	struct stack_window *w = bpf_map_lookup_elem(&stack_windows, &zero);
+	if (!w)
+		return;
 	struct walk_frames c = {.py = *py, .frame = read_ptr(ts + py->tstate_frame)};
 	if (py->cframe_current_frame != GPUMEM_PY_NO_FIELD)
 		c.frame = read_ptr(c.frame + py->cframe_current_frame);
-	bpf_loop(GPUMEM_MAX_PY_WALK, walk_frames_step, &c, 0);
+	read_stack_window(w, py, ts, c.frame);
+	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_FRAMES_PER_STEP, walk_frames_step, &c, 0);
 	if (c.frame && !c.flags)
 		c.flags = GPUMEM_PY_TRUNCATED; /* more shims than the walk allows */
 	e->pystack_len = c.n;
@@ -1142,8 +1237,8 @@ unreadable:
 	return false;
 }
 
-/* report_tensor fills e from a tensor probe's arguments; false when one
- * cannot be read, which would enter a tensor at address 0. */
+/* report_tensor fills e from a tensor allocation probe's arguments; false
+ * when one cannot be read, which would enter a tensor at address 0. */
 static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_event *e, const struct gpumem_usdt_site *s)
 {
 	begin_event(e, s->op, 0, false);
@@ -1151,8 +1246,6 @@ static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_eve
 	e->bytes = 0;
 	if (!usdt_arg(ctx, &s->args[0], &e->address))
 		return false;
-	if (s->op != GPUMEM_OP_TENSOR_ALLOC)
-		return true;
 	__u64 device;
 	if (!usdt_arg(ctx, &s->args[1], &device) || !usdt_arg(ctx, &s->args[2], &e->bytes))
 		return false;
@@ -1173,6 +1266,11 @@ int gpumem_tensor(struct pt_regs *ctx)
 	struct gpumem_usdt_site *s = bpf_map_lookup_elem(&usdt_sites, &site);
 	if (!s)
 		return 0;
+	if (s->op == GPUMEM_OP_TENSOR_FREE) {
+		/* No stack: sent straight from the ring buffer, as a driver free is. */
+		__u64 address;
+		return usdt_arg(ctx, &s->args[0], &address) ? report_address(s->op, address, false) : 0;
+	}
 	struct gpumem_event *e = hold_scratch();
 	if (!e)
 		return 0;

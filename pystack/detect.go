@@ -152,6 +152,7 @@ func debugOffsets(f *elf.File, sym elf.Symbol, l Layout) (Layout, error) {
 	l.RuntimeInterpretersHead = at(5)
 	l.InterpNext, l.InterpThreadsHead = at(8), at(9)
 	l.TstateNext, l.TstateInterp, l.TstateFrame, l.TstateThreadID = at(21), at(22), at(23), at(24)
+	l.TstateDatastackChunk = at(26)
 	l.FramePrevious, l.FrameCode, l.FrameInstr, l.FrameOwner = at(29), at(30), at(31), at(33)
 	l.CodeFilename, l.CodeName, l.CodeQualname, l.CodeLinetable, l.CodeFirstlineno = at(35), at(36), at(37), at(38), at(39)
 	l.CodeAdaptive = at(43)

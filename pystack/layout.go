@@ -28,6 +28,7 @@ type Layout struct {
 	FrameIsEntry            uint16
 	FrameLocalsplus         uint16
 	TypeFlags               uint16
+	TstateDatastackChunk    uint16 // 3.11+: the chunk of the data stack holding the frames
 	InstrSize               uint8 // 4: f_lasti, an index; 8: an instruction pointer
 	OwnerCstack             uint8 // owner of C-stack shim frames; 0: no shims
 
@@ -71,7 +72,7 @@ var layouts = map[string]Layout{
 		RuntimeInterpretersHead: 32, InterpNext: 0, InterpThreadsHead: 8,
 		TstateNext: 8, TstateInterp: 16, TstateThreadID: 176, TstateFrame: 24, CframeCurrentFrame: no,
 		FramePrevious: 24, FrameCode: 32, FrameInstr: 96, FrameOwner: no, FrameIsEntry: no,
-		FrameLocalsplus: 352, TypeFlags: 168, InstrSize: 4,
+		FrameLocalsplus: 352, TypeFlags: 168, TstateDatastackChunk: no, InstrSize: 4,
 		CodeFilename: 104, CodeName: 112, CodeQualname: no, CodeFirstlineno: 40, CodeLinetable: 120,
 		CodeAdaptive: no, CodeVarnames: 72, UnicodeASCII: 48, UnicodeCompact: 72,
 		BytesData: 32, TupleItems: 24, TypeName: 24,
@@ -84,7 +85,7 @@ var layouts = map[string]Layout{
 		RuntimeInterpretersHead: 40, InterpNext: 0, InterpThreadsHead: 16,
 		TstateNext: 8, TstateInterp: 16, TstateThreadID: 152, TstateFrame: 56, CframeCurrentFrame: 8,
 		FramePrevious: 48, FrameCode: 32, FrameInstr: 56, FrameOwner: 69, FrameIsEntry: 68,
-		FrameLocalsplus: no, TypeFlags: no, InstrSize: 8,
+		FrameLocalsplus: no, TypeFlags: no, TstateDatastackChunk: 296, InstrSize: 8,
 		CodeFilename: 112, CodeName: 120, CodeQualname: 128, CodeFirstlineno: 72, CodeLinetable: 136,
 		CodeAdaptive: 184, CodeVarnames: no, UnicodeASCII: 48, UnicodeCompact: 72,
 		BytesData: 32, TupleItems: 24, TypeName: 24,
@@ -93,7 +94,7 @@ var layouts = map[string]Layout{
 		RuntimeInterpretersHead: 40, InterpNext: 0, InterpThreadsHead: 72,
 		TstateNext: 8, TstateInterp: 16, TstateThreadID: 136, TstateFrame: 56, CframeCurrentFrame: 0,
 		FramePrevious: 8, FrameCode: 0, FrameInstr: 56, FrameOwner: 70, FrameIsEntry: no,
-		FrameLocalsplus: no, TypeFlags: no, InstrSize: 8, OwnerCstack: 3,
+		FrameLocalsplus: no, TypeFlags: no, TstateDatastackChunk: 232, InstrSize: 8, OwnerCstack: 3,
 		CodeFilename: 112, CodeName: 120, CodeQualname: 128, CodeFirstlineno: 68, CodeLinetable: 136,
 		CodeAdaptive: 192, CodeVarnames: no, UnicodeASCII: 40, UnicodeCompact: 56,
 		BytesData: 32, TupleItems: 24, TypeName: 24,
@@ -102,7 +103,7 @@ var layouts = map[string]Layout{
 		RuntimeInterpretersHead: 632, InterpNext: 7264, InterpThreadsHead: 7344,
 		TstateNext: 8, TstateInterp: 16, TstateThreadID: 152, TstateFrame: 72, CframeCurrentFrame: no,
 		FramePrevious: 8, FrameCode: 0, FrameInstr: 56, FrameOwner: 70, FrameIsEntry: no,
-		FrameLocalsplus: no, TypeFlags: no, InstrSize: 8, OwnerCstack: 3,
+		FrameLocalsplus: no, TypeFlags: no, TstateDatastackChunk: 232, InstrSize: 8, OwnerCstack: 3,
 		CodeFilename: 112, CodeName: 120, CodeQualname: 128, CodeFirstlineno: 68, CodeLinetable: 136,
 		CodeAdaptive: 200, CodeVarnames: no, UnicodeASCII: 40, UnicodeCompact: 56,
 		BytesData: 32, TupleItems: 24, TypeName: 24,
@@ -128,6 +129,7 @@ func (l Layout) walk(runtime uint64) tracer.PythonWalk {
 		FrameIsEntry:            l.FrameIsEntry,
 		FrameLocalsplus:         l.FrameLocalsplus,
 		TypeFlags:               l.TypeFlags,
+		TstateDatastackChunk:    l.TstateDatastackChunk,
 		InstrSize:               l.InstrSize,
 		OwnerCstack:             l.OwnerCstack,
 	}

@@ -76,6 +76,7 @@ func TestLayoutsMatchHeaders(t *testing.T) {
 				"frame_is_entry":            l.FrameIsEntry,
 				"frame_localsplus":          l.FrameLocalsplus,
 				"type_flags":                l.TypeFlags,
+				"tstate_datastack_chunk":    l.TstateDatastackChunk,
 				"code_filename":             l.CodeFilename,
 				"code_name":                 l.CodeName,
 				"code_qualname":             l.CodeQualname,

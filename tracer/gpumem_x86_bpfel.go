@@ -230,9 +230,9 @@ type gpumemGpumemPython struct {
 	FrameIsEntry            uint16
 	FrameLocalsplus         uint16
 	TypeFlags               uint16
+	TstateDatastackChunk    uint16
 	InstrSize               uint8
 	OwnerCstack             uint8
-	_                       [2]byte
 }
 
 type gpumemGpumemStack struct {
@@ -319,6 +319,13 @@ type gpumemGpumemUsdtSite struct {
 	_  [6]byte
 }
 
+type gpumemStackWindow struct {
+	_     structs.HostLayout
+	Bytes [16392]uint8
+	Lo    uint64
+	Len   uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -346,6 +353,7 @@ const (
 	gpumemMapScratch                                 = "scratch"
 	gpumemMapScratchUsers                            = "scratch_users"
 	gpumemMapStackScratch                            = "stack_scratch"
+	gpumemMapStackWindows                            = "stack_windows"
 	gpumemMapStacks                                  = "stacks"
 	gpumemMapTargetPids                              = "target_pids"
 	gpumemMapThreadContexts                          = "thread_contexts"
@@ -552,6 +560,7 @@ type gpumemMapSpecs struct {
 	Scratch              *ebpf.MapSpec `ebpf:"scratch"`
 	ScratchUsers         *ebpf.MapSpec `ebpf:"scratch_users"`
 	StackScratch         *ebpf.MapSpec `ebpf:"stack_scratch"`
+	StackWindows         *ebpf.MapSpec `ebpf:"stack_windows"`
 	Stacks               *ebpf.MapSpec `ebpf:"stacks"`
 	TargetPids           *ebpf.MapSpec `ebpf:"target_pids"`
 	ThreadContexts       *ebpf.MapSpec `ebpf:"thread_contexts"`
@@ -644,6 +653,7 @@ type gpumemMaps struct {
 	Scratch              *ebpf.Map `ebpf:"scratch"`
 	ScratchUsers         *ebpf.Map `ebpf:"scratch_users"`
 	StackScratch         *ebpf.Map `ebpf:"stack_scratch"`
+	StackWindows         *ebpf.Map `ebpf:"stack_windows"`
 	Stacks               *ebpf.Map `ebpf:"stacks"`
 	TargetPids           *ebpf.Map `ebpf:"target_pids"`
 	ThreadContexts       *ebpf.Map `ebpf:"thread_contexts"`
@@ -676,6 +686,7 @@ func (m *gpumemMaps) Close() error {
 		m.Scratch,
 		m.ScratchUsers,
 		m.StackScratch,
+		m.StackWindows,
 		m.Stacks,
 		m.TargetPids,
 		m.ThreadContexts,

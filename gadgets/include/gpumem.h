@@ -127,6 +127,7 @@ struct gpumem_python {
 	__u16 frame_is_entry;       /* 3.11: bool is_entry */
 	__u16 frame_localsplus;     /* 3.10: first local, for self or cls */
 	__u16 type_flags;           /* 3.10: PyTypeObject.tp_flags */
+	__u16 tstate_datastack_chunk; /* 3.11+: the _PyStackChunk holding the frames */
 	__u8 instr_size;            /* bytes of frame_instr */
 	__u8 owner_cstack;          /* owner value of C-stack shim frames; 0: none */
 };

@@ -46,6 +46,7 @@ int main(void) {
 	P("func_qualname", offsetof(PyFunctionObject, func_qualname));
 #elif PY_VERSION_HEX < 0x030D0000
 	P("tstate_frame", offsetof(PyThreadState, cframe));
+	P("tstate_datastack_chunk", offsetof(PyThreadState, datastack_chunk));
 	P("cframe_current_frame", offsetof(_PyCFrame, current_frame));
 	P("frame_previous", offsetof(_PyInterpreterFrame, previous));
 	P("frame_code", offsetof(_PyInterpreterFrame, f_code));
@@ -58,6 +59,7 @@ int main(void) {
 	P("code_adaptive", offsetof(PyCodeObject, co_code_adaptive));
 #else
 	P("tstate_frame", offsetof(PyThreadState, current_frame));
+	P("tstate_datastack_chunk", offsetof(PyThreadState, datastack_chunk));
 	P("frame_previous", offsetof(_PyInterpreterFrame, previous));
 	P("frame_code", offsetof(_PyInterpreterFrame, f_executable));
 	P("frame_instr", offsetof(_PyInterpreterFrame, instr_ptr));
