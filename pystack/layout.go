@@ -29,8 +29,8 @@ type Layout struct {
 	FrameLocalsplus         uint16
 	TypeFlags               uint16
 	TstateDatastackChunk    uint16 // 3.11+: the chunk of the data stack holding the frames
-	InstrSize               uint8 // 4: f_lasti, an index; 8: an instruction pointer
-	OwnerCstack             uint8 // owner of C-stack shim frames; 0: no shims
+	InstrSize               uint8  // 4: f_lasti, an index; 8: an instruction pointer
+	OwnerCstack             uint8  // owner of C-stack shim frames; 0: no shims
 
 	// Code objects and the objects they point to.
 	CodeFilename    uint16
