@@ -690,8 +690,7 @@ static long find_thread_step(__u64 index, struct find_thread *c)
 static __always_inline __u64 thread_pointer(void)
 {
 #if defined(__TARGET_ARCH_x86)
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	return BPF_CORE_READ(task, thread.fsbase);
+	return bpf_get_current_task_btf()->thread.fsbase;
 #else
 	return 0;
 #endif
@@ -1214,6 +1213,36 @@ struct {
  * without Python frames (autograd's threads) keeps its whole native stack. */
 const volatile bool tensor_native_stacks = false;
 
+/* probe_register reads the register at offset off of struct pt_regs (usdt
+ * package's) from the context itself: a load, where a helper call to read
+ * the context at a variable offset costs tens of ns. False for an offset
+ * of no register. */
+static __always_inline bool probe_register(struct pt_regs *ctx, __u16 off, __u64 *v)
+{
+	switch (off) {
+#if defined(__TARGET_ARCH_x86)
+	case offsetof(struct pt_regs, r15): *v = ctx->r15; return true;
+	case offsetof(struct pt_regs, r14): *v = ctx->r14; return true;
+	case offsetof(struct pt_regs, r13): *v = ctx->r13; return true;
+	case offsetof(struct pt_regs, r12): *v = ctx->r12; return true;
+	case offsetof(struct pt_regs, bp): *v = ctx->bp; return true;
+	case offsetof(struct pt_regs, bx): *v = ctx->bx; return true;
+	case offsetof(struct pt_regs, r11): *v = ctx->r11; return true;
+	case offsetof(struct pt_regs, r10): *v = ctx->r10; return true;
+	case offsetof(struct pt_regs, r9): *v = ctx->r9; return true;
+	case offsetof(struct pt_regs, r8): *v = ctx->r8; return true;
+	case offsetof(struct pt_regs, ax): *v = ctx->ax; return true;
+	case offsetof(struct pt_regs, cx): *v = ctx->cx; return true;
+	case offsetof(struct pt_regs, dx): *v = ctx->dx; return true;
+	case offsetof(struct pt_regs, si): *v = ctx->si; return true;
+	case offsetof(struct pt_regs, di): *v = ctx->di; return true;
+	case offsetof(struct pt_regs, ip): *v = ctx->ip; return true;
+	case offsetof(struct pt_regs, sp): *v = ctx->sp; return true;
+#endif
+	}
+	return bpf_probe_read_kernel(v, sizeof(*v), (void *)ctx + (off & 0xff)) == 0;
+}
+
 /* usdt_arg reads one argument at the probe into *v, as libbpf's
  * usdt.bpf.h does: eight bytes, cut to the argument's size with its sign.
  * False, counted, when it cannot be read. */
@@ -1222,7 +1251,7 @@ static __always_inline bool usdt_arg(struct pt_regs *ctx, const struct gpumem_us
 	*v = 0;
 	if (a->kind == GPUMEM_USDT_CONSTANT)
 		*v = a->value;
-	else if (bpf_probe_read_kernel(v, sizeof(*v), (void *)ctx + (a->reg & 0xff)))
+	else if (!probe_register(ctx, a->reg, v))
 		goto unreadable;
 	if (a->kind == GPUMEM_USDT_MEMORY && bpf_probe_read_user(v, sizeof(*v), (void *)(*v + a->value)))
 		goto unreadable;
