@@ -70,6 +70,10 @@ type Stats struct {
 	UnknownFreesBy map[string]uint64 `json:"unknown_frees_by,omitempty"`
 	// ProcessExits are traced processes seen exiting.
 	ProcessExits uint64 `json:"process_exits"`
+	// FreesBeforeView are frees, in a view started while its process ran
+	// (the tensor view switched on mid-run), of memory allocated before
+	// the view started: neither unknown nor subtracted from anything.
+	FreesBeforeView uint64 `json:"frees_before_view,omitempty"`
 }
 
 // Ledger is not safe for concurrent use.
@@ -88,6 +92,10 @@ type Ledger struct {
 
 type process struct {
 	live map[address]allocation
+	// late are the name spaces whose view started while the process ran:
+	// a free there of an address never seen allocated was allocated
+	// before.
+	late map[memory.Space]bool
 	// superseded holds allocations whose pointer the driver handed out
 	// again before their free was seen: a free racing with a reuse on
 	// another thread. The free, stamped earlier, still releases them.
@@ -187,7 +195,48 @@ func (l *Ledger) Free(pid uint32, op memory.Op, addr uint64, ts uint64) {
 		}
 		return
 	}
+	if p.late[a.space] {
+		l.stats.FreesBeforeView++
+		return
+	}
 	l.unknownFree(op)
+}
+
+// StartView has the process's view of space begin now, while the process
+// runs (the tensor view switched on): its frees of addresses never seen
+// allocated are of memory allocated before, counted as FreesBeforeView.
+func (l *Ledger) StartView(pid uint32, space memory.Space) {
+	p := l.process(pid)
+	if p.late == nil {
+		p.late = map[memory.Space]bool{}
+	}
+	p.late[space] = true
+}
+
+// EndView closes the process's view of space at time ts (the tensor view
+// switched off): what it still held there is released implicitly, since
+// its frees will not be seen, and the view is no longer late.
+func (l *Ledger) EndView(pid uint32, space memory.Space, ts uint64) {
+	p := l.procs[pid]
+	if p == nil {
+		return
+	}
+	for a, alloc := range p.live {
+		if a.space == space {
+			releaseImplicitly(alloc)
+			alloc.row.unhold(alloc.bytes, ts)
+			delete(p.live, a)
+		}
+	}
+	for a, older := range p.superseded {
+		if a.space == space {
+			for _, alloc := range older {
+				releaseImplicitly(alloc) // out of the peaks' totals already
+			}
+			delete(p.superseded, a)
+		}
+	}
+	delete(p.late, space)
 }
 
 func (l *Ledger) unknownFree(op memory.Op) {

@@ -65,6 +65,10 @@ const (
 	FailuresName     = "gpumem_failures_total"
 	LossesName       = "gpumem_losses_total"
 	UnknownFreesName = "gpumem_unknown_frees_total"
+	// The on-demand tensor view's.
+	TensorViewSinceName      = "gpumem_tensor_view_since_seconds"
+	FreesBeforeViewName      = "gpumem_tensor_frees_before_view_total"
+	TensorBudgetExceededName = "gpumem_tensor_view_budget_exceeded_total"
 )
 
 // viewMetrics are the metrics of one view's series.
@@ -95,6 +99,12 @@ var (
 	failures     = prometheus.NewDesc(FailuresName, "Allocations the driver refused, by CUresult code (2: out of memory).", append(slices.Clone(labels), LabelCode), nil)
 	losses       = prometheus.NewDesc(LossesName, "What the tracer could not deliver whole, by reason.", []string{LabelReason}, nil)
 	unknownFrees = prometheus.NewDesc(UnknownFreesName, "Frees of memory allocated before tracing began.", nil, nil)
+	// An on-demand tensor view's process: its PID and name; the tensor
+	// series of a process hold from this gauge's value on.
+	tensorViewSince = prometheus.NewDesc(TensorViewSinceName, "When the process's on-demand tensor view began (Unix seconds): its gpumem_tensor_* series count from then on; "+
+		"absent while off.", []string{schema.PID}, nil)
+	freesBeforeView = prometheus.NewDesc(FreesBeforeViewName, "Frees of tensors made before their process's tensor view began: neither unknown frees nor subtracted from anything.", nil, nil)
+	budgetExceeded  = prometheus.NewDesc(TensorBudgetExceededName, "On-demand tensor views switched off because they cost their process more than the budget (--tensor-budget).", nil, nil)
 )
 
 // Collector is a prometheus.Collector over a Source and, if any, a
@@ -115,7 +125,7 @@ func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 			ch <- v.peakBytes
 		}
 	}
-	for _, d := range []*prometheus.Desc{failures, losses, unknownFrees} {
+	for _, d := range []*prometheus.Desc{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded} {
 		ch <- d
 	}
 }
@@ -144,6 +154,13 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(losses, prometheus.CounterValue, float64(n), schema.Loss(reason).String())
 	}
 	ch <- prometheus.MustNewConstMetric(unknownFrees, prometheus.CounterValue, float64(t.UnknownFrees))
+	for _, v := range t.TensorViews {
+		if v.Ended.IsZero() && !v.Since.IsZero() {
+			ch <- prometheus.MustNewConstMetric(tensorViewSince, prometheus.GaugeValue, float64(v.Since.UnixNano())/1e9, strconv.FormatUint(uint64(v.PID), 10))
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(freesBeforeView, prometheus.CounterValue, float64(t.FreesBeforeView))
+	ch <- prometheus.MustNewConstMetric(budgetExceeded, prometheus.CounterValue, float64(t.BudgetExceeded))
 	if c.Peaks != nil {
 		collectPeaks(ch, c.Peaks.Peaks())
 	}

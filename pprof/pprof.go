@@ -120,6 +120,9 @@ func Comment(r profiler.Report) []string {
 		"peaks: peak_space (tensor_peak_space) is each stack's share of its process's most memory at once on its GPU; " +
 			"the peaks of two processes or GPUs came at different moments: their sum is no peak",
 	}
+	for _, v := range r.TensorViews {
+		lines = append(lines, v.String())
+	}
 	for _, pk := range r.Peaks {
 		lines = append(lines, fmt.Sprintf("peak of pid %d (%s) on gpu %s, %s view: %d bytes in %d allocations at %s",
 			pk.PID, pk.Comm, pk.GPU, pk.View, pk.Bytes, pk.Count, pk.Time.Format(time.RFC3339Nano)))

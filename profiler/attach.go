@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/cilium/ebpf/link"
+
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -15,18 +17,19 @@ import (
 // allocators found, each once; a failure is said once and retried at each
 // scan.
 type attacher struct {
-	tr        *tracer.Tracer
-	library   string // Config.Library: the only driver attached
-	noTensors bool
-	logf      func(string, ...any)
+	tr      *tracer.Tracer
+	library string      // Config.Library: the only driver attached
+	tensors TensorScope // allocators are attached here with TensorsAll only
+	logf    func(string, ...any)
 
 	mu       sync.Mutex
 	attached map[string]discover.Library
 	failed   map[string]error // libraries whose attach failed, said once
+	links    []link.Link      // the allocators' (the tracer owns the driver's)
 }
 
 func newAttacher(cfg Config, tr *tracer.Tracer) *attacher {
-	return &attacher{tr: tr, library: cfg.Library, noTensors: cfg.NoTensors, logf: cfg.Logf,
+	return &attacher{tr: tr, library: cfg.Library, tensors: cfg.Tensors, logf: cfg.Logf,
 		attached: map[string]discover.Library{}, failed: map[string]error{}}
 }
 
@@ -103,7 +106,7 @@ func (a *attacher) shouldAttach(lib discover.Library) bool {
 	if _, ok := a.attached[lib.ID()]; ok {
 		return false
 	}
-	if a.library != "" && !lib.Allocator || a.noTensors && lib.Allocator {
+	if a.library != "" && !lib.Allocator || a.tensors != TensorsAll && lib.Allocator {
 		return false
 	}
 	return !errors.Is(a.failed[lib.ID()], tracer.ErrNoProbes)
@@ -115,7 +118,12 @@ func (a *attacher) attach(lib discover.Library) error {
 	var err error
 	if lib.Allocator {
 		what = "PyTorch allocator probes"
-		n, err = a.tr.AttachAllocator(lib.Path)
+		var l link.Link
+		if l, n, err = a.tr.AttachAllocator(lib.Path, 0); err == nil {
+			a.mu.Lock()
+			a.links = append(a.links, l)
+			a.mu.Unlock()
+		}
 	} else {
 		var symbols []string
 		symbols, err = a.tr.Attach(lib.Path)
@@ -129,6 +137,16 @@ func (a *attacher) attach(lib discover.Library) error {
 	a.mu.Unlock()
 	a.logf("attached to %s: %d %s", lib.Path, n, what)
 	return nil
+}
+
+// close detaches the allocators' probes.
+func (a *attacher) close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, l := range a.links {
+		l.Close()
+	}
+	a.links = nil
 }
 
 // appendLibraries appends the paths of the libraries attached to dst,

@@ -13,11 +13,14 @@ import (
 // reads events feeds them (account), and what it does here touches memory
 // only; readers take snapshots of them (snapshot.go).
 type books struct {
-	mu              sync.Mutex
-	ledger          *accounting.Ledger
-	events          uint64      // events read
-	python          PythonStats // but Processes, which the process table counts
-	nativeTruncated uint64      // allocations whose native stack was cut at the depth limit
+	mu     sync.Mutex
+	ledger *accounting.Ledger
+	events uint64 // events read
+	// tensorAllocations counts each process's tensor allocations, for the
+	// tensor view's budget.
+	tensorAllocations map[uint32]uint64
+	python            PythonStats // but Processes, which the process table counts
+	nativeTruncated   uint64      // allocations whose native stack was cut at the depth limit
 	// Out of memory (oom.go): snapshots taken, not yet delivered; the
 	// latest MaxOOMs delivered; each process's last.
 	oomPending []oomSnapshot
@@ -35,7 +38,8 @@ type books struct {
 }
 
 func newBooks() *books {
-	return &books{ledger: accounting.New(), lastOOM: map[uint32]oomMark{}, exitedAt: map[uint32]uint64{}}
+	return &books{ledger: accounting.New(), lastOOM: map[uint32]oomMark{}, exitedAt: map[uint32]uint64{},
+		tensorAllocations: map[uint32]uint64{}}
 }
 
 // account enters one event, its stack interned as id; python says its
@@ -59,6 +63,9 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	case ev.Op.IsRetain():
 		b.ledger.Retain(ev.PID, ev.Address)
 	case ev.Result == memory.CUDASuccess:
+		if ev.Op == memory.OpTensorAlloc {
+			b.tensorAllocations[ev.PID]++
+		}
 		b.countStacks(ev, python)
 		b.ledger.Alloc(key(ev, id), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)
 	default:

@@ -52,6 +52,7 @@ func (p *Profiler) dropExited(before uint64) {
 	for _, pid := range dropped {
 		drop[pid] = true
 		delete(b.exitedAt, pid)
+		delete(b.tensorAllocations, pid)
 		p.stacks.dropProcess(pid)
 		p.procs.drop(pid)
 	}

@@ -225,6 +225,19 @@ func (t *processTable) lookup(pids map[uint32]*process) {
 	}
 }
 
+// containers returns the container of each live process the table knows.
+func (t *processTable) containers() map[uint32]container.Identity {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cs := make(map[uint32]container.Identity, len(t.procs))
+	for pid, p := range t.procs {
+		if !p.exited && p.container.PodUID != "" {
+			cs[pid] = p.container
+		}
+	}
+	return cs
+}
+
 // pids adds the processes the table knows to set.
 func (t *processTable) addPIDs(set map[uint32]bool) {
 	t.mu.Lock()

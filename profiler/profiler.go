@@ -29,9 +29,14 @@ var ErrNoProcess = errors.New("no process with pid")
 
 // Config says what to trace.
 type Config struct {
-	// NoTensors leaves PyTorch's caching allocator alone: the driver view
-	// only, without the probes' cost on every tensor.
-	NoTensors bool
+	// Tensors says which processes the tensor view covers: every one
+	// (TensorsAll, the zero value), those switched on (TensorsOnDemand:
+	// TensorPIDs, SetTensors, pods' annotations through Pods), or none.
+	Tensors TensorScope
+	// TensorPIDs have their tensor view on from the start (TensorsOnDemand).
+	TensorPIDs []int
+	// TensorBudget bounds an on-demand tensor view's cost.
+	TensorBudget TensorBudget
 	// TensorNativeStacks walks the whole native stack of every tensor, where
 	// by default a tensor with Python frames keeps the allocator's frame.
 	TensorNativeStacks bool
@@ -97,6 +102,7 @@ type Profiler struct {
 	procs    *processTable
 	stacks   *stackStore
 	books    *books
+	tensors  *tensorSwitch
 	// driverID is Config.Library's file (discover.FileID): the processes
 	// that map it are the only ones scanned.
 	driverID     string
@@ -156,6 +162,12 @@ func New(cfg Config) (*Profiler, error) {
 	} else {
 		p.attacher.attachInstalled(cfg.ProcRoot, cfg.DriverDirs)
 	}
+	for _, pid := range cfg.TensorPIDs {
+		if err := p.SetTensors(pid, time.Time{}, ByFlag); err != nil {
+			tr.Close()
+			return nil, fmt.Errorf("tensor view of pid %d: %w", pid, err)
+		}
+	}
 	return p, nil
 }
 
@@ -172,6 +184,7 @@ func newProfiler(cfg Config, tr *tracer.Tracer) *Profiler {
 		procs:    newProcessTable(cfg, sym, tr, py),
 		stacks:   newStackStore(sym, py, func(pid uint32) { tr.RemovePython(pid) }),
 		books:    newBooks(),
+		tensors:  newTensorSwitch(cfg.TensorBudget),
 		oomNow:   make(chan struct{}, 1),
 	}
 	p.flushed = sync.NewCond(&p.flushMu)
@@ -182,6 +195,8 @@ func newProfiler(cfg Config, tr *tracer.Tracer) *Profiler {
 // releases the tracer.
 func (p *Profiler) Run(ctx context.Context) error {
 	defer p.tr.Close()
+	defer p.attacher.close()
+	defer p.closeTensors()
 	readErr := make(chan error, 1)
 	go func() { readErr <- p.readEvents() }()
 
@@ -340,6 +355,7 @@ func (p *Profiler) scan(first bool) {
 		p.procs.addPython(pid)
 	}
 	drivers := p.attacher.attachFound(found.Libraries)
+	p.updateTensors(time.Now())
 	if first && drivers == 0 && p.cfg.Library == "" {
 		p.cfg.Logf("waiting for a process to load libcuda.so (scanning every %v)", p.cfg.ScanInterval)
 	}

@@ -34,6 +34,9 @@ type Counts struct {
 	// the 127 frames kept: their outermost frames are missing.
 	NativeTruncated uint64
 	Events          uint64 // events read
+	// TensorViews are the processes' tensor views switched on on demand
+	// (Config.Tensors TensorsOnDemand): from when each holds.
+	TensorViews []TensorView
 }
 
 // Row is what one stack of one process did with one kind of memory.

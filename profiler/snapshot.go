@@ -155,6 +155,7 @@ func (p *Profiler) SnapshotTo(s *Snapshot, kind Kind) error {
 		p.stacks.resolve() // a row of a peak is in the snapshot
 	}
 	s.Python.Processes = p.procs.registeredPython()
+	s.TensorViews = p.tensors.list()
 	p.nameRows(s, kind)
 	for _, pk := range peaks {
 		s.procs[pk.PID] = nil // the timeline's processes are the run's peaks'

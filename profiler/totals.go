@@ -15,6 +15,12 @@ type Totals struct {
 	Losses       schema.Losses
 	UnknownFrees uint64
 	Events       uint64 // events read
+	// The on-demand tensor views (Config.Tensors TensorsOnDemand), the
+	// frees of tensors made before their view began, and how many views
+	// the budget switched off.
+	TensorViews     []TensorView
+	FreesBeforeView uint64
+	BudgetExceeded  uint64
 }
 
 // SeriesKey names a process's memory of one kind on one device: the key
@@ -61,6 +67,7 @@ func (p *Profiler) Totals() (Totals, error) {
 		procs[f.PID] = nil
 	}
 	p.procs.lookup(procs)
+	t.TensorViews, t.BudgetExceeded = p.tensors.list(), p.BudgetExceeded()
 	for i := range t.Series {
 		s := &t.Series[i]
 		s.Comm, s.Container = procs[s.PID].comm, procs[s.PID].container
@@ -78,7 +85,8 @@ func (p *Profiler) sumBooks() (Totals, error) {
 	b := p.books
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	t := Totals{Losses: losses, UnknownFrees: b.ledger.Stats().UnknownFrees, Events: b.events}
+	stats := b.ledger.Stats()
+	t := Totals{Losses: losses, UnknownFrees: stats.UnknownFrees, FreesBeforeView: stats.FreesBeforeView, Events: b.events}
 	series := map[SeriesKey]int{}
 	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 		if !p.onGPU(k) {

@@ -73,6 +73,9 @@ type summaryRow struct {
 	Tensors  uint64  `json:"tensors"`
 	Segments uint64  `json:"segments"`
 	Cache    *uint64 `json:"cache"`
+	// TensorsSince says from when the process's on-demand tensor view
+	// holds; empty for one on from the start.
+	TensorsSince string `json:"tensors_since,omitempty"`
 }
 
 // WriteHTML writes a self-contained flame graph page (no network access
@@ -88,8 +91,13 @@ func WriteHTML(w io.Writer, r profiler.Report) error {
 	for _, v := range memory.Views {
 		page.Views[v.String()] = flameTree(r.Rows, v)
 	}
+	views := map[uint32]string{}
+	for _, v := range r.TensorViews {
+		views[v.PID] = v.String()
+	}
 	for _, p := range ByProcessGPU(r.Rows) {
-		row := summaryRow{Process: processName(p.Comm, p.PID), PID: p.PID, GPU: p.GPU, Held: p.Held, Tensors: p.Tensors, Segments: p.Segments}
+		row := summaryRow{Process: processName(p.Comm, p.PID), PID: p.PID, GPU: p.GPU, Held: p.Held, Tensors: p.Tensors, Segments: p.Segments,
+			TensorsSince: views[p.PID]}
 		if cache, ok := p.Cache(); ok {
 			row.Cache = &cache
 		}

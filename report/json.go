@@ -26,6 +26,8 @@ type jsonReport struct {
 	NativeTruncated uint64   `json:"native_truncated"`
 	Events          uint64   `json:"events"`
 	Libraries       []string `json:"libraries"`
+	// The on-demand tensor views: from when each process's holds.
+	TensorViews []profiler.TensorView `json:"tensor_views,omitempty"`
 }
 
 type jsonFrame struct {
@@ -139,7 +141,7 @@ func jsonFrames(frames []*symbolize.Frame) []jsonFrame {
 func WriteJSON(w io.Writer, r profiler.Report) error {
 	out := jsonReport{
 		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Python: r.Python, Events: r.Events, Libraries: r.Libraries,
-		NativeTruncated: r.NativeTruncated, Stacks: []jsonStack{}, Failures: []jsonFailure{},
+		NativeTruncated: r.NativeTruncated, TensorViews: r.TensorViews, Stacks: []jsonStack{}, Failures: []jsonFailure{},
 	}
 	for _, row := range r.Rows {
 		out.Stacks = append(out.Stacks, newJSONStack(row))

@@ -102,6 +102,9 @@ func HottestFrame(frames []*symbolize.Frame) string {
 func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
 		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
+	for _, v := range r.TensorViews {
+		fmt.Fprintln(w, v.String())
+	}
 	writeViewTotals(w, r.Rows)
 	grew := g.Observe(r)
 	window := windowName(g.Window)

@@ -74,7 +74,7 @@ func TestChartRenders(t *testing.T) {
 		t.Errorf("RBAC %v", rules)
 	}
 	args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " ")
-	if !strings.Contains(args, "agent --metrics-address=:9464") || !strings.Contains(args, "--tensors=true") || strings.Contains(args, "--pyroscope-url") {
+	if !strings.Contains(args, "agent --metrics-address=:9464") || !strings.Contains(args, "--tensors=on-demand") || strings.Contains(args, "--pyroscope-url") {
 		t.Errorf("args %s", args)
 	}
 }
@@ -84,14 +84,14 @@ func TestChartOptions(t *testing.T) {
 		t.Errorf("disabled chart renders %v", objects)
 	}
 	objects := render(t, map[string]any{
-		"tensors":      false,
+		"tensors":      "off",
 		"pyroscope":    map[string]any{"url": "http://pyroscope:4040", "existingSecret": "pyro", "tenant": "team-a"},
 		"metrics":      map[string]any{"serviceMonitor": map[string]any{"enabled": true}},
 		"azureMonitor": map[string]any{"enabled": true},
 	})
 	pod := dig(objects["DaemonSet"][0], "spec", "template", "spec")
 	args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " ")
-	for _, want := range []string{"--tensors=false", "--pyroscope-url=http://pyroscope:4040", "--pyroscope-tenant=team-a", "--pyroscope-password-file=/etc/gpumem/pyroscope/password"} {
+	for _, want := range []string{"--tensors=off", "--pyroscope-url=http://pyroscope:4040", "--pyroscope-tenant=team-a", "--pyroscope-password-file=/etc/gpumem/pyroscope/password"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %s lack %s", args, want)
 		}

@@ -22,7 +22,7 @@ func TestExitedProcessesDropped(t *testing.T) {
 	driver := filepath.Join(t.TempDir(), "driver", "libcuda.so.1")
 	copyFile(t, simLib, driver) // this test's own driver: no other test's process loads it
 	env := []string{"LD_LIBRARY_PATH=" + filepath.Dir(driver)}
-	cfg := profiler.Config{Library: driver, NoTensors: true}
+	cfg := profiler.Config{Library: driver, Tensors: profiler.TensorsOff}
 	reports, agent, record := startProfiler(t, cfg), startProfiler(t, cfg), startProfiler(t, cfg)
 
 	// held: each interval's process, by pid, with the bytes it held.

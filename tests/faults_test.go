@@ -382,7 +382,7 @@ func TestKilledInsideTheDriverLeavesNoBooks(t *testing.T) {
 	driver := filepath.Join(t.TempDir(), "driver", "libcuda.so.1")
 	copyFile(t, simLib, driver) // this test's own driver: no other test's process loads it
 	env := []string{"LD_LIBRARY_PATH=" + filepath.Dir(driver)}
-	s := startProfiler(t, profiler.Config{Library: driver, NoTensors: true})
+	s := startProfiler(t, profiler.Config{Library: driver, Tensors: profiler.TensorsOff})
 	s.waitLog("attached to " + driver)
 	tr, err := tracer.New(tracer.Options{})
 	if err != nil {

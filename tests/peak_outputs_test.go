@@ -104,7 +104,7 @@ func TestPeakInEveryOutput(t *testing.T) {
 	// The agent first, as a DaemonSet, on its own driver; the recorders
 	// after, of the two processes. Intervals long enough for a scrape to
 	// find each interval's gauge.
-	agentCLI, driver := startAgentFirst(t, 2, "--metrics-address", "127.0.0.1:0",
+	agentCLI, driver := startAgentFirst(t, 2, "--tensors", "--metrics-address", "127.0.0.1:0",
 		"--pyroscope-url", "http://"+lis.Addr().String(), "--pyroscope-interval", "2s")
 	c := startWorkload(t, append([]string{"SIMCUDA_DEVICES=2"}, driver.env...), simwork, "spike")
 	py := startWorkload(t, append([]string{"SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")}, driver.pyEnv...),

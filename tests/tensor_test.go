@@ -25,7 +25,7 @@ func startTensors(t *testing.T, cfg profiler.Config, python, scenario string, en
 	w := startWorkload(t, env, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), scenario)
 	s := startProfiler(t, cfg, w)
 	logs := []string{fmt.Sprintf("pid %d: Python", w.pid)}
-	if !cfg.NoTensors {
+	if cfg.Tensors == profiler.TensorsAll {
 		logs = append(logs, "PyTorch allocator probes")
 	}
 	s.waitLogs(logs...)
@@ -185,7 +185,7 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 // TestTensorViewOff: with NoTensors (--tensors=false) the allocator is left
 // alone, and the driver view is as before.
 func TestTensorViewOff(t *testing.T) {
-	s, w := startTensors(t, profiler.Config{Library: simLib, NoTensors: true}, pythons(t)[2], "tensors")
+	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsOff}, pythons(t)[2], "tensors")
 	w.run()
 	r := s.report()
 	if rows := byPythonFunction(r, w.pid, memory.KindTensor); len(rows) != 0 {

@@ -48,7 +48,7 @@ func TestViewsInEveryOutput(t *testing.T) {
 	pyroscopetest.Serve(t, r, lis)
 	// The agent first, as a DaemonSet, on its own driver; the recorders
 	// after, of the workload.
-	agent, driver := startAgentFirst(t, 3, "--metrics-address", "127.0.0.1:0",
+	agent, driver := startAgentFirst(t, 3, "--tensors", "--metrics-address", "127.0.0.1:0",
 		"--pyroscope-url", "http://"+lis.Addr().String(), "--pyroscope-interval", "200ms")
 	w := startWorkload(t, append([]string{"SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")}, driver.pyEnv...),
 		pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "views")

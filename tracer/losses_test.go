@@ -174,9 +174,11 @@ func start(t *testing.T, cmd *exec.Cmd, env []string, allocator string) *traced 
 	}
 	t.Cleanup(func() { w.tr.Close() })
 	if allocator != "" {
-		if _, err := w.tr.AttachAllocator(allocator); err != nil {
+		l, _, err := w.tr.AttachAllocator(allocator, uint32(cmd.Process.Pid))
+		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { l.Close() })
 		return w
 	}
 	// The driver the workload runs: the copy beside simwork, or SIMCUDA_LIB.

@@ -43,7 +43,8 @@ type Tracer struct {
 
 	mu        sync.Mutex
 	links     []link.Link
-	usdtSites uint32 // entries of usdt_sites in use
+	usdtSites uint32                    // entries of usdt_sites in use
+	sites     map[string]allocatorSites // by library path
 }
 
 // New loads the BPF program and starts watching process exits. Nothing is
@@ -211,46 +212,71 @@ func withoutFrees(symbols []string, cookies []uint64) ([]string, []uint64) {
 // PyTorch's USDT probes (a torch built without them).
 var ErrNoProbes = errors.New("no pytorch:malloc or pytorch:free USDT probes")
 
+// allocatorSites are one library's USDT sites, stored in usdt_sites once
+// however many processes they are attached for.
+type allocatorSites struct {
+	addrs, refs, cookies []uint64
+}
+
 // AttachAllocator puts probes on the USDT sites of PyTorch's caching
 // allocator in the library at path (libc10_cuda.so): every tensor allocated
-// and freed. The kernel counts the probes in their semaphores, which turns
-// them on in every process that maps the library. It returns the number of
-// sites.
-func (t *Tracer) AttachAllocator(path string) (int, error) {
-	probes, err := usdt.Read(path)
-	if err != nil {
-		return 0, err
-	}
-	var addrs, refs, cookies []uint64
+// and freed, in process pid only, or in every process that maps the library
+// when pid is 0. The kernel counts the probes in their semaphores, which
+// turns them on, and inserts their traps, only in the processes they are
+// attached for: the others pay nothing. It returns the number of sites;
+// closing the link detaches them, as closing the tracer does not.
+func (t *Tracer) AttachAllocator(path string, pid uint32) (link.Link, int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	sites, err := t.allocatorSites(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("open %s: %w", path, err)
+	}
+	l, err := ex.UprobeMulti(nil, t.coll.Programs["gpumem_tensor"], &link.UprobeMultiOptions{
+		Addresses: sites.addrs, RefCtrOffsets: sites.refs, Cookies: sites.cookies, PID: pid})
+	if err != nil {
+		return nil, 0, fmt.Errorf("attach USDT probes to %s: %w", path, err)
+	}
+	return l, len(sites.addrs), nil
+}
+
+// allocatorSites reads the library's USDT sites and stores them in
+// usdt_sites, the first time; t.mu is held.
+func (t *Tracer) allocatorSites(path string) (allocatorSites, error) {
+	if s, ok := t.sites[path]; ok {
+		return s, nil
+	}
+	probes, err := usdt.Read(path)
+	if err != nil {
+		return allocatorSites{}, err
+	}
+	var s allocatorSites
 	for _, p := range probes {
 		site, ok := usdtSite(p)
 		if !ok {
 			continue
 		}
 		if max := t.coll.Maps["usdt_sites"].MaxEntries(); t.usdtSites >= max {
-			return 0, fmt.Errorf("%s: more than %d USDT sites in all", path, max)
+			return allocatorSites{}, fmt.Errorf("%s: more than %d USDT sites in all", path, max)
 		}
 		if err := t.coll.Maps["usdt_sites"].Put(t.usdtSites, site); err != nil {
-			return 0, fmt.Errorf("store USDT site: %w", err)
+			return allocatorSites{}, fmt.Errorf("store USDT site: %w", err)
 		}
-		addrs, refs, cookies = append(addrs, p.Offset), append(refs, p.SemaphoreOffset), append(cookies, uint64(t.usdtSites))
+		s.addrs, s.refs, s.cookies = append(s.addrs, p.Offset), append(s.refs, p.SemaphoreOffset), append(s.cookies, uint64(t.usdtSites))
 		t.usdtSites++
 	}
-	if len(addrs) == 0 {
-		return 0, fmt.Errorf("%s: %w", path, ErrNoProbes)
+	if len(s.addrs) == 0 {
+		return allocatorSites{}, fmt.Errorf("%s: %w", path, ErrNoProbes)
 	}
-	ex, err := link.OpenExecutable(path)
-	if err != nil {
-		return 0, fmt.Errorf("open %s: %w", path, err)
+	if t.sites == nil {
+		t.sites = map[string]allocatorSites{}
 	}
-	l, err := ex.UprobeMulti(nil, t.coll.Programs["gpumem_tensor"], &link.UprobeMultiOptions{Addresses: addrs, RefCtrOffsets: refs, Cookies: cookies})
-	if err != nil {
-		return 0, fmt.Errorf("attach USDT probes to %s: %w", path, err)
-	}
-	t.links = append(t.links, l)
-	return len(addrs), nil
+	t.sites[path] = s
+	return s, nil
 }
 
 // usdtSite describes a pytorch:malloc or pytorch:free site for BPF: the
@@ -350,6 +376,17 @@ func (t *Tracer) AddPython(pid uint32, walk PythonWalk) error {
 // RemovePython forgets an exited Python process.
 func (t *Tracer) RemovePython(pid uint32) {
 	t.coll.Maps["python_procs"].Delete(pid)
+}
+
+// TensorProbeStats are how often the tensor probes' program ran and for how
+// long, in every process it is attached for: the run time is counted while
+// kernel.bpf_stats_enabled is set (ebpf.EnableStats).
+func (t *Tracer) TensorProbeStats() (runs uint64, runtime time.Duration, err error) {
+	s, err := t.coll.Programs["gpumem_tensor"].Stats()
+	if err != nil {
+		return 0, 0, fmt.Errorf("tensor probes' stats: %w", err)
+	}
+	return s.RunCount, s.Runtime, nil
 }
 
 // InFlight counts the driver calls entered and not yet returned.

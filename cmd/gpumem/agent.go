@@ -18,11 +18,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/gpu-mem/gpu-mem/control"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
+
+// defaultPairCost is what a tensor allocation and its free cost the thread
+// making them with the tensor view on, measured on an H200 through the
+// agent (bench/gpu/model.sh, BENCHMARKS.md): the two traps and the programs.
+const defaultPairCost = 3 * time.Microsecond
 
 type agentOptions struct {
 	target       targetFlags
@@ -34,6 +40,9 @@ type agentOptions struct {
 	pyroscope    pyroscope.Config
 	passwordFile string
 	tokenFile    string
+	tensorPIDs   []int
+	tensorBudget profiler.TensorBudget
+	control      string            // the control socket's path
 	peaks        metrics.LastPeaks // the last interval's, for the gauges
 	snapshot     profiler.Snapshot // the last interval's, its memory reused
 
@@ -78,7 +87,7 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 		},
 	}
 	fs := cmd.Flags()
-	o.target.register(fs)
+	o.target.register(fs, profiler.TensorsOnDemand)
 	host, _ := os.Hostname()
 	fs.DurationVar(&o.interval, "pyroscope-interval", 15*time.Second, "export and status interval")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until stopped)")
@@ -94,6 +103,10 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	fs.StringVar(&o.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9464")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "name pods from this API server (default: the in-cluster one, if any)")
 	fs.StringVar(&o.nodeName, "node-name", cmp.Or(os.Getenv("NODE_NAME"), host), "the node whose pods are watched")
+	fs.IntSliceVar(&o.tensorPIDs, "tensor-pid", nil, "switch the tensor view of these processes on from the start (--tensors=on-demand)")
+	fs.StringVar(&o.control, "control-socket", control.DefaultSocket, "serve the control socket of gpumem tensors here, for root alone (--tensors=on-demand); empty: none")
+	fs.Float64Var(&o.tensorBudget.Share, "tensor-budget", 0.02, "switch a process's on-demand tensor view off when it costs more than this share of the process's time (0: never)")
+	fs.DurationVar(&o.tensorBudget.PairCost, "tensor-pair-cost", defaultPairCost, "what one tensor allocation and its free cost their thread with the tensor view on, for --tensor-budget (measured on an H200: BENCHMARKS.md)")
 	return cmd
 }
 
@@ -170,12 +183,24 @@ func (o *agentOptions) run(ctx context.Context) error {
 	ctx, stop := untilStopped(ctx, o.duration)
 	defer stop()
 	cfg := o.target.config()
+	cfg.TensorPIDs, cfg.TensorBudget = o.tensorPIDs, o.tensorBudget
+	if len(cfg.TensorPIDs) > 0 && cfg.Tensors != profiler.TensorsOnDemand {
+		return usageError{fmt.Errorf("--tensor-pid needs --tensors=on-demand")}
+	}
 	if cfg.Pods, err = o.watchPods(ctx); err != nil {
 		return err
 	}
 	p, err := profiler.New(cfg)
 	if err != nil {
 		return err
+	}
+	if o.control != "" && cfg.Tensors == profiler.TensorsOnDemand {
+		// Without it, pods' annotations and --tensor-pid still work.
+		if err := control.Serve(ctx, o.control, p); err != nil {
+			logf("%v: gpumem tensors cannot reach this agent", err)
+		} else {
+			logf("control socket at %s: gpumem tensors on PID switches a process's tensor view on", o.control)
+		}
 	}
 	if exp != nil {
 		defer exp.Close()

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/pflag"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -11,19 +13,49 @@ type targetFlags struct {
 	pids    []int
 	gpus    []int
 	library string
-	tensors bool
+	tensors tensorScope
 	// tensorNative walks tensors' whole native stacks.
 	tensorNative bool
 }
 
-func (t *targetFlags) register(fs *pflag.FlagSet) {
+// register adds the flags; tensors is the command's default scope of the
+// tensor view.
+func (t *targetFlags) register(fs *pflag.FlagSet, tensors profiler.TensorScope) {
+	t.tensors = tensorScope(tensors)
 	fs.IntSliceVar(&t.pids, "pid", nil, "trace only these processes (repeat or comma-separate)")
 	fs.IntSliceVar(&t.gpus, "gpu", nil, "show only memory on these device ordinals (repeat or comma-separate)")
 	fs.StringVar(&t.library, "library", "", "attach to this driver library only and trace the processes that map it, instead of finding every libcuda.so* mapped by a process")
-	fs.BoolVar(&t.tensors, "tensors", true, "also trace PyTorch's caching allocator (libc10_cuda.so): the tensor view, about 2 us per tensor")
+	fs.Var(&t.tensors, "tensors", "the tensor view (PyTorch's caching allocator, libc10_cuda.so): all (every process; --tensors alone), on-demand (the processes switched on; the agent), or off")
+	fs.Lookup("tensors").NoOptDefVal = "all"
 	fs.BoolVar(&t.tensorNative, "tensor-native-stacks", false, "walk the whole native stack (ATen, bindings) of tensors allocated from Python, not only the allocator's frame")
 }
 
 func (t *targetFlags) config() profiler.Config {
-	return profiler.Config{PIDs: t.pids, GPUs: t.gpus, Library: t.library, NoTensors: !t.tensors, TensorNativeStacks: t.tensorNative, Logf: logf}
+	return profiler.Config{PIDs: t.pids, GPUs: t.gpus, Library: t.library, Tensors: profiler.TensorScope(t.tensors),
+		TensorNativeStacks: t.tensorNative, Logf: logf}
 }
+
+// tensorScope is --tensors: all, on-demand or off (true and false are all
+// and off).
+type tensorScope profiler.TensorScope
+
+var tensorScopes = map[string]profiler.TensorScope{
+	"all": profiler.TensorsAll, "true": profiler.TensorsAll,
+	"on-demand": profiler.TensorsOnDemand,
+	"off":       profiler.TensorsOff, "false": profiler.TensorsOff,
+}
+
+func (s *tensorScope) String() string {
+	return map[profiler.TensorScope]string{profiler.TensorsAll: "all", profiler.TensorsOnDemand: "on-demand", profiler.TensorsOff: "off"}[profiler.TensorScope(*s)]
+}
+
+func (s *tensorScope) Set(v string) error {
+	scope, ok := tensorScopes[v]
+	if !ok {
+		return fmt.Errorf("want all, on-demand or off, got %q", v)
+	}
+	*s = tensorScope(scope)
+	return nil
+}
+
+func (*tensorScope) Type() string { return "scope" }

@@ -37,7 +37,7 @@ func main() {
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w\n\n%s", err, cmd.UsageString())}
 	})
-	root.AddCommand(newRecordCommand(), newTopCommand(), newAgentCommand())
+	root.AddCommand(newRecordCommand(), newTopCommand(), newAgentCommand(), newTensorsCommand())
 	root.AddCommand(imageCommands()...)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "gpumem: %v\n", err)

@@ -61,7 +61,7 @@ frees of it are counted as unknown frees.`,
 }
 
 func (o *recordOptions) register(fs *pflag.FlagSet) {
-	o.target.register(fs)
+	o.target.register(fs, profiler.TensorsAll)
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C or COMMAND exits)")
 	fs.StringVar(&o.value, "value", "inuse", "bytes in folded output: inuse (live), alloc (allocated) or peak (each stack's share of its process's peak on its GPU)")
 	fs.StringVar(&o.view, "view", "driver", "view in folded output: driver (what the GPU holds) or tensor (PyTorch's tensors, inside the driver's segments)")

@@ -95,7 +95,7 @@ func (o *runOptions) run(ctx context.Context, image string) error {
 		"operator.oci.gpumem." + gpumem.ParamPIDs:     joinInts(o.record.target.pids),
 		"operator.oci.gpumem." + gpumem.ParamGPUs:     joinInts(o.record.target.gpus),
 		"operator.oci.gpumem." + gpumem.ParamInterval: o.interval.String(),
-		"operator.oci.gpumem." + gpumem.ParamTensors:  strconv.FormatBool(o.record.target.tensors),
+		"operator.oci.gpumem." + gpumem.ParamTensors:  strconv.FormatBool(o.record.target.tensors != tensorScope(profiler.TensorsOff)),
 		"operator.pyroscope." + pyroscope.ParamURL:    o.pyroscope,
 		"operator.k8smeta." + k8smeta.ParamKubeconfig: o.kubeconfig,
 	}

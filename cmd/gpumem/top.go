@@ -44,7 +44,7 @@ plain lines.`,
 		},
 	}
 	fs := cmd.Flags()
-	o.target.register(fs)
+	o.target.register(fs, profiler.TensorsAll)
 	fs.DurationVar(&o.interval, "interval", time.Second, "refresh interval")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C)")
 	fs.IntVar(&o.limit, "limit", 20, "rows shown (0: all)")

@@ -113,7 +113,9 @@ func configFrom(values api.ParamValues) (profiler.Config, time.Duration, error) 
 	if cfg.GPUs, err = ints(values[ParamGPUs]); err != nil {
 		return cfg, 0, fmt.Errorf("%s: %w", ParamGPUs, err)
 	}
-	cfg.NoTensors = values[ParamTensors] == "false"
+	if values[ParamTensors] == "false" {
+		cfg.Tensors = profiler.TensorsOff
+	}
 	interval := 5 * time.Second
 	if v := values[ParamInterval]; v != "" {
 		if interval, err = time.ParseDuration(v); err != nil || interval <= 0 {

@@ -22,7 +22,17 @@ type Pod struct {
 	Workload        string            // the owner's name (a Deployment's, for its ReplicaSets), else the pod's
 	Labels          map[string]string // the pod's labels
 	Containers      map[string]string // container ID -> container name
+	// Tensors: the pod asks for the tensor view (TensorsAnnotation "true"),
+	// until TensorsUntil if set (TensorsUntilAnnotation, RFC 3339).
+	Tensors      bool
+	TensorsUntil time.Time
 }
+
+// The annotations by which a pod asks the agent for its tensor view.
+const (
+	TensorsAnnotation      = "gpu-mem.io/tensors"
+	TensorsUntilAnnotation = "gpu-mem.io/tensors-until"
+)
 
 // Pods keeps the pods of one node, from a list and watch of the API
 // server's pods with a field selector on the node: the informer pattern,
@@ -57,6 +67,7 @@ type apiPod struct {
 		Name, Namespace, UID string
 		ResourceVersion      string
 		Labels               map[string]string
+		Annotations          map[string]string
 		OwnerReferences      []struct {
 			Kind, Name string
 			Controller *bool
@@ -245,6 +256,10 @@ func (w *watcher) apply(body io.Reader, version string) (string, error) {
 func (pod *apiPod) info() Pod {
 	info := Pod{Namespace: pod.Metadata.Namespace, Name: pod.Metadata.Name, Workload: pod.workload(),
 		Labels: pod.Metadata.Labels, Containers: map[string]string{}}
+	info.Tensors = pod.Metadata.Annotations[TensorsAnnotation] == "true"
+	if until, err := time.Parse(time.RFC3339, pod.Metadata.Annotations[TensorsUntilAnnotation]); err == nil {
+		info.TensorsUntil = until
+	}
 	for _, s := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
 		// containerd://ID, cri-o://ID, docker://ID
 		if _, id, ok := strings.Cut(s.ContainerID, "://"); ok && id != "" {
@@ -277,6 +292,13 @@ func (p *Pods) Name(c container.Identity) container.Identity {
 		c.Name = pod.Containers[c.ContainerID]
 	}
 	return c
+}
+
+// TensorsWanted says whether the container's pod asks for the tensor view,
+// and until when (zero: while it asks); a profiler.TensorPolicy.
+func (p *Pods) TensorsWanted(c container.Identity) (time.Time, bool) {
+	pod, ok := p.Lookup(c)
+	return pod.TensorsUntil, ok && pod.Tensors
 }
 
 // Lookup returns what is known of the pod a container runs in.

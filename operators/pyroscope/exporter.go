@@ -52,6 +52,9 @@ const (
 	LabelService = "service_name"
 	LabelNode    = "node"
 	ProfileName  = "memory"
+	// LabelTensorViewSince is on a tensor series of a process whose tensor
+	// view was switched on on demand: from when it holds (RFC 3339).
+	LabelTensorViewSince = "tensor_view_since"
 )
 
 // ProfileTypeID is the profile type Pyroscope files sample type st of a
@@ -122,6 +125,8 @@ type Exporter struct {
 	series   map[seriesKey]*series
 	gz       bytes.Buffer
 	zw       *gzip.Writer
+	// tensorsSince are the snapshot's on-demand tensor views that hold.
+	tensorsSince []profiler.TensorView
 }
 
 // series is what one series keeps between intervals.
@@ -236,6 +241,12 @@ func (e *Exporter) Export(r profiler.Report) {
 // ExportSnapshot is Export of an interval snapshot (profiler.Interval),
 // with its interval's peaks. It keeps nothing of the snapshot.
 func (e *Exporter) ExportSnapshot(s *profiler.Snapshot) {
+	e.tensorsSince = e.tensorsSince[:0]
+	for _, v := range s.TensorViews {
+		if v.Ended.IsZero() && !v.Since.IsZero() {
+			e.tensorsSince = append(e.tensorsSince, v)
+		}
+	}
 	e.export(s.Time, s.EachRow, s.Peaks)
 }
 
@@ -356,6 +367,13 @@ func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
 		{Name: schema.Comm, Value: row.Comm},
 		{Name: schema.Kind, Value: row.Kind.String()},
 		{Name: schema.GPU, Value: row.GPU()},
+	}
+	if row.Kind == memory.KindTensor {
+		for _, v := range e.tensorsSince {
+			if v.PID == row.PID {
+				pairs = append(pairs, &typesv1.LabelPair{Name: LabelTensorViewSince, Value: v.Since.UTC().Format(time.RFC3339)})
+			}
+		}
 	}
 	if e.cfg.Node != "" {
 		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})

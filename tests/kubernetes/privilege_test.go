@@ -55,7 +55,7 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 	// process on the shared simulated allocator: every tensor check is of
 	// the workload's pid).
 	agent, driver := startAgentFirst(t, 3, func(args ...string) *process { return startAs(t, sc, args...) },
-		"--kubeconfig", c.kubeconfig, "--node-name", "node-1",
+		"--tensors", "--kubeconfig", c.kubeconfig, "--node-name", "node-1",
 		"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
 	url := agent.saidValue(t, "serving metrics at ")
 	// Into the pod's cgroup at "ready", before its first allocation, the

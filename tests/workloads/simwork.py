@@ -34,6 +34,13 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                each function held at the tensor view's peak
                                (peak_FUNCTION), and what is left (tensor_live, reserved)
 
+    python3 simwork.py tensor_late
+                               early_weights' tensors (3 x 1 MiB), then prints "early" and
+                               waits for a line (a tensor view is switched on then); then
+                               late_activations' (2 x 2 MiB, held), late_scratch's (3 MiB,
+                               freed) and two of the early tensors freed; expects
+                               tensor_late_activations=live bytes, frees_before_view=2
+
     python3 simwork.py stacks  allocations from SIMWORK_STACKS (default 100) functions
                                generated at run time, layer_FIRST to layer_FIRST+N-1
                                (SIMWORK_FIRST, default 0): distinct Python frames, so
@@ -313,6 +320,44 @@ def tensors():
     activations(held_tensors)
 
 
+def early_weights(held):
+    for _ in range(3):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 1 << 20, ctypes.byref(ptr)):
+            raise MemoryError("early_weights")
+        held.append(ptr.value)
+
+
+def late_activations(held):
+    for _ in range(2):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 2 << 20, ctypes.byref(ptr)):
+            raise MemoryError("late_activations")
+        held.append(ptr.value)
+
+
+def late_scratch():
+    ptr = ctypes.c_void_p()
+    if torch.simtorch_malloc(0, 3 << 20, ctypes.byref(ptr)):
+        raise MemoryError("late_scratch")
+    torch.simtorch_free(ptr.value)
+
+
+def tensor_late():
+    early = []
+    early_weights(early)
+    print("early", flush=True)
+    sys.stdin.readline()
+    late = []
+    late_activations(late)
+    late_scratch()
+    for ptr in early[:2]:
+        torch.simtorch_free(ptr)
+    held_tensors.extend(early[2:] + late)
+    totals["tensor_late_activations"] = 2 * (2 << 20)
+    totals["frees_before_view"] = 2
+
+
 def library_workspace():
     """Device memory straight from the driver, outside the allocator."""
     cuda_malloc(6 << 20)
@@ -432,7 +477,7 @@ def dlopen_cycles():
 
 def main():
     scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views,
-                 "tensor_spike": tensor_spike, "stacks": generated_stacks, "dlopen": dlopen_cycles}
+                 "tensor_spike": tensor_spike, "tensor_late": tensor_late, "stacks": generated_stacks, "dlopen": dlopen_cycles}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)

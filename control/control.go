@@ -1,0 +1,165 @@
+// Package control is the agent's control socket: a Unix socket, for root
+// alone, over which `gpumem tensors` switches a process's tensor view on and
+// off while the agent and the process run (on a host without Kubernetes;
+// in a cluster, a pod's annotation does it). It speaks HTTP:
+//
+//	GET    /tensors            the tensor views, JSON
+//	PUT    /tensors/PID?for=D  on for process PID, for duration D (none: until off)
+//	DELETE /tensors/PID        off
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/gpu-mem/gpu-mem/profiler"
+)
+
+// DefaultSocket is where the agent listens unless told otherwise.
+const DefaultSocket = "/run/gpumem/control.sock"
+
+// Switch is what the socket drives: a profiler.
+type Switch interface {
+	SetTensors(pid int, until time.Time, by string) error
+	StopTensors(pid int) error
+	TensorViews() []profiler.TensorView
+}
+
+// Serve listens on the Unix socket at path (made for root alone, a stale
+// one replaced) and serves s until ctx is done.
+func Serve(ctx context.Context, path string, s Switch) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("control socket: %w", err)
+	}
+	server := &http.Server{Handler: Handler(s), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		server.Close()
+		os.Remove(path)
+	}()
+	go server.Serve(l)
+	return nil
+}
+
+// Handler serves the socket's requests.
+func Handler(s Switch) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /tensors", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(s.TensorViews())
+	})
+	mux.HandleFunc("PUT /tensors/{pid}", func(w http.ResponseWriter, r *http.Request) {
+		pid, err := strconv.Atoi(r.PathValue("pid"))
+		if err != nil {
+			http.Error(w, "not a PID: "+r.PathValue("pid"), http.StatusBadRequest)
+			return
+		}
+		var until time.Time
+		if d := r.URL.Query().Get("for"); d != "" {
+			length, err := time.ParseDuration(d)
+			if err != nil || length <= 0 {
+				http.Error(w, "for: want a positive duration, got "+d, http.StatusBadRequest)
+				return
+			}
+			until = time.Now().Add(length)
+		}
+		if err := s.SetTensors(pid, until, profiler.ByControl); err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+		}
+	})
+	mux.HandleFunc("DELETE /tensors/{pid}", func(w http.ResponseWriter, r *http.Request) {
+		pid, err := strconv.Atoi(r.PathValue("pid"))
+		if err != nil {
+			http.Error(w, "not a PID: "+r.PathValue("pid"), http.StatusBadRequest)
+			return
+		}
+		if err := s.StopTensors(pid); err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+		}
+	})
+	return mux
+}
+
+// Client talks to an agent's control socket.
+type Client struct {
+	http *http.Client
+}
+
+// Dial returns a client of the socket at path.
+func Dial(path string) *Client {
+	return &Client{http: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		},
+	}}}
+}
+
+// SetTensors switches process pid's tensor view on, for length (0: until off).
+func (c *Client) SetTensors(pid int, length time.Duration) error {
+	url := fmt.Sprintf("http://agent/tensors/%d", pid)
+	if length > 0 {
+		url += "?for=" + length.String()
+	}
+	return c.do(http.MethodPut, url, nil)
+}
+
+// StopTensors switches process pid's tensor view off.
+func (c *Client) StopTensors(pid int) error {
+	return c.do(http.MethodDelete, fmt.Sprintf("http://agent/tensors/%d", pid), nil)
+}
+
+// TensorViews lists the agent's tensor views.
+func (c *Client) TensorViews() ([]profiler.TensorView, error) {
+	var views []profiler.TensorView
+	return views, c.do(http.MethodGet, "http://agent/tensors", &views)
+}
+
+func (c *Client) do(method, url string, into any) error {
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("agent's control socket: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("agent's control socket: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("agent: %s", bytesTrim(body))
+	}
+	if into != nil {
+		return json.Unmarshal(body, into)
+	}
+	return nil
+}
+
+func bytesTrim(b []byte) string {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return string(b)
+}

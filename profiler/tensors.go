@@ -1,0 +1,451 @@
+package profiler
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+
+	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/discover"
+	"github.com/gpu-mem/gpu-mem/memory"
+)
+
+// TensorScope says which processes the tensor view (PyTorch's caching
+// allocator, through its USDT probes) covers.
+type TensorScope int
+
+const (
+	// TensorsAll covers every process that maps PyTorch's allocator, from
+	// the moment the profiler attaches (gpumem record's default).
+	TensorsAll TensorScope = iota
+	// TensorsOnDemand covers the processes switched on (Config.TensorPIDs,
+	// SetTensors, a pod's annotation), from then until switched off: the
+	// others pay nothing, no trap fires in them (the agent's default).
+	TensorsOnDemand
+	// TensorsOff leaves the allocator alone: the driver view only.
+	TensorsOff
+)
+
+// TensorPolicy says whether a container's pod asks for the tensor view,
+// and until when (zero: until it stops asking); k8smeta.Pods reads it from
+// the pod's annotations.
+type TensorPolicy interface {
+	TensorsWanted(container.Identity) (until time.Time, ok bool)
+}
+
+// Who switched a tensor view on.
+const (
+	ByFlag       = "flag"
+	ByControl    = "control"
+	ByAnnotation = "pod annotation"
+)
+
+// TensorView is one process's tensor view switched on on demand: from when
+// it holds, until when, and, once ended, when and why. Tensors made before
+// Since are charged to no one and their frees are counted apart
+// (accounting.Stats.FreesBeforeView); what the view held when it ended is
+// released implicitly.
+type TensorView struct {
+	PID        uint32    `json:"pid"`
+	By         string    `json:"by"`                    // ByFlag, ByControl, ByAnnotation
+	Asked      time.Time `json:"asked"`                 // when it was switched on
+	Since      time.Time `json:"since,omitzero"`        // when its probes were attached; zero: its allocator not loaded yet
+	Until      time.Time `json:"until,omitzero"`        // when it is to end; zero: when switched off
+	Ended      time.Time `json:"ended,omitzero"`        // when it ended
+	Why        string    `json:"why,omitempty"`         // why it ended
+	OverBudget bool      `json:"over_budget,omitempty"` // ended by the budget: the view is partial
+}
+
+// String says from when the view holds, in one line, for the outputs.
+func (v TensorView) String() string {
+	s := fmt.Sprintf("tensor view of pid %d (by %s): ", v.PID, v.By)
+	if v.Since.IsZero() {
+		s += "waiting for PyTorch's allocator"
+	} else {
+		s += "since " + v.Since.Format(time.RFC3339Nano) + "; tensors made before are charged to no one"
+	}
+	if !v.Until.IsZero() && v.Ended.IsZero() {
+		s += ", until " + v.Until.Format(time.RFC3339)
+	}
+	if !v.Ended.IsZero() {
+		s += "; ended " + v.Ended.Format(time.RFC3339Nano) + ": " + v.Why
+	}
+	if v.OverBudget {
+		s += " (partial)"
+	}
+	return s
+}
+
+// TensorBudget bounds what the tensor view may cost a process: past it,
+// the view is switched off (said once, counted, marked OverBudget).
+type TensorBudget struct {
+	// Share is the most of a process's time its tensor view may take (0:
+	// no budget), its allocating threads counted as one thread's wall
+	// time: an upper bound of the share.
+	Share float64
+	// PairCost is what one tensor allocation and its free cost the thread
+	// that makes them: the two traps and the programs (BENCHMARKS.md).
+	PairCost time.Duration
+	// Window is how long rates are measured over.
+	Window time.Duration
+}
+
+// tensorSwitch keeps the on-demand tensor views and their probes.
+type tensorSwitch struct {
+	mu       sync.Mutex
+	views    map[uint32]*tensorView // on, waiting for their allocator, or ended (kept for the outputs)
+	budget   TensorBudget
+	exceeded uint64 // views ended by the budget
+}
+
+type tensorView struct {
+	TensorView
+	links    []link.Link
+	attached map[string]bool // library IDs
+	// The budget's window: when it began and the allocations counted then.
+	windowStart  time.Time
+	windowAllocs uint64
+}
+
+// maxEndedViews bounds the ended views kept for the outputs.
+const maxEndedViews = 256
+
+func newTensorSwitch(b TensorBudget) *tensorSwitch {
+	if b.Window == 0 {
+		b.Window = 5 * time.Second
+	}
+	return &tensorSwitch{views: map[uint32]*tensorView{}, budget: b}
+}
+
+// ErrTensorsOff is returned by SetTensors when the profiler was configured
+// without tensor views, and ErrTensorsAll when every process has one.
+var (
+	ErrTensorsOff = errors.New("the tensor view is off (--tensors=false)")
+	ErrTensorsAll = errors.New("the tensor view is on for every process (--tensors)")
+)
+
+// SetTensors switches process pid's tensor view on until until (zero: until
+// switched off), or extends one on; by says who asked (ByControl, ...). Its
+// probes are attached at the next scan, or once the process loads
+// PyTorch's allocator.
+func (p *Profiler) SetTensors(pid int, until time.Time, by string) error {
+	switch p.cfg.Tensors {
+	case TensorsOff:
+		return ErrTensorsOff
+	case TensorsAll:
+		return ErrTensorsAll
+	}
+	if pid <= 0 || gone(p.cfg.ProcRoot, pid) {
+		return fmt.Errorf("%w %d", ErrNoProcess, pid)
+	}
+	s := p.tensors
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v := s.views[uint32(pid)]; v != nil && v.Ended.IsZero() {
+		v.Until = until
+		return nil
+	}
+	s.views[uint32(pid)] = &tensorView{TensorView: TensorView{PID: uint32(pid), By: by, Asked: time.Now(), Until: until},
+		attached: map[string]bool{}}
+	s.trimEnded()
+	return nil
+}
+
+// StopTensors switches process pid's tensor view off: its probes are
+// detached, and what it held is released implicitly.
+func (p *Profiler) StopTensors(pid int) error {
+	if !p.endTensors(uint32(pid), "switched off", false) {
+		return fmt.Errorf("no tensor view on for pid %d", pid)
+	}
+	return nil
+}
+
+// TensorViews returns the on-demand tensor views, on, waiting or ended, by
+// PID.
+func (p *Profiler) TensorViews() []TensorView { return p.tensors.list() }
+
+func (s *tensorSwitch) list() []TensorView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	views := make([]TensorView, 0, len(s.views))
+	for _, v := range s.views {
+		views = append(views, v.TensorView)
+	}
+	slices.SortFunc(views, func(a, b TensorView) int { return int(a.PID) - int(b.PID) })
+	return views
+}
+
+// TensorProbeStats are how often the tensor probes ran, in every process,
+// and for how long (counted while kernel.bpf_stats_enabled is set).
+func (p *Profiler) TensorProbeStats() (runs uint64, runtime time.Duration, err error) {
+	return p.tr.TensorProbeStats()
+}
+
+// BudgetExceeded counts the tensor views the budget switched off.
+func (p *Profiler) BudgetExceeded() uint64 {
+	p.tensors.mu.Lock()
+	defer p.tensors.mu.Unlock()
+	return p.tensors.exceeded
+}
+
+// trimEnded drops the oldest ended views past maxEndedViews; s.mu held.
+func (s *tensorSwitch) trimEnded() {
+	var ended []*tensorView
+	for _, v := range s.views {
+		if !v.Ended.IsZero() {
+			ended = append(ended, v)
+		}
+	}
+	if len(ended) <= maxEndedViews {
+		return
+	}
+	slices.SortFunc(ended, func(a, b *tensorView) int { return a.Ended.Compare(b.Ended) })
+	for _, v := range ended[:len(ended)-maxEndedViews] {
+		delete(s.views, v.PID)
+	}
+}
+
+// updateTensors is the scan's part for the on-demand views: pods' asks,
+// views due to end, probes for views waiting for their allocator, and the
+// budget.
+func (p *Profiler) updateTensors(now time.Time) {
+	if p.cfg.Tensors != TensorsOnDemand {
+		return
+	}
+	p.askByPods(now)
+	for _, pid := range p.tensors.due(p.cfg.ProcRoot, now) {
+		p.endTensors(pid.pid, pid.why, false)
+	}
+	for _, pid := range p.tensors.waiting() {
+		p.attachTensors(pid)
+	}
+	for _, over := range p.tensors.overBudget(now, p.books.tensorAllocs()) {
+		p.cfg.Logf("pid %d: tensor view off: %s", over.pid, over.why)
+		p.endTensors(over.pid, over.why, true)
+	}
+}
+
+// askByPods switches on the views of processes whose pods ask for one, and
+// off those of pods that stopped asking.
+func (p *Profiler) askByPods(now time.Time) {
+	policy, ok := p.cfg.Pods.(TensorPolicy)
+	if !ok {
+		return
+	}
+	asked := map[uint32]time.Time{}
+	for pid, c := range p.procs.containers() {
+		if until, ok := policy.TensorsWanted(c); ok && (until.IsZero() || until.After(now)) {
+			asked[pid] = until
+		}
+	}
+	for _, v := range p.tensors.list() {
+		if _, still := asked[v.PID]; v.By == ByAnnotation && v.Ended.IsZero() && !still {
+			p.endTensors(v.PID, "the pod's annotation is gone", false)
+		}
+	}
+	for pid, until := range asked {
+		if p.tensors.isOn(pid) {
+			continue
+		}
+		if err := p.SetTensors(int(pid), until, ByAnnotation); err == nil {
+			p.cfg.Logf("pid %d: tensor view asked by its pod", pid)
+		}
+	}
+}
+
+func (s *tensorSwitch) isOn(pid uint32) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.views[pid]
+	return v != nil && v.Ended.IsZero()
+}
+
+type endingView struct {
+	pid uint32
+	why string
+}
+
+// due returns the views to end now: past their end, or their process gone.
+func (s *tensorSwitch) due(procRoot string, now time.Time) []endingView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var due []endingView
+	for pid, v := range s.views {
+		switch {
+		case !v.Ended.IsZero():
+		case gone(procRoot, int(pid)):
+			due = append(due, endingView{pid, "the process exited"})
+		case !v.Until.IsZero() && !now.Before(v.Until):
+			due = append(due, endingView{pid, "its time was up"})
+		}
+	}
+	return due
+}
+
+// waiting returns the views whose allocator is not attached yet.
+func (s *tensorSwitch) waiting() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var pids []uint32
+	for pid, v := range s.views {
+		if v.Ended.IsZero() && len(v.links) == 0 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// attachTensors attaches the tensor probes to the allocators process pid
+// maps, for it alone, and starts its tensor books.
+func (p *Profiler) attachTensors(pid uint32) {
+	found, err := discover.Scan(p.cfg.ProcRoot, []int{int(pid)})
+	if err != nil {
+		return
+	}
+	for _, lib := range found.Libraries {
+		if !lib.Allocator || !p.tensors.wants(pid, lib.ID()) {
+			continue
+		}
+		p.books.startTensorView(pid)
+		l, n, err := p.tr.AttachAllocator(lib.Path, pid)
+		if err != nil {
+			p.cfg.Logf("pid %d: tensor view: %v", pid, err)
+			continue
+		}
+		since := p.tensors.attached(pid, lib.ID(), l)
+		p.cfg.Logf("pid %d: tensor view on since %s: %d PyTorch allocator probes on %s", pid, since.Format(time.RFC3339Nano), n, lib.Path)
+	}
+}
+
+// wants says whether process pid's view is on and lacks library id.
+func (s *tensorSwitch) wants(pid uint32, id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.views[pid]
+	return v != nil && v.Ended.IsZero() && !v.attached[id]
+}
+
+// attached records a link of process pid's view and returns since when the
+// view holds. A view ended meanwhile has the link closed.
+func (s *tensorSwitch) attached(pid uint32, id string, l link.Link) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.views[pid]
+	if v == nil || !v.Ended.IsZero() {
+		l.Close()
+		return time.Time{}
+	}
+	v.links = append(v.links, l)
+	v.attached[id] = true
+	if v.Since.IsZero() {
+		v.Since = time.Now()
+	}
+	return v.Since
+}
+
+// endTensors ends process pid's view: its probes detached, the events they
+// sent read, then its tensor books closed. False when it had none on.
+func (p *Profiler) endTensors(pid uint32, why string, overBudget bool) bool {
+	links, ok := p.tensors.end(pid, why, overBudget)
+	if !ok {
+		return false
+	}
+	for _, l := range links {
+		l.Close()
+	}
+	if len(links) > 0 {
+		if err := p.flush(); err == nil {
+			p.books.endTensorView(pid, bpfNow())
+		}
+	}
+	if !overBudget {
+		p.cfg.Logf("pid %d: tensor view off: %s", pid, why)
+	}
+	return true
+}
+
+func (s *tensorSwitch) end(pid uint32, why string, overBudget bool) ([]link.Link, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.views[pid]
+	if v == nil || !v.Ended.IsZero() {
+		return nil, false
+	}
+	v.Ended, v.Why, v.OverBudget = time.Now(), why, overBudget
+	if overBudget {
+		s.exceeded++
+	}
+	links := v.links
+	v.links = nil
+	return links, true
+}
+
+// overBudget returns the views whose allocations over the last window cost
+// more than the budget; allocs are each process's tensor allocations so
+// far.
+func (s *tensorSwitch) overBudget(now time.Time, allocs map[uint32]uint64) []endingView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.budget
+	var over []endingView
+	for pid, v := range s.views {
+		if !v.Ended.IsZero() || v.Since.IsZero() {
+			continue
+		}
+		if v.windowStart.IsZero() {
+			v.windowStart, v.windowAllocs = now, allocs[pid]
+			continue
+		}
+		elapsed := now.Sub(v.windowStart)
+		if elapsed < b.Window {
+			continue
+		}
+		pairs := allocs[pid] - v.windowAllocs
+		cost := time.Duration(pairs) * b.PairCost
+		share := cost.Seconds() / elapsed.Seconds()
+		v.windowStart, v.windowAllocs = now, allocs[pid]
+		if b.Share > 0 && share > b.Share {
+			over = append(over, endingView{pid, fmt.Sprintf("over budget: %.0f tensors a second at %v a tensor cost %.1f%% of a thread, more than %.1f%%",
+				float64(pairs)/elapsed.Seconds(), b.PairCost, 100*share, 100*b.Share)})
+		}
+	}
+	return over
+}
+
+// closeTensors detaches every on-demand view's probes (Run's end).
+func (p *Profiler) closeTensors() {
+	p.tensors.mu.Lock()
+	defer p.tensors.mu.Unlock()
+	for _, v := range p.tensors.views {
+		for _, l := range v.links {
+			l.Close()
+		}
+		v.links = nil
+	}
+}
+
+// startTensorView has pid's tensor books begin while it runs.
+func (b *books) startTensorView(pid uint32) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ledger.StartView(pid, memory.SpaceTensor)
+}
+
+// endTensorView closes pid's tensor books at ts.
+func (b *books) endTensorView(pid uint32, ts uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ledger.EndView(pid, memory.SpaceTensor, ts)
+}
+
+// tensorAllocs returns each process's tensor allocations so far.
+func (b *books) tensorAllocs() map[uint32]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.tensorAllocations)
+}
