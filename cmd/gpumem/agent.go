@@ -28,7 +28,7 @@ import (
 // defaultPairCost is what a tensor allocation and its free cost the thread
 // making them with the tensor view on, measured on an H200 through the
 // agent (bench/gpu/model.sh, BENCHMARKS.md): the two traps and the programs.
-const defaultPairCost = 3 * time.Microsecond
+const defaultPairCost = 4 * time.Microsecond
 
 type agentOptions struct {
 	target       targetFlags
