@@ -125,8 +125,8 @@ func newTensorSwitch(b TensorBudget) *tensorSwitch {
 // ErrTensorsOff is returned by SetTensors when the profiler was configured
 // without tensor views, and ErrTensorsAll when every process has one.
 var (
-	ErrTensorsOff = errors.New("the tensor view is off (--tensors=false)")
-	ErrTensorsAll = errors.New("the tensor view is on for every process (--tensors)")
+	ErrTensorsOff = errors.New("the tensor view is off (--tensors=off)")
+	ErrTensorsAll = errors.New("the tensor view is on for every process (--tensors=all)")
 )
 
 // SetTensors switches process pid's tensor view on until until (zero: until
