@@ -44,7 +44,7 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 	agent := func() (*cli, string) {
 		// --pid: no other process's allocator (another test's, another
 		// run's) is attached, nor its semaphores counted.
-		c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--library", driver, "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
+		c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--tensor-pid", strconv.Itoa(w.pid), "--library", driver, "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
 		url := c.waitStderrValue("serving metrics at ")
 		c.waitStderr("PyTorch allocator probes")
 		return c, url
