@@ -303,3 +303,31 @@ func TestContextsDroppedAtExit(t *testing.T) {
 		t.Errorf("after the exit: %d contexts, list %+v (%v)", n, list, err)
 	}
 }
+
+// TestAllocatorSitesStoredOnce: a library's USDT sites take their entries
+// of usdt_sites once, however many processes, through however many paths
+// (/proc/PID/root/... is each process's own), its probes are attached for:
+// switching tensor views on and off again never runs out of entries.
+func TestAllocatorSitesStoredOnce(t *testing.T) {
+	root := buildSim(t)
+	allocator := filepath.Join(root, "build/sim/libc10_cuda.so")
+	tr, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	paths := []string{allocator, "/proc/self/root" + allocator, fmt.Sprintf("/proc/%d/root%s", os.Getpid(), allocator)}
+	max := int(tr.coll.Maps["usdt_sites"].MaxEntries())
+	var sites int
+	for i := range max {
+		l, n, err := tr.AttachAllocator(paths[i%len(paths)], uint32(os.Getpid()))
+		if err != nil {
+			t.Fatalf("attach %d: %v", i, err)
+		}
+		l.Close()
+		sites = n
+	}
+	if int(tr.usdtSites) != sites {
+		t.Errorf("usdt_sites holds %d entries for a library of %d sites", tr.usdtSites, sites)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/schema"
@@ -44,7 +45,7 @@ type Tracer struct {
 	mu        sync.Mutex
 	links     []link.Link
 	usdtSites uint32                    // entries of usdt_sites in use
-	sites     map[string]allocatorSites // by library path
+	sites     map[fileID]allocatorSites // by library file, under whatever path
 }
 
 // New loads the BPF program and starts watching process exits. Nothing is
@@ -213,10 +214,14 @@ func withoutFrees(symbols []string, cookies []uint64) ([]string, []uint64) {
 var ErrNoProbes = errors.New("no pytorch:malloc or pytorch:free USDT probes")
 
 // allocatorSites are one library's USDT sites, stored in usdt_sites once
-// however many processes they are attached for.
+// however many processes they are attached for, through whatever path
+// (/proc/PID/root/... differs from process to process).
 type allocatorSites struct {
 	addrs, refs, cookies []uint64
 }
+
+// fileID is a file's device and inode.
+type fileID struct{ dev, ino uint64 }
 
 // AttachAllocator puts probes on the USDT sites of PyTorch's caching
 // allocator in the library at path (libc10_cuda.so): every tensor allocated
@@ -247,7 +252,12 @@ func (t *Tracer) AttachAllocator(path string, pid uint32) (link.Link, int, error
 // allocatorSites reads the library's USDT sites and stores them in
 // usdt_sites, the first time; t.mu is held.
 func (t *Tracer) allocatorSites(path string) (allocatorSites, error) {
-	if s, ok := t.sites[path]; ok {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return allocatorSites{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	id := fileID{st.Dev, st.Ino}
+	if s, ok := t.sites[id]; ok {
 		return s, nil
 	}
 	probes, err := usdt.Read(path)
@@ -273,9 +283,9 @@ func (t *Tracer) allocatorSites(path string) (allocatorSites, error) {
 		return allocatorSites{}, fmt.Errorf("%s: %w", path, ErrNoProbes)
 	}
 	if t.sites == nil {
-		t.sites = map[string]allocatorSites{}
+		t.sites = map[fileID]allocatorSites{}
 	}
-	t.sites[path] = s
+	t.sites[id] = s
 	return s, nil
 }
 
