@@ -221,22 +221,28 @@ func (l *Ledger) EndView(pid uint32, space memory.Space, ts uint64) {
 	if p == nil {
 		return
 	}
+	p.releaseImplicitly(ts, func(s memory.Space) bool { return s == space })
+	delete(p.late, space)
+}
+
+// releaseImplicitly releases, at time ts, what the process holds in the
+// name spaces in accepts, its frees not to be seen.
+func (p *process) releaseImplicitly(ts uint64, in func(memory.Space) bool) {
 	for a, alloc := range p.live {
-		if a.space == space {
+		if in(a.space) {
 			releaseImplicitly(alloc)
 			alloc.row.unhold(alloc.bytes, ts)
 			delete(p.live, a)
 		}
 	}
 	for a, older := range p.superseded {
-		if a.space == space {
+		if in(a.space) {
 			for _, alloc := range older {
 				releaseImplicitly(alloc) // out of the peaks' totals already
 			}
 			delete(p.superseded, a)
 		}
 	}
-	delete(p.late, space)
 }
 
 func (l *Ledger) unknownFree(op memory.Op) {
@@ -288,15 +294,7 @@ func (l *Ledger) Exit(pid uint32, ts uint64) {
 		l.exited[pid] = true // it may have failed allocations only
 		return
 	}
-	for _, a := range p.live {
-		releaseImplicitly(a)
-		a.row.unhold(a.bytes, ts)
-	}
-	for _, older := range p.superseded {
-		for _, a := range older {
-			releaseImplicitly(a) // out of the peaks' totals already
-		}
-	}
+	p.releaseImplicitly(ts, func(memory.Space) bool { return true })
 	delete(l.procs, pid)
 	l.exited[pid] = true
 	l.stats.ProcessExits++

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -153,17 +154,10 @@ func (c *Client) do(method, url string, into any) error {
 		return fmt.Errorf("agent's control socket: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("agent: %s", bytesTrim(body))
+		return fmt.Errorf("agent: %s", strings.TrimRight(string(body), "\r\n"))
 	}
 	if into != nil {
 		return json.Unmarshal(body, into)
 	}
 	return nil
-}
-
-func bytesTrim(b []byte) string {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return string(b)
 }

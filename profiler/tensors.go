@@ -225,7 +225,6 @@ func (p *Profiler) updateTensors(now time.Time) {
 		p.attachTensors(pid)
 	}
 	for _, over := range p.tensors.overBudget(now, p.books.tensorAllocs()) {
-		p.cfg.Logf("pid %d: tensor view off: %s", over.pid, over.why)
 		p.endTensors(over.pid, over.why, true)
 	}
 }
@@ -363,9 +362,7 @@ func (p *Profiler) endTensors(pid uint32, why string, overBudget bool) bool {
 			p.books.endTensorView(pid, bpfNow())
 		}
 	}
-	if !overBudget {
-		p.cfg.Logf("pid %d: tensor view off: %s", pid, why)
-	}
+	p.cfg.Logf("pid %d: tensor view off: %s", pid, why)
 	return true
 }
 
