@@ -116,6 +116,7 @@ func startGPUMem() func() {
 	return func() {
 		cancel()
 		check(<-done)
+		check(p.Close())
 	}
 }
 

@@ -41,6 +41,7 @@ func attachOnce(i int) float64 {
 
 	p, err := profiler.New(profiler.Config{})
 	check(err)
+	defer p.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()

@@ -47,6 +47,7 @@ func rates() string {
 func rateStep(threads, offered int, seconds float64) (float64, uint64) {
 	p, err := profiler.New(profiler.Config{Library: simLib})
 	check(err)
+	defer p.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()

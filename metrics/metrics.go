@@ -182,7 +182,7 @@ type LastPeaks struct {
 	peaks []profiler.Peak
 }
 
-// Set keeps peaks, an interval's (an Interval snapshot's).
+// Set keeps peaks, an interval's (Profiler.EndInterval's).
 func (l *LastPeaks) Set(peaks []profiler.Peak) {
 	kept := make([]profiler.Peak, len(peaks))
 	for i, pk := range peaks {

@@ -17,7 +17,7 @@ import (
 // allocators found, each once; a failure is said once and retried at each
 // scan.
 type attacher struct {
-	tr      *tracer.Tracer
+	tr      Source
 	library string      // Config.Library: the only driver attached
 	tensors TensorScope // allocators are attached here with TensorsAll only
 	logf    func(string, ...any)
@@ -28,7 +28,7 @@ type attacher struct {
 	links    []link.Link      // the allocators' (the tracer owns the driver's)
 }
 
-func newAttacher(cfg Config, tr *tracer.Tracer) *attacher {
+func newAttacher(cfg Config, tr Source) *attacher {
 	return &attacher{tr: tr, library: cfg.Library, tensors: cfg.Tensors, logf: cfg.Logf,
 		attached: map[string]discover.Library{}, failed: map[string]error{}}
 }

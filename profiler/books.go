@@ -26,12 +26,9 @@ type books struct {
 	oomPending []oomSnapshot
 	ooms       []OOM
 	lastOOM    map[uint32]oomMark
-	// Exited processes, dropped as intervals begin (exited.go).
-	clock      uint64            // counts exits and intervals begun: orders them
-	exitedAt   map[uint32]uint64 // processes that exited, when (clock)
-	intervalAt uint64            // when the current interval began (clock); 0: none yet
-	byPeaks    bool              // intervals begin at interval snapshots
-	unlisted   map[uint32]bool   // processes with rows the latest interval snapshot left out
+	// Exited processes, until dropped (exited.go).
+	exits    uint64            // exits seen: orders them and the snapshots
+	exitedAt map[uint32]uint64 // processes that exited, when (exits)
 	// losses are the tracer's last counts, kept when it is closed.
 	losses schema.Losses
 	closed bool
@@ -137,8 +134,8 @@ func (b *books) exit(pid uint32, ts uint64) {
 
 func (b *books) exitLocked(pid uint32, ts uint64) {
 	b.ledger.Exit(pid, ts)
-	b.clock++
-	b.exitedAt[pid] = b.clock
+	b.exits++
+	b.exitedAt[pid] = b.exits
 	delete(b.lastOOM, pid)
 }
 

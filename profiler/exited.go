@@ -1,62 +1,74 @@
 package profiler
 
-// Processes that exited are dropped by the profiler itself, whoever reads
-// it (the agent, the IG operator behind gpumem run, top), so that a
-// long run's books, stacks and per-process tables hold only the processes
-// of the last intervals (issue 20). A reader reads once an interval; an
-// interval begins at each interval snapshot or, for a reader that never
-// takes one, at each snapshot (Report takes one). As an interval begins,
-// the processes that exited before the previous one began are dropped:
-// each was in that interval's snapshot after its exit, its last rows
-// listed and its last peak taken. A process whose rows the latest interval
-// snapshot left out (their stacks being named) is kept until a snapshot
-// has them. One report at the end (gpumem record's) drops nothing.
+// Processes that exited are dropped when the loop that reads the profiler
+// says it has read them (DropExited), so that a long run's books, stacks
+// and per-process tables hold only the processes of the last intervals
+// (issue 20): the agent and the IG operator behind gpumem run after each
+// interval's read, top after each screen. One report at the end (gpumem
+// record's) drops nothing. Reading alone never drops anything.
 
-// startInterval begins an interval if this snapshot does (interval: it
-// is an interval snapshot), dropping the processes that exited before the
-// previous one began. The caller holds p.books.mu.
-func (p *Profiler) startInterval(interval bool) {
-	b := p.books
-	switch {
-	case interval:
-		b.byPeaks = true
-	case b.byPeaks:
-		return // its intervals begin at the interval snapshots
-	}
-	b.clock++
-	previous := b.intervalAt
-	b.intervalAt = b.clock
-	if previous > 0 {
-		p.dropExited(previous)
-	}
-}
-
-// dropExited forgets the processes that exited before the interval that
-// began at before: their rows, failures, stacks and per-process tables.
-// Snapshots taken before keep them. A process is kept while its rows were
-// left out of the latest interval snapshot, a stack of it is being named,
-// or an out-of-memory snapshot of it is being delivered. The caller holds
-// p.books.mu.
-func (p *Profiler) dropExited(before uint64) {
-	b := p.books
-	var dropped []uint32
-	for pid, at := range b.exitedAt {
-		if at < before && !b.unlisted[pid] && !b.oomPendingFor(pid) && !p.stacks.naming(pid) {
-			dropped = append(dropped, pid)
+// DropExited forgets the processes that exited before s was taken, s
+// holding their last rows: their rows, failures, stacks and per-process
+// tables. Snapshots taken before keep them. A process is kept while s left
+// its rows out (their stacks being named), a stack of it is being named,
+// or an out-of-memory snapshot of it is being delivered: a later call
+// drops it. What to drop is decided under the books' lock, the stacks and
+// processes dropped after.
+func (p *Profiler) DropExited(s *Snapshot) {
+	candidates := p.books.exitedBy(s.exits, s.waiting)
+	var naming []uint32
+	for _, pid := range candidates {
+		if p.stacks.naming(pid) {
+			naming = append(naming, pid)
 		}
 	}
-	if len(dropped) == 0 {
-		return
-	}
-	drop := map[uint32]bool{}
-	for _, pid := range dropped {
-		drop[pid] = true
-		delete(b.exitedAt, pid)
-		delete(b.tensorAllocations, pid)
+	for _, pid := range p.books.dropExited(candidates, naming) {
 		p.stacks.dropProcess(pid)
 		p.procs.drop(pid)
 	}
+}
+
+// exitedBy are the processes that exited by the time the books had seen
+// exits exits, but those waiting, or with an out-of-memory snapshot not
+// yet delivered.
+func (b *books) exitedBy(exits uint64, waiting map[uint32]bool) []uint32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var pids []uint32
+	for pid, at := range b.exitedAt {
+		if at <= exits && !waiting[pid] && !b.oomPendingFor(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// dropExited drops the books of candidates, but those of keep and those
+// whose PID a new process took since they were chosen, and returns the
+// processes dropped.
+func (b *books) dropExited(candidates, keep []uint32) []uint32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	drop := map[uint32]bool{}
+	for _, pid := range candidates {
+		if _, exited := b.exitedAt[pid]; exited {
+			drop[pid] = true
+		}
+	}
+	for _, pid := range keep {
+		delete(drop, pid)
+	}
+	if len(drop) == 0 {
+		return nil
+	}
+	dropped := make([]uint32, 0, len(drop))
+	for pid := range drop {
+		delete(b.exitedAt, pid)
+		delete(b.tensorAllocations, pid)
+		dropped = append(dropped, pid)
+	}
 	b.ledger.DropExited(func(pid uint32) bool { return !drop[pid] })
+	return dropped
 }
 
 // Processes is how many processes the profiler keeps anything for, in its

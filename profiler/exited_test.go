@@ -10,17 +10,23 @@ import (
 // TestPIDTakenAgain: a process exits and a new one takes its PID before
 // the first is dropped. The new process is not dropped with the old one
 // while it lives: its rows keep their frames and it has its own name,
-// read again; once it exits, both go.
+// read again; once it exits, both go. Each read of rowsOf42 but the
+// first is followed by a drop, as the agent's loop does.
 func TestPIDTakenAgain(t *testing.T) {
-	p := bareProfiler()
+	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} }) // processes noted, left to read
 	event := func(ev tracer.Event) {
 		ev.PID, ev.Op, ev.Bytes = 42, memory.Op(1), 100
 		p.handle(&ev)
 	}
+	var last *Snapshot
 	rowsOf42 := func() []Row {
 		t.Helper()
+		if last != nil {
+			p.DropExited(last)
+		}
+		last = endInterval(t, p)
 		var rows []Row
-		for _, r := range listRows(t, p) {
+		for _, r := range last.Rows(nil) {
 			if r.PID == 42 {
 				rows = append(rows, r)
 			}

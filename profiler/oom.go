@@ -67,10 +67,8 @@ func (b *books) oomPendingFor(pid uint32) bool {
 // deliverOOMs names the stacks of the snapshots taken and hands them to
 // Config.OnOOM, in the order taken; snapshots keep the latest MaxOOMs. A
 // snapshot stays pending until named, so that its process is not dropped
-// meanwhile.
+// meanwhile. It is the job p.delivering.
 func (p *Profiler) deliverOOMs() {
-	p.delivering.Lock()
-	defer p.delivering.Unlock()
 	b := p.books
 	b.mu.Lock()
 	pending := slices.Clone(b.oomPending)
@@ -78,7 +76,7 @@ func (p *Profiler) deliverOOMs() {
 	if len(pending) == 0 {
 		return
 	}
-	p.stacks.resolve()
+	p.stacks.resolving.await()
 	ooms := make([]OOM, 0, len(pending))
 	for _, s := range pending {
 		ooms = append(ooms, p.oom(s))

@@ -16,14 +16,10 @@ func namedStack(p *Profiler, pid uint32, function string, pc uint64) accounting.
 	return id
 }
 
-// intervalPeaks are the peaks of an interval snapshot.
+// intervalPeaks are the peaks of the interval it ends.
 func intervalPeaks(t *testing.T, p *Profiler) []Peak {
 	t.Helper()
-	s, err := p.Snapshot(Interval)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s.Peaks
+	return endInterval(t, p).Peaks
 }
 
 // peakShares are a peak's rows as function: bytes.
@@ -44,7 +40,7 @@ func peakShares(t *testing.T, p *Profiler, pk Peak) map[string]uint64 {
 // GPU, by PID, GPU and view, on the wall clock; the interval's start
 // with the level it began with; --gpu limits them as it limits rows.
 func TestPeaksNamed(t *testing.T) {
-	p := bareProfiler()
+	p := bareProfiler(t)
 	p.procs.procs[7] = &process{comm: "train"}
 	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
 	tensors := namedStack(p, 7, "forward", 0x403000)
@@ -94,7 +90,8 @@ func TestPeaksNamed(t *testing.T) {
 		t.Errorf("next interval %+v", next)
 	}
 	// The peaks alone: the same, and no row copied.
-	if only, err := p.Snapshot(IntervalPeaks); err != nil || only.Len() != 0 || len(only.Peaks) != 3 || only.Peaks[1].Bytes != 100 {
+	only := &Snapshot{}
+	if err := p.EndInterval(only, PeaksOnly); err != nil || only.Len() != 0 || len(only.Peaks) != 3 || only.Peaks[1].Bytes != 100 {
 		t.Errorf("peaks alone: %d rows, peaks %+v (%v)", only.Len(), only.Peaks, err)
 	}
 
@@ -123,17 +120,14 @@ func freeOpOf(t *testing.T) memory.Op {
 // taken, so that the snapshot has its row: a peak, unlike live bytes,
 // cannot wait for the next interval.
 func TestIntervalPeaksNameTheirStacks(t *testing.T) {
-	p := bareProfiler()
+	p := bareProfiler(t)
 	id := rawStackOf(p, 8, 0x401000)
 	key := accounting.Key{PID: 8, Stack: id, Kind: memory.KindDevice}
 	start := bpfNow()
 	p.books.ledger.Alloc(key, 0x1000, memory.SpacePointer, 64, start)
 	p.books.ledger.Free(8, freeOpOf(t), 0x1000, start+1)
 
-	s, err := p.Snapshot(Interval)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := endInterval(t, p)
 	if len(s.Peaks) != 1 || len(s.Peaks[0].Shares) != 1 || s.Peaks[0].Shares[0].Key != key || s.Peaks[0].Bytes != 64 {
 		t.Fatalf("peaks %+v", s.Peaks)
 	}

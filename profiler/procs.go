@@ -15,7 +15,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/symbolize"
-	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // processTable is what the profiler knows of each process besides its
@@ -32,7 +31,7 @@ type processTable struct {
 	pods     container.Namer
 	logf     func(string, ...any)
 	sym      *symbolize.Symbolizer
-	tr       *tracer.Tracer
+	tr       Source
 	py       *pystack.Resolver
 
 	mu sync.Mutex
@@ -51,9 +50,9 @@ type processTable struct {
 	notReady    map[uint32]time.Time
 	watching    map[int]bool // commands Watch waits for
 	pyProcesses uint64       // Python processes registered
-	readNow     chan struct{}
-	reading     sync.Mutex // one readNoted at a time
-	registering sync.Mutex // one Python registration at a time
+	// reading is the table's job, readNoted: the one goroutine that reads
+	// processes and registers Python ones.
+	reading *job
 }
 
 // process is what the table knows of one process.
@@ -64,8 +63,8 @@ type process struct {
 	exited    bool                   // an event after it is a new process's
 }
 
-func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr *tracer.Tracer, py *pystack.Resolver) *processTable {
-	return &processTable{
+func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr Source, py *pystack.Resolver, stopped <-chan struct{}) *processTable {
+	t := &processTable{
 		procRoot:  cfg.ProcRoot,
 		devices:   gpuinfo.Devices(cfg.GPUDir),
 		pods:      cfg.Pods,
@@ -79,8 +78,9 @@ func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr *tracer.Tracer, p
 		notPython: map[int]bool{},
 		notReady:  map[uint32]time.Time{},
 		watching:  map[int]bool{},
-		readNow:   make(chan struct{}, 1),
 	}
+	t.reading = newJob(t.readNoted, stopped)
+	return t
 }
 
 // note notes the process of an event and says whether it is a registered
@@ -99,7 +99,7 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 		}
 		t.procs[pid] = &process{comm: comm}
 		t.toRead = append(t.toRead, pid)
-		signal(t.readNow)
+		t.reading.ask()
 	case p.comm != comm:
 		next := *p
 		next.comm = comm
@@ -108,9 +108,24 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 	python = t.python[pid]
 	if alloc && !python && !t.notPython[int(pid)] && !t.pyAsked[pid] && !t.startingNow(pid) {
 		t.pyAsked[pid] = true
-		signal(t.readNow)
+		t.reading.ask()
 	}
 	return python
+}
+
+// askPython has processes found mapping a Python runtime registered, unless
+// they are already or are not Python processes.
+func (t *processTable) askPython(pids []int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, pid := range pids {
+		if !t.python[uint32(pid)] && !t.notPython[pid] {
+			t.pyAsked[uint32(pid)] = true
+		}
+	}
+	if len(t.pyAsked) > 0 {
+		t.reading.ask()
+	}
 }
 
 // notReadyRetry is how long a Python process whose interpreter was
@@ -150,11 +165,9 @@ func (t *processTable) drop(pid uint32) {
 	t.sym.Forget(pid)
 }
 
-// readNoted reads the processes noted since it last ran. One runs at a
-// time: a report that calls it waits for the processes being read.
+// readNoted reads the processes noted since it last ran, and registers
+// the Python processes asked for: the job t.reading, which a report awaits.
 func (t *processTable) readNoted() {
-	t.reading.Lock()
-	defer t.reading.Unlock()
 	t.mu.Lock()
 	pids, renewed := t.toRead, t.renewed
 	t.toRead, t.renewed = nil, nil
@@ -246,10 +259,9 @@ func (t *processTable) addPIDs(set map[uint32]bool) {
 }
 
 // addPython registers a Python process with the BPF program and the
-// resolver; false when pid is not one (yet). It reads the process's files.
+// resolver; false when pid is not one (yet). It reads the process's files;
+// it runs in the job t.reading only.
 func (t *processTable) addPython(pid int) bool {
-	t.registering.Lock()
-	defer t.registering.Unlock()
 	t.mu.Lock()
 	done, notPython, watching := t.python[uint32(pid)], t.notPython[pid], t.watching[pid]
 	t.mu.Unlock()
@@ -342,10 +354,12 @@ func (p *Profiler) Watch(ctx context.Context, pid int) {
 		t.mu.Unlock()
 	}()
 	for {
+		t.askPython([]int{pid})
+		t.reading.await()
 		t.mu.Lock()
-		notPython := t.notPython[pid]
+		done := t.notPython[pid] || t.python[uint32(pid)]
 		t.mu.Unlock()
-		if notPython || t.addPython(pid) {
+		if done {
 			return
 		}
 		select {

@@ -10,14 +10,10 @@ import (
 // interpreter was starting is left for notReadyRetry, not looked at again
 // at every event; frees never ask.
 func TestNoteAsksForPythonOnce(t *testing.T) {
-	p := bareProfiler()
+	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} }) // asked, never reading
 	procs := p.procs
 	asked := func() bool {
 		t.Helper()
-		select {
-		case <-procs.readNow:
-		default:
-		}
 		ok := procs.pyAsked[7]
 		clear(procs.pyAsked)
 		return ok

@@ -78,25 +78,29 @@ type Config struct {
 }
 
 // Profiler is safe for concurrent use: Run in one goroutine, Snapshot,
-// Report and Sync from others. It is four parts, each with its own lock,
-// and one goroutine reading the events into them:
+// EndInterval, DropExited and Sync from others; Close once done. It is
+// four parts, each with its own lock, and one goroutine reading the events
+// into them:
 //   - the attacher (attach.go) attaches the tracer to the libraries found;
 //   - the process table (procs.go) knows each process's name, GPUs, pod and
-//     whether it is Python, read from /proc on a goroutine of its own;
-//   - the stack store (stackstore.go) interns stacks and names them, on
-//     goroutines of its own: Python frames at once, native ones in batches;
+//     whether it is Python, read from /proc by a job of its own;
+//   - the stack store (stackstore.go) interns stacks and names them, by
+//     jobs of its own: Python frames at once, native ones in batches;
 //   - the books (books.go): the ledger, out-of-memory snapshots and what is
 //     counted beside.
 //
 // The goroutine that reads events notes each event's process, interns its
 // stack and accounts it, and reads no file: what takes files or waits is
-// signalled to the goroutine that does it. Every ScanInterval, /proc is
-// scanned for libraries and processes. Readers take snapshots (snapshot.go),
-// which never change and never call back. Locks are taken books first,
-// then the stack store or the process table, never the other way.
+// asked of the job that does it (job.go), each on a goroutine of its own.
+// Every ScanInterval, /proc is scanned for libraries and processes.
+// Readers take snapshots (snapshot.go), which change nothing; the loops
+// that read once an interval end it (EndInterval) and have the exited
+// processes they have read dropped (DropExited). Locks are taken books
+// first, then the stack store or the process table, never the other way;
+// no file is read under any of them.
 type Profiler struct {
 	cfg      Config
-	tr       *tracer.Tracer
+	tr       Source
 	sym      *symbolize.Symbolizer
 	attacher *attacher
 	procs    *processTable
@@ -105,10 +109,10 @@ type Profiler struct {
 	tensors  *tensorSwitch
 	// driverID is Config.Library's file (discover.FileID): the processes
 	// that map it are the only ones scanned.
-	driverID     string
-	oomNow       chan struct{} // to the goroutine that delivers OOMs
-	delivering   sync.Mutex    // OOMs delivered in order, once
-	snapshotting sync.Mutex    // one snapshot at a time
+	driverID   string
+	delivering *job          // OOMs delivered, in order (oom.go)
+	stop       chan struct{} // closed by Close: the jobs end
+	closing    sync.Once
 
 	flushMu sync.Mutex
 	flushes uint64 // flushes of the ring buffer read
@@ -118,18 +122,7 @@ type Profiler struct {
 // New loads the tracer. It fails with tracer.ErrPermission when BPF is
 // refused, and when a requested process does not exist.
 func New(cfg Config) (*Profiler, error) {
-	if cfg.ProcRoot == "" {
-		cfg.ProcRoot = "/proc"
-	}
-	if cfg.GPUDir == "" {
-		cfg.GPUDir = gpuinfo.DriverDir
-	}
-	if cfg.ScanInterval == 0 {
-		cfg.ScanInterval = 500 * time.Millisecond
-	}
-	if cfg.Logf == nil {
-		cfg.Logf = func(string, ...any) {}
-	}
+	cfg = cfg.withDefaults()
 	pids := make([]uint32, 0, len(cfg.PIDs))
 	for _, pid := range cfg.PIDs {
 		if _, err := os.Stat(filepath.Join(cfg.ProcRoot, strconv.Itoa(pid))); pid <= 0 || err != nil {
@@ -146,17 +139,18 @@ func New(cfg Config) (*Profiler, error) {
 		return nil, err
 	}
 	p := newProfiler(cfg, tr)
+	p.startJobs()
 	p.sayMissingCapabilities()
 	if cfg.Timeline {
 		p.books.ledger.StartTimeline(bpfNow())
 	}
 	if cfg.Library != "" {
 		if err := p.attacher.attach(discover.Library{Path: cfg.Library}); err != nil {
-			tr.Close()
+			p.Close()
 			return nil, err
 		}
 		if p.driverID, err = discover.FileID(cfg.Library); err != nil {
-			tr.Close()
+			p.Close()
 			return nil, err
 		}
 	} else {
@@ -164,53 +158,84 @@ func New(cfg Config) (*Profiler, error) {
 	}
 	for _, pid := range cfg.TensorPIDs {
 		if err := p.SetTensors(pid, time.Time{}, ByFlag); err != nil {
-			tr.Close()
+			p.Close()
 			return nil, fmt.Errorf("tensor view of pid %d: %w", pid, err)
 		}
 	}
 	return p, nil
 }
 
-// newProfiler assembles the parts around a tracer (nil in tests of the
-// parts that do not use it).
-func newProfiler(cfg Config, tr *tracer.Tracer) *Profiler {
+// withDefaults is the configuration with its defaults where unset.
+func (cfg Config) withDefaults() Config {
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	if cfg.GPUDir == "" {
+		cfg.GPUDir = gpuinfo.DriverDir
+	}
+	if cfg.ScanInterval == 0 {
+		cfg.ScanInterval = 500 * time.Millisecond
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	return cfg
+}
+
+// newProfiler assembles the parts around a source of events: the tracer,
+// or a test's script. Its jobs start with startJobs.
+func newProfiler(cfg Config, tr Source) *Profiler {
+	cfg = cfg.withDefaults()
 	sym := symbolize.New(cfg.ProcRoot)
 	py := pystack.NewResolver()
+	stop := make(chan struct{})
 	p := &Profiler{
 		cfg:      cfg,
 		tr:       tr,
 		sym:      sym,
 		attacher: newAttacher(cfg, tr),
-		procs:    newProcessTable(cfg, sym, tr, py),
-		stacks:   newStackStore(sym, py, func(pid uint32) { tr.RemovePython(pid) }),
+		procs:    newProcessTable(cfg, sym, tr, py, stop),
+		stacks:   newStackStore(sym, py, func(pid uint32) { tr.RemovePython(pid) }, stop),
 		books:    newBooks(),
 		tensors:  newTensorSwitch(cfg.TensorBudget),
-		oomNow:   make(chan struct{}, 1),
+		stop:     stop,
 	}
+	p.delivering = newJob(p.deliverOOMs, stop)
 	p.flushed = sync.NewCond(&p.flushMu)
 	return p
 }
 
+// startJobs starts the parts' jobs, each on its goroutine, until Close.
+func (p *Profiler) startJobs() {
+	for _, j := range []*job{p.stacks.resolving, p.stacks.reading, p.procs.reading, p.delivering} {
+		go j.loop()
+	}
+}
+
+// Close detaches every probe, releases the tracer and ends the
+// profiler's jobs, whether Run ran or not. Snapshots taken after read the
+// books as they were left, naming no more stacks.
+func (p *Profiler) Close() error {
+	var err error
+	p.closing.Do(func() {
+		p.closeTensors()
+		p.attacher.close()
+		err = p.tr.Close()
+		close(p.stop)
+	})
+	return err
+}
+
 // Run traces until ctx is done, then reads the events still buffered and
-// releases the tracer.
+// detaches the probes; the books stay to be read until Close. New stacks
+// are asked to be named at every scan too, so that their raw frames are
+// kept no longer than that.
 func (p *Profiler) Run(ctx context.Context) error {
 	defer p.tr.Close()
 	defer p.attacher.close()
 	defer p.closeTensors()
 	readErr := make(chan error, 1)
 	go func() { readErr <- p.readEvents() }()
-
-	// What the event path must not wait for, each on a goroutine of its
-	// own: naming new stacks, as soon as a batch of them is waiting and
-	// at every scan, so that their raw frames are kept no longer than that
-	// (loading a large library's symbols must not hold up the scans that
-	// attach, nor the events); reading their Python frames, at once;
-	// reading new processes (procs.go); and delivering out-of-memory
-	// snapshots, which names their stacks and has files written.
-	go onSignal(ctx, p.stacks.resolveNow, p.stacks.resolve)
-	go onSignal(ctx, p.stacks.readNow, p.stacks.readPython)
-	go onSignal(ctx, p.procs.readNow, p.procs.readNoted)
-	go onSignal(ctx, p.oomNow, p.deliverOOMs)
 
 	p.scan(true)
 	ticker := time.NewTicker(p.cfg.ScanInterval)
@@ -223,7 +248,7 @@ func (p *Profiler) Run(ctx context.Context) error {
 			return fmt.Errorf("read events: %w", err)
 		case <-ticker.C:
 			p.scan(false)
-			p.stacks.askResolve()
+			p.stacks.resolving.ask()
 		}
 	}
 }
@@ -236,25 +261,13 @@ func signal(ch chan<- struct{}) {
 	}
 }
 
-// onSignal runs f at each signal on ch, until ctx is done.
-func onSignal(ctx context.Context, ch <-chan struct{}, f func()) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-			f()
-		}
-	}
-}
-
 // drain reads every event sent before the stop, and keeps the final loss
 // counts for the snapshots.
 func (p *Profiler) drain(readErr chan error) error {
 	if err := p.Sync(); err != nil {
 		return err
 	}
-	p.stacks.readPython() // exited Python processes forgotten
+	p.stacks.reading.await() // exited Python processes forgotten
 	losses, err := p.tr.Losses()
 	p.books.close(losses)
 	if err != nil {
@@ -274,8 +287,8 @@ func (p *Profiler) Sync() error {
 	if err := p.flush(); err != nil {
 		return err
 	}
-	p.procs.readNoted()
-	p.deliverOOMs()
+	p.procs.reading.await()
+	p.delivering.await()
 	return nil
 }
 
@@ -308,7 +321,7 @@ func (p *Profiler) readEvents() error {
 			return err
 		}
 		if p.handle(&ev) {
-			signal(p.oomNow) // delivered off the event path
+			p.delivering.ask() // off the event path
 		}
 	}
 }
@@ -351,9 +364,8 @@ func (p *Profiler) scan(first bool) {
 		p.cfg.Logf("scan processes: %v", err)
 		return
 	}
-	for _, pid := range found.Python {
-		p.procs.addPython(pid)
-	}
+	p.procs.askPython(found.Python)
+	p.procs.reading.await() // walked from their first allocation through a library attached now
 	drivers := p.attacher.attachFound(found.Libraries)
 	p.updateTensors(time.Now())
 	if first && drivers == 0 && p.cfg.Library == "" {

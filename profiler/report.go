@@ -61,7 +61,7 @@ type Failure struct {
 // the loss counters are reported as an error beside a complete report of
 // everything else.
 func (p *Profiler) Report() (Report, error) {
-	s, err := p.Snapshot(Whole)
+	s, err := p.Snapshot()
 	return s.Report(), err
 }
 

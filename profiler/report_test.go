@@ -3,6 +3,7 @@ package profiler
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -10,10 +11,15 @@ import (
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
-// bareProfiler is a Profiler's parts without a tracer.
-func bareProfiler() *Profiler {
-	p := newProfiler(Config{ProcRoot: "/proc", Logf: func(string, ...any) {}}, nil)
-	p.books.closed = true // no tracer: no loss counters to read
+// bareProfiler is a Profiler's parts on a script that sends nothing, its
+// jobs started once adjust has changed them.
+func bareProfiler(t *testing.T, adjust ...func(*Profiler)) *Profiler {
+	p := newProfiler(Config{ProcRoot: "/proc", Logf: func(string, ...any) {}}, newScript())
+	for _, f := range adjust {
+		f(p)
+	}
+	p.startJobs()
+	t.Cleanup(func() { p.Close() })
 	return p
 }
 
@@ -28,24 +34,25 @@ func nameStack(p *Profiler, id accounting.StackID, function string) {
 	p.stacks.storeFrames([]accounting.StackID{id}, []*rawStack{raw}, [][]symbolize.Frame{{{Function: function}}})
 }
 
-// listRows are the rows of an interval snapshot.
-func listRows(t *testing.T, p *Profiler) []Row {
+// endInterval is the snapshot of the interval it ends.
+func endInterval(t *testing.T, p *Profiler) *Snapshot {
 	t.Helper()
-	s, err := p.Snapshot(Interval)
-	if err != nil {
+	s := &Snapshot{}
+	if err := p.EndInterval(s, RowsAndPeaks); err != nil {
 		t.Fatal(err)
 	}
-	return s.Rows(nil)
+	return s
 }
 
-// TestIntervalSnapshotLeavesStacksBeingNamed: an interval snapshot never
+// TestIntervalSnapshotLeavesStacksBeingNamed: an interval's snapshot never
 // waits for symbols but for its peaks' rows. A row whose stack is still
 // being named is left out and the naming asked for; the next snapshot
 // after it is named has every byte since; an exited process is not
-// dropped before its rows were in a snapshot, and is dropped as the
-// snapshot after that one begins.
+// dropped before its rows were in a snapshot, and is dropped once that
+// one is read.
 func TestIntervalSnapshotLeavesStacksBeingNamed(t *testing.T) {
-	p := bareProfiler()
+	asked := make(chan struct{}, 8)
+	p := bareProfiler(t, func(p *Profiler) { p.stacks.resolving.run = func() { asked <- struct{}{} } })
 	setup, load := namedStack(p, 42, "setup", 0x400000), rawStackOf(p, 42, 0x401000)
 	held, loaded := accounting.Key{PID: 42, Stack: setup, Kind: memory.KindDevice}, accounting.Key{PID: 42, Stack: load, Kind: memory.KindDevice}
 	l, free := p.books.ledger, freeOpOf(t)
@@ -57,27 +64,31 @@ func TestIntervalSnapshotLeavesStacksBeingNamed(t *testing.T) {
 	}
 	hold(1, loaded, 100)
 	hold(3, held, 1000)
-	if rows := listRows(t, p); len(rows) != 1 || rows[0].Key != held {
+	s := endInterval(t, p)
+	if rows := s.Rows(nil); len(rows) != 1 || rows[0].Key != held {
 		t.Fatalf("listed %+v, want setup's alone: load's stack is not named", rows)
 	}
 	select {
-	case <-p.stacks.resolveNow:
-	default:
+	case <-asked:
+	case <-time.After(10 * time.Second):
 		t.Error("naming not asked for")
 	}
+	p.DropExited(s)
 	hold(5, loaded, 50)
 	hold(7, held, 1000)
 	p.books.exit(42, 9)
-	// Exited after the first snapshot began: kept by the second, which
-	// leaves its row out again (still being named).
-	if rows := listRows(t, p); len(rows) != 1 || len(p.stacks.byPID[42]) != 2 {
+	// Exited before the second snapshot, which leaves its row out again
+	// (still being named): kept.
+	s = endInterval(t, p)
+	p.DropExited(s)
+	if rows := s.Rows(nil); len(rows) != 1 || len(p.stacks.byPID[42]) != 2 {
 		t.Fatalf("second snapshot: rows %+v, stacks %v", rows, p.stacks.byPID)
 	}
 
 	nameStack(p, load, "load_model")
-	// Exited before the second snapshot began, but that one left its row
-	// out: the third has it.
-	rows := listRows(t, p)
+	// The third has its row.
+	s = endInterval(t, p)
+	rows := s.Rows(nil)
 	want := accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 150, FreeCount: 2}
 	i := slices.IndexFunc(rows, func(r Row) bool { return r.Key == loaded })
 	if len(rows) != 2 || i < 0 || rows[i].Counters != want || len(rows[i].Frames) != 2 || rows[i].Frames[1].Function != "load_model" {
@@ -86,8 +97,9 @@ func TestIntervalSnapshotLeavesStacksBeingNamed(t *testing.T) {
 	if n := p.Processes(); n != 1 {
 		t.Errorf("%d processes kept before the drop, want 1", n)
 	}
-	if rows := listRows(t, p); len(rows) != 0 || len(p.stacks.byPID) != 0 || len(p.stacks.table.m) != 0 || p.Processes() != 0 || p.stacks.frames.len() != 0 {
-		t.Errorf("after the drop: rows %+v, stacks %v, %d stacks, %d processes, %d frames", rows, p.stacks.byPID, len(p.stacks.table.m), p.Processes(), p.stacks.frames.len())
+	p.DropExited(s)
+	if after := endInterval(t, p); after.Len() != 0 || len(p.stacks.byPID) != 0 || len(p.stacks.table.m) != 0 || p.Processes() != 0 || p.stacks.frames.len() != 0 {
+		t.Errorf("after the drop: %d rows, stacks %v, %d stacks, %d processes, %d frames", after.Len(), p.stacks.byPID, len(p.stacks.table.m), p.Processes(), p.stacks.frames.len())
 	}
 	if rows[i].Frames[1].Function != "load_model" {
 		t.Errorf("a row listed before the drop now has %+v", rows[i].Frames[1])

@@ -33,16 +33,15 @@ type stackStore struct {
 	pyUnread   []accounting.StackID // stacks whose Python frames are not read yet
 	// python are the Python frames read of stacks not named yet: apart
 	// from the raw stacks, which most often have none.
-	python     map[*rawStack][]pystack.Frame
-	pyExited   []uint32      // Python processes to forget once their frames are read
-	resolveNow chan struct{} // to the goroutine that resolves
-	readNow    chan struct{} // to the goroutine that reads Python frames
-	resolving  sync.Mutex    // one resolve at a time
-	reading    sync.Mutex    // one readPython at a time
+	python   map[*rawStack][]pystack.Frame
+	pyExited []uint32 // Python processes to forget once their frames are read
+	// The store's jobs: naming native frames (resolve), reading Python
+	// frames (readPython).
+	resolving, reading *job
 }
 
-func newStackStore(sym *symbolize.Symbolizer, py *pystack.Resolver, pythonGone func(uint32)) *stackStore {
-	return &stackStore{
+func newStackStore(sym *symbolize.Symbolizer, py *pystack.Resolver, pythonGone func(uint32), stopped <-chan struct{}) *stackStore {
+	s := &stackStore{
 		sym:        sym,
 		py:         py,
 		pythonGone: pythonGone,
@@ -50,9 +49,9 @@ func newStackStore(sym *symbolize.Symbolizer, py *pystack.Resolver, pythonGone f
 		byPID:      map[uint32][]accounting.StackID{},
 		frames:     newFrameTable(),
 		python:     map[*rawStack][]pystack.Frame{},
-		resolveNow: make(chan struct{}, 1),
-		readNow:    make(chan struct{}, 1),
 	}
+	s.resolving, s.reading = newJob(s.resolve, stopped), newJob(s.readPython, stopped)
+	return s
 }
 
 // resolveBatch: every so many new stacks, besides every scan, the resolver
@@ -79,10 +78,10 @@ func (s *stackStore) intern(ev *tracer.Event) accounting.StackID {
 	s.unresolved = append(s.unresolved, id)
 	if len(ev.PyFrames) > 0 {
 		s.pyUnread = append(s.pyUnread, id)
-		signal(s.readNow)
+		s.reading.ask()
 	}
 	if len(s.unresolved)%resolveBatch == 0 {
-		signal(s.resolveNow)
+		s.resolving.ask()
 	}
 	return id
 }
@@ -93,16 +92,14 @@ func (s *stackStore) pythonExited(pid uint32) {
 	s.mu.Lock()
 	s.pyExited = append(s.pyExited, pid)
 	s.mu.Unlock()
-	signal(s.readNow)
+	s.reading.ask()
 }
 
 // readPython names the Python frames of the stacks interned since it last
 // ran, from their processes' memory, then forgets the Python processes
-// that exited meanwhile. The memory is read without s.mu: events keep
-// flowing.
+// that exited meanwhile: the job s.reading. The memory is read without
+// s.mu: events keep flowing.
 func (s *stackStore) readPython() {
-	s.reading.Lock()
-	defer s.reading.Unlock()
 	s.mu.Lock()
 	ids, exited := s.pyUnread, s.pyExited
 	s.pyUnread, s.pyExited = nil, nil
@@ -131,16 +128,14 @@ func (s *stackStore) readPython() {
 }
 
 // resolve names the native frames of the stacks interned since it last
-// ran, and drops their raw frames. The symbol tables are read without
-// s.mu, so that events keep flowing.
+// ran, and drops their raw frames: the job s.resolving. The symbol tables
+// are read without s.mu, so that events keep flowing.
 func (s *stackStore) resolve() {
-	s.resolving.Lock()
-	defer s.resolving.Unlock()
 	s.mu.Lock()
 	todo := s.unresolved
 	s.unresolved = nil
 	s.mu.Unlock()
-	s.readPython() // every stack of todo has its Python frames read after
+	s.reading.await() // every stack of todo has its Python frames read after
 	// In batches: a batch's frames are copies until interned.
 	const batch = resolveBatch
 	raws := make([]*rawStack, 0, min(batch, len(todo)))
@@ -197,9 +192,6 @@ func (s *stackStore) internFrames(op memory.Op, frames []symbolize.Frame) []uint
 func driverFrame(op memory.Op) symbolize.Frame {
 	return symbolize.Frame{Function: op.Symbol(), Module: "libcuda.so.1"}
 }
-
-// askResolve has the stacks waiting named, unless they are being named.
-func (s *stackStore) askResolve() { signal(s.resolveNow) }
 
 // stackFrames are a stack's frames; before it is named, its driver
 // function and the Python frames read so far.

@@ -12,7 +12,7 @@ import (
 // process, GPU and view, with times since its start; --gpu limits it as it
 // limits rows; without Config.Timeline there is none.
 func TestTimelineNamed(t *testing.T) {
-	p := bareProfiler()
+	p := bareProfiler(t)
 	p.procs.procs[7] = &process{comm: "train"}
 	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
 	if r, _ := p.Report(); r.Timeline != nil {

@@ -13,11 +13,12 @@ import (
 // TestExitedProcessesDropped: five short-lived processes, one after the
 // other, each holding its own size until it exits, traced by three
 // profilers on this test's own copy of the driver, each read as one path
-// reads it. Read once an interval with a report (the IG operator behind
-// gpumem run, top), or with an interval snapshot (the agent), each process is in the first interval's reads after its
-// exit, its bytes exact, and dropped as the next interval begins: the
-// profiler keeps exactly one process, then none, whatever ran before.
-// Read once at the end (gpumem record), every process is in the report.
+// reads it. Read once an interval with a snapshot (the IG operator behind
+// gpumem run, top), or with the interval's as it ends (the agent), each
+// process is in the first read after its exit, its bytes exact, and
+// dropped once the reader says it has read it: the profiler keeps exactly
+// one process, then none, whatever ran before. Read once at the end
+// (gpumem record), every process is in the report.
 func TestExitedProcessesDropped(t *testing.T) {
 	driver := filepath.Join(t.TempDir(), "driver", "libcuda.so.1")
 	copyFile(t, simLib, driver) // this test's own driver: no other test's process loads it
@@ -28,14 +29,21 @@ func TestExitedProcessesDropped(t *testing.T) {
 	// held: each interval's process, by pid, with the bytes it held.
 	interval := func(held map[uint32]uint64) {
 		t.Helper()
-		if got := freedAtExit(t, reports.report().Rows); !maps.Equal(got, held) {
-			t.Errorf("a report: %v, want %v", got, held)
+		if err := reports.p.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		read, err := reports.p.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := freedAtExit(t, read.Rows(nil)); !maps.Equal(got, held) {
+			t.Errorf("a snapshot: %v, want %v", got, held)
 		}
 		if err := agent.p.Sync(); err != nil {
 			t.Fatal(err)
 		}
-		snap, err := agent.p.Snapshot(profiler.Interval)
-		if err != nil {
+		snap := &profiler.Snapshot{}
+		if err := agent.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
 			t.Fatal(err)
 		}
 		peaks := map[uint32]uint64{}
@@ -51,6 +59,13 @@ func TestExitedProcessesDropped(t *testing.T) {
 		for _, s := range []*session{reports, agent} {
 			if n := s.p.Processes(); n != len(held) {
 				t.Errorf("%d processes kept, want %d", n, len(held))
+			}
+		}
+		reports.p.DropExited(read)
+		agent.p.DropExited(snap)
+		for _, s := range []*session{reports, agent} {
+			if n := s.p.Processes(); n != 0 {
+				t.Errorf("%d processes kept once read, want none", n)
 			}
 		}
 	}

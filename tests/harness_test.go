@@ -239,7 +239,7 @@ func startProfiler(t *testing.T, cfg profiler.Config, ws ...*workload) *session 
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &session{t: t, cfg: cfg, p: p, cancel: cancel, done: make(chan error, 1), logs: logs}
 	go func() { s.done <- p.Run(ctx) }()
-	t.Cleanup(func() { s.stop() })
+	t.Cleanup(func() { s.stop(); p.Close() })
 	return s
 }
 

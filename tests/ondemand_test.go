@@ -190,8 +190,8 @@ func checkOutputsSay(t *testing.T, s *session, r profiler.Report, view profiler.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go exp.Run(ctx)
-	snap, err := s.p.Snapshot(profiler.Interval)
-	if err != nil {
+	snap := &profiler.Snapshot{}
+	if err := s.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
 		t.Fatal(err)
 	}
 	exp.ExportSnapshot(snap)

@@ -60,8 +60,8 @@ func (s *session) intervalPeaks(pid int) map[string]profiler.Peak {
 	if err := s.p.Sync(); err != nil {
 		s.t.Fatal(err)
 	}
-	snap, err := s.p.Snapshot(profiler.Interval)
-	if err != nil {
+	snap := &profiler.Snapshot{}
+	if err := s.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
 		s.t.Fatal(err)
 	}
 	peaks := peaksOf(s.t, snap.Peaks, pid)

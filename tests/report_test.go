@@ -43,7 +43,7 @@ func TestSnapshotToReusesRows(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := s.p.SnapshotTo(&reused, profiler.Whole); err != nil {
+		if err := s.p.SnapshotTo(&reused); err != nil {
 			t.Fatal(err)
 		}
 		want := rowsText(s.report().Rows)
@@ -55,10 +55,10 @@ func TestSnapshotToReusesRows(t *testing.T) {
 		}
 		// A whole snapshot names every stack first: the interval snapshot
 		// leaves none out for its naming.
-		if _, err := agent.p.Snapshot(profiler.Whole); err != nil {
+		if _, err := agent.p.Snapshot(); err != nil {
 			t.Fatal(err)
 		}
-		if err := agent.p.SnapshotTo(&interval, profiler.Interval); err != nil {
+		if err := agent.p.EndInterval(&interval, profiler.RowsAndPeaks); err != nil {
 			t.Fatal(err)
 		}
 		if got := rowsText(interval.Rows(nil)); !slices.Equal(got, want) {
@@ -75,16 +75,22 @@ func TestSnapshotToReusesRows(t *testing.T) {
 		t.Errorf("%d rows, want at least %d", reused.Len(), kinds+300)
 	}
 	many.exit()
-	// The first snapshot begun after the exit has the process's rows; the
-	// process is dropped as the next begins.
-	if n := len(s.report().Rows); n < kinds+300 {
-		t.Errorf("the first report after the exit: %d rows, want at least %d", n, kinds+300)
+	// The first snapshot after the exit has the process's rows; the
+	// process is dropped once it is read.
+	for _, s := range []*session{s, agent} {
+		if err := s.p.Sync(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := agent.p.Sync(); err != nil {
-		t.Fatal(err)
+	first, err := s.p.Snapshot()
+	if err != nil || first.Len() < kinds+300 {
+		t.Errorf("the first snapshot after the exit: %d rows, want at least %d (%v)", first.Len(), kinds+300, err)
 	}
-	if first, err := agent.p.Snapshot(profiler.Interval); err != nil || first.Len() < kinds+300 {
-		t.Errorf("the first interval snapshot after the exit: %d rows, want at least %d (%v)", first.Len(), kinds+300, err)
+	s.p.DropExited(first)
+	firstInterval := &profiler.Snapshot{}
+	if err := agent.p.EndInterval(firstInterval, profiler.RowsAndPeaks); err != nil || firstInterval.Len() < kinds+300 {
+		t.Errorf("the first interval after the exit: %d rows, want at least %d (%v)", firstInterval.Len(), kinds+300, err)
 	}
+	agent.p.DropExited(firstInterval)
 	check("after the exit", kinds)
 }

@@ -194,6 +194,7 @@ func (o *agentOptions) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer p.Close()
 	if o.control != "" && cfg.Tensors == profiler.TensorsOnDemand {
 		// Without it, pods' annotations and --tensor-pid still work.
 		if err := control.Serve(ctx, o.control, p); err != nil {
@@ -229,11 +230,10 @@ func (o *agentOptions) run(ctx context.Context) error {
 
 // export logs the status line and pushes one interval. The status line
 // needs the totals per process, and comes first: it never waits for
-// symbols. The interval's snapshot, taken once, goes to the gauges (its
-// peaks) and the push, which keeps only what changes in its profiles. The
-// snapshot's memory is reused the next interval. Processes that exited are
-// dropped by the profiler itself as later intervals begin, once an
-// interval's snapshot has had them (profiler/exited.go).
+// symbols. The interval's snapshot, taken as it ends, goes to the gauges
+// (its peaks) and the push, which keeps only what changes in its profiles;
+// its memory is reused the next interval. The processes that exited before
+// it, their last rows read, are dropped then.
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	t, err := p.Totals()
 	if err != nil {
@@ -250,15 +250,16 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 		line += o.pushStatus(exp.Stats())
 	}
 	logf("%s", line)
-	kind := profiler.IntervalPeaks // for the gauges alone: no row copied
+	parts := profiler.PeaksOnly // for the gauges alone: no row copied
 	if exp != nil {
-		kind = profiler.Interval
+		parts = profiler.RowsAndPeaks
 	}
-	_ = p.SnapshotTo(&o.snapshot, kind) // a loss counter's read error: said by the status line
+	_ = p.EndInterval(&o.snapshot, parts) // a loss counter's read error: said by the status line
 	o.peaks.Set(o.snapshot.Peaks)
 	if exp != nil {
 		exp.ExportSnapshot(&o.snapshot)
 	}
+	p.DropExited(&o.snapshot)
 }
 
 // pushStatus is the exporter's part of the status line: its counts, the

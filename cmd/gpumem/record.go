@@ -123,6 +123,7 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	if err != nil {
 		return err
 	}
+	defer p.Close()
 	// After New, which says first if gpumem may trace at all; before
 	// anything is recorded that a bad -o would lose.
 	if err := checkOutput(o.output); err != nil {

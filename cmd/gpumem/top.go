@@ -64,6 +64,7 @@ func (o *topOptions) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer p.Close()
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 
@@ -85,13 +86,16 @@ func (o *topOptions) run(ctx context.Context) error {
 	}
 }
 
+// draw draws one screen; the processes that exited before it, drawn, are
+// dropped.
 func (o *topOptions) draw(p *profiler.Profiler, interactive bool) error {
-	r, err := p.Report()
+	s, err := p.Snapshot()
 	if err != nil {
 		logf("reading loss counters: %v", err)
 	}
+	defer p.DropExited(s)
 	if interactive {
 		fmt.Print("\033[H\033[2J")
 	}
-	return report.WriteTop(os.Stdout, r, o.limit, &o.growth)
+	return report.WriteTop(os.Stdout, s.Report(), o.limit, &o.growth)
 }

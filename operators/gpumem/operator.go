@@ -182,11 +182,15 @@ func (i *instance) Start(gadgetCtx operators.GadgetContext) error {
 	return nil
 }
 
+// emit emits the books; the processes that exited before, emitted, are
+// dropped.
 func (i *instance) emit() error {
-	r, err := i.p.Report()
+	s, err := i.p.Snapshot()
 	if err != nil {
 		return fmt.Errorf("read loss counters: %w", err)
 	}
+	defer i.p.DropExited(s)
+	r := s.Report()
 	if err := i.stats.Emit(r); err != nil {
 		return err
 	}
@@ -204,7 +208,7 @@ func (i *instance) Stop(gadgetCtx operators.GadgetContext) error {
 	emitErr := i.emit()
 	i.cancel()
 	runErr := <-i.runDone
-	return errors.Join(runErr, syncErr, emitErr)
+	return errors.Join(runErr, syncErr, emitErr, i.p.Close())
 }
 
 func (i *instance) Close(operators.GadgetContext) error { return nil }

@@ -238,7 +238,7 @@ func (e *Exporter) Export(r profiler.Report) {
 	e.export(r.Time, r.EachRow, r.Peaks)
 }
 
-// ExportSnapshot is Export of an interval snapshot (profiler.Interval),
+// ExportSnapshot is Export of an interval snapshot (Profiler.EndInterval),
 // with its interval's peaks. It keeps nothing of the snapshot.
 func (e *Exporter) ExportSnapshot(s *profiler.Snapshot) {
 	e.tensorsSince = e.tensorsSince[:0]

@@ -1,0 +1,35 @@
+package profiler
+
+import (
+	"time"
+
+	"github.com/cilium/ebpf/link"
+
+	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// Source is where the profiler's events come from and what it attaches
+// probes and registers processes through: the tracer (*tracer.Tracer) in
+// every command, a scripted one in the profiler's own tests.
+type Source interface {
+	// Read waits for the next event; ringbuf.ErrFlushed once every event
+	// sent before a Flush was read, os.ErrClosed once closed.
+	Read(ev *tracer.Event) error
+	Flush() error
+	// Losses are the events lost so far, by cause.
+	Losses() (schema.Losses, error)
+	// Attach puts the driver's probes on the library at path, returning
+	// the functions attached.
+	Attach(path string) ([]string, error)
+	// AttachAllocator puts the tensor probes on PyTorch's allocator library
+	// at path, for process pid (every process: 0).
+	AttachAllocator(path string, pid uint32) (link.Link, int, error)
+	AddPython(pid uint32, walk tracer.PythonWalk) error
+	RemovePython(pid uint32)
+	// TensorProbeStats are the tensor probes' runs and run time.
+	TensorProbeStats() (runs uint64, runtime time.Duration, err error)
+	Close() error
+}
+
+var _ Source = (*tracer.Tracer)(nil)
