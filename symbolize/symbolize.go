@@ -156,9 +156,10 @@ func (s *Symbolizer) Frames(pid uint32, addrs []uint64) []Frame {
 // process may be gone by the time its stacks are symbolized.
 func (s *Symbolizer) Track(pid uint32) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.procs[pid]; !ok {
-		s.loadMaps(pid)
+	_, cached := s.procs[pid]
+	s.mu.Unlock()
+	if !cached {
+		s.reloadMaps(pid)
 	}
 }
 
@@ -180,20 +181,21 @@ func (s *Symbolizer) Forget(pid uint32) {
 
 // mappingsOf finds the mapping of each address, up to the first outside
 // executable memory (nil entries: the maps could not be read), and pins the
-// tables already found for them, each once, appending them to pinned.
+// tables already found for them, each once, appending them to pinned. The
+// maps are read again first if an address is in none of those cached
+// (libraries loaded since, by dlopen).
 func (s *Symbolizer) mappingsOf(pid uint32, addrs []uint64, pinned []*table) ([]*mapping, []*table) {
+	s.mu.Lock()
+	stale := slices.ContainsFunc(addrs, func(addr uint64) bool { return s.lookupMapping(pid, addr-1) == nil })
+	s.mu.Unlock()
+	if stale {
+		s.reloadMaps(pid)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	maps := make([]*mapping, 0, len(addrs))
-	reloaded := false
 	for _, addr := range addrs {
 		m := s.lookupMapping(pid, addr-1)
-		if m == nil && !reloaded {
-			// Libraries loaded since the maps were read (dlopen).
-			s.loadMaps(pid)
-			reloaded = true
-			m = s.lookupMapping(pid, addr-1)
-		}
 		if m == nil && s.procs[pid] != nil && len(s.procs[pid].maps) > 0 {
 			break
 		}
@@ -230,31 +232,28 @@ func (s *Symbolizer) frame(pid uint32, m *mapping, addr uint64) (Frame, *table) 
 	return f, pinned
 }
 
+// lookupMapping is the cached mapping of addr in pid, if any. The caller
+// holds s.mu.
 func (s *Symbolizer) lookupMapping(pid uint32, addr uint64) *mapping {
-	var maps []mapping
-	if p, ok := s.procs[pid]; ok {
-		maps = p.maps
-	} else {
-		maps = s.loadMaps(pid)
+	p := s.procs[pid]
+	if p == nil {
+		return nil
 	}
-	i := sort.Search(len(maps), func(i int) bool { return maps[i].End > addr })
-	if i < len(maps) && maps[i].Start <= addr {
-		return &maps[i]
+	i := sort.Search(len(p.maps), func(i int) bool { return p.maps[i].End > addr })
+	if i < len(p.maps) && p.maps[i].Start <= addr {
+		return &p.maps[i]
 	}
 	return nil
 }
 
-// loadMaps reads a process's executable mappings. The tables it holds stay
+// reloadMaps reads a process's executable mappings, without the lock: the
+// file is read while events and other readers go on. A process gone keeps
+// what was cached: its frames resolve from it. The tables it holds stay
 // held: stacks taken before a library was unloaded may still name it.
-func (s *Symbolizer) loadMaps(pid uint32) []mapping {
-	p := s.procs[pid]
+func (s *Symbolizer) reloadMaps(pid uint32) {
 	data, err := os.ReadFile(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
 	if err != nil {
-		// Gone: keep what was cached, the process's frames resolve from it.
-		if p == nil {
-			return nil
-		}
-		return p.maps
+		return
 	}
 	var maps []mapping
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -263,12 +262,14 @@ func (s *Symbolizer) loadMaps(pid uint32) []mapping {
 			maps = append(maps, mapping{Mapping: m})
 		}
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.procs[pid]
 	if p == nil {
 		p = &process{tables: map[*table]bool{}}
 		s.procs[pid] = p
 	}
 	p.maps = maps
-	return maps
 }
 
 // tableOf returns the table of a mapping's file, pinned for the caller, or
