@@ -158,11 +158,14 @@ const enum gpumem_usdt_arg_kind *gpumem_usdt_arg_kind_btf __attribute__((unused)
 GADGET_TRACER_MAP(events, GPUMEM_RINGBUF_BYTES);
 GADGET_TRACER(cuda, events, gpumem_event);
 
+/* Atomic although per CPU: a program preempted between the load and the
+ * store (see scratch_users) would lose the count of the one that ran
+ * meanwhile. */
 static __always_inline void count_loss(__u32 loss)
 {
 	__u64 *n = bpf_map_lookup_elem(&losses, &loss);
 	if (n)
-		*n += 1;
+		__sync_fetch_and_add(n, 1);
 }
 
 /* hold_scratch returns this CPU's scratch event if no other program holds
@@ -197,7 +200,7 @@ static __always_inline void count_lost_event(void)
 	__u32 zero = 0;
 	__u64 *n = bpf_map_lookup_elem(&events_lost_samples, &zero);
 	if (n)
-		*n += 1;
+		__sync_fetch_and_add(n, 1); /* atomic, as count_loss */
 }
 
 /* wakeup_flags wake the reader, which polls, only when the ring buffer is

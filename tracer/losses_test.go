@@ -35,7 +35,7 @@ func TestScratchHeldElsewhere(t *testing.T) {
 	for i := range users {
 		users[i] = 1 // as if a preempted program held every CPU's scratch
 	}
-	if err := w.tr.coll.Maps["scratch_users"].Put(uint32(0), users); err != nil {
+	if err := loadedMap(t, w.tr, "scratch_users").Put(uint32(0), users); err != nil {
 		t.Fatal(err)
 	}
 	events := w.run(t)
@@ -45,7 +45,7 @@ func TestScratchHeldElsewhere(t *testing.T) {
 func TestNestedTooDeep(t *testing.T) {
 	w := startTraced(t, nil, "kinds")
 	pid := uint64(w.cmd.Process.Pid)
-	if err := w.tr.coll.Maps["inflight"].Put(pid<<32|pid, gpumemGpumemCalls{Depth: 4}); err != nil {
+	if err := w.tr.objs.Inflight.Put(pid<<32|pid, gpumemGpumemCalls{Depth: 4}); err != nil {
 		t.Fatal(err)
 	}
 	events := w.run(t)
@@ -54,7 +54,7 @@ func TestNestedTooDeep(t *testing.T) {
 
 func TestInflightFull(t *testing.T) {
 	w := startTraced(t, nil, "kinds")
-	fill(t, w.tr.coll.Maps["inflight"], func(i uint32) (uint64, gpumemGpumemCalls) {
+	fill(t, w.tr.objs.Inflight, func(i uint32) (uint64, gpumemGpumemCalls) {
 		return uint64(1)<<62 | uint64(i), gpumemGpumemCalls{}
 	})
 	events := w.run(t)
@@ -65,7 +65,7 @@ func TestInflightFull(t *testing.T) {
 // with no room for its stack of contexts, each change is counted.
 func TestContextsFull(t *testing.T) {
 	w := startTraced(t, nil, "threads", "2", "0.05")
-	fill(t, w.tr.coll.Maps["thread_contexts"], func(i uint32) (uint32, gpumemGpumemCtxStack) {
+	fill(t, loadedMap(t, w.tr, "thread_contexts"), func(i uint32) (uint32, gpumemGpumemCtxStack) {
 		return 1<<30 | i, gpumemGpumemCtxStack{}
 	})
 	events := w.run(t)
@@ -85,7 +85,7 @@ func TestTensorArgUnreadable(t *testing.T) {
 	w := startTensors(t)
 	var site gpumemGpumemUsdtSite
 	for i := range w.tr.usdtSites {
-		m := w.tr.coll.Maps["usdt_sites"]
+		m := w.tr.objs.UsdtSites
 		if err := m.Lookup(i, &site); err != nil {
 			t.Fatal(err)
 		}
@@ -284,7 +284,7 @@ func TestContextsDroppedAtExit(t *testing.T) {
 			key gpumemGpumemContextKey
 			dev int32
 		)
-		for it := w.tr.coll.Maps["context_devices"].Iterate(); it.Next(&key, &dev); {
+		for it := loadedMap(t, w.tr, "context_devices").Iterate(); it.Next(&key, &dev); {
 			if key.Pid == pid {
 				n++
 			}
@@ -299,7 +299,7 @@ func TestContextsDroppedAtExit(t *testing.T) {
 		t.Fatal(err)
 	}
 	var list gpumemGpumemProcessContexts
-	if n, err := contexts(), w.tr.coll.Maps["process_contexts"].Lookup(pid, &list); n != 0 || err == nil {
+	if n, err := contexts(), loadedMap(t, w.tr, "process_contexts").Lookup(pid, &list); n != 0 || err == nil {
 		t.Errorf("after the exit: %d contexts, list %+v (%v)", n, list, err)
 	}
 }
@@ -317,7 +317,7 @@ func TestAllocatorSitesStoredOnce(t *testing.T) {
 	}
 	defer tr.Close()
 	paths := []string{allocator, "/proc/self/root" + allocator, fmt.Sprintf("/proc/%d/root%s", os.Getpid(), allocator)}
-	max := int(tr.coll.Maps["usdt_sites"].MaxEntries())
+	max := int(tr.objs.UsdtSites.MaxEntries())
 	var sites int
 	for i := range max {
 		l, n, err := tr.AttachAllocator(paths[i%len(paths)], uint32(os.Getpid()))
@@ -330,4 +330,30 @@ func TestAllocatorSitesStoredOnce(t *testing.T) {
 	if int(tr.usdtSites) != sites {
 		t.Errorf("usdt_sites holds %d entries for a library of %d sites", tr.usdtSites, sites)
 	}
+}
+
+// loadedMap is a map the tracer's programs use that it keeps no handle on,
+// found through the programs' map IDs. The kernel keeps 15 bytes of a name.
+func loadedMap(t *testing.T, tr *Tracer, name string) *ebpf.Map {
+	t.Helper()
+	for _, prog := range []*ebpf.Program{tr.objs.GpumemEnter, tr.objs.GpumemLeave, tr.objs.GpumemExit, tr.objs.GpumemTensor} {
+		info, err := prog.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, _ := info.MapIDs()
+		for _, id := range ids {
+			m, err := ebpf.NewMapFromID(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mi, err := m.Info(); err == nil && mi.Name == name[:min(len(name), 15)] {
+				t.Cleanup(func() { m.Close() })
+				return m
+			}
+			m.Close()
+		}
+	}
+	t.Fatalf("no map %s in the programs loaded", name)
+	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -37,7 +36,7 @@ type Options struct {
 
 // Tracer owns the loaded BPF program, its links and the ring buffer reader.
 type Tracer struct {
-	coll   *ebpf.Collection
+	objs   objects
 	reader *ringbuf.Reader
 	record ringbuf.Record // Read's, reused
 	exit   link.Link
@@ -70,27 +69,37 @@ func NewFromObject(object []byte, opts Options) (*Tracer, error) {
 	return load(spec, opts)
 }
 
-// Programs gpumem attaches; the others in the object are stock IG's.
-var programs = []string{"gpumem_enter", "gpumem_leave", "gpumem_exit", "gpumem_tensor"}
+// objects are what gpumem loads of the object, named as bpf2go names
+// them: the programs it attaches and the maps it reads or fills from user
+// space. Loading assigns them and what they use, none of stock IG's
+// per-function programs; an object without one of them (a gadget image
+// built from another program.bpf.c) is refused at load.
+type objects struct {
+	GpumemEnter  *ebpf.Program `ebpf:"gpumem_enter"`
+	GpumemLeave  *ebpf.Program `ebpf:"gpumem_leave"`
+	GpumemExit   *ebpf.Program `ebpf:"gpumem_exit"`
+	GpumemTensor *ebpf.Program `ebpf:"gpumem_tensor"`
 
-// Maps the tracer reads or fills from user space: an object without one
-// (a gadget image built from another program.bpf.c) is refused at load,
-// rather than failing on a nil map later.
-var maps = []string{"events", "events_lost_samples", "inflight", "losses", "python_procs", "target_pids", "usdt_sites"}
+	Events            *ebpf.Map `ebpf:"events"`
+	EventsLostSamples *ebpf.Map `ebpf:"events_lost_samples"`
+	Inflight          *ebpf.Map `ebpf:"inflight"`
+	Losses            *ebpf.Map `ebpf:"losses"`
+	PythonProcs       *ebpf.Map `ebpf:"python_procs"`
+	TargetPids        *ebpf.Map `ebpf:"target_pids"`
+	UsdtSites         *ebpf.Map `ebpf:"usdt_sites"`
+}
 
-// checkObject makes sure an object has gpumem's programs and maps and the
-// event layout decode reads.
+func (o *objects) Close() error {
+	var errs []error
+	for _, c := range []interface{ Close() error }{o.GpumemEnter, o.GpumemLeave, o.GpumemExit, o.GpumemTensor,
+		o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.TargetPids, o.UsdtSites} {
+		errs = append(errs, c.Close()) // nil when not loaded: a no-op
+	}
+	return errors.Join(errs...)
+}
+
+// checkObject makes sure an object has the event layout decode reads.
 func checkObject(spec *ebpf.CollectionSpec) error {
-	for _, name := range programs {
-		if spec.Programs[name] == nil {
-			return fmt.Errorf("no program %s", name)
-		}
-	}
-	for _, name := range maps {
-		if spec.Maps[name] == nil {
-			return fmt.Errorf("no map %s", name)
-		}
-	}
 	var event *btf.Struct
 	if err := spec.Types.TypeByName("gpumem_event", &event); err != nil {
 		return fmt.Errorf("no struct gpumem_event: %w", err)
@@ -101,14 +110,10 @@ func checkObject(spec *ebpf.CollectionSpec) error {
 	return nil
 }
 
-// load trims what only stock IG uses (its per-function programs, the
-// in-kernel totals and stack maps, left at one entry) and loads the rest.
+// load trims what only stock IG uses (the in-kernel totals and stack
+// maps, left at one entry, should a program gpumem loads refer to them) and
+// loads gpumem's objects.
 func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
-	for name := range spec.Programs {
-		if !slices.Contains(programs, name) {
-			delete(spec.Programs, name)
-		}
-	}
 	for _, name := range []string{"stacks", "allocations", "processes", "ig_ustack", "ig_build_id", "finishing", "finish_allocations"} {
 		if m := spec.Maps[name]; m != nil {
 			m.MaxEntries = 1
@@ -127,14 +132,13 @@ func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
-	coll, err := ebpf.NewCollection(spec)
-	if err != nil {
+	t := &Tracer{}
+	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("%w: %v", ErrPermission, err)
 		}
 		return nil, fmt.Errorf("load BPF program: %w", err)
 	}
-	t := &Tracer{coll: coll}
 	if err := t.setup(opts); err != nil {
 		t.Close()
 		return nil, err
@@ -144,19 +148,19 @@ func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
 
 func (t *Tracer) setup(opts Options) error {
 	for _, pid := range opts.PIDs {
-		if err := t.coll.Maps["target_pids"].Put(pid, uint8(1)); err != nil {
+		if err := t.objs.TargetPids.Put(pid, uint8(1)); err != nil {
 			return fmt.Errorf("filter pid %d: %w", pid, err)
 		}
 	}
 	var err error
 	t.exit, err = link.AttachRawTracepoint(link.RawTracepointOptions{
 		Name:    "sched_process_exit",
-		Program: t.coll.Programs["gpumem_exit"],
+		Program: t.objs.GpumemExit,
 	})
 	if err != nil {
 		return fmt.Errorf("attach sched_process_exit: %w", err)
 	}
-	t.reader, err = ringbuf.NewReader(t.coll.Maps["events"])
+	t.reader, err = ringbuf.NewReader(t.objs.Events)
 	if err != nil {
 		return fmt.Errorf("open ring buffer: %w", err)
 	}
@@ -178,13 +182,13 @@ func (t *Tracer) Attach(path string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	enter, err := ex.UprobeMulti(symbols, t.coll.Programs["gpumem_enter"], &link.UprobeMultiOptions{Cookies: cookies})
+	enter, err := ex.UprobeMulti(symbols, t.objs.GpumemEnter, &link.UprobeMultiOptions{Cookies: cookies})
 	if err != nil {
 		return nil, fmt.Errorf("attach entry probes to %s: %w", path, err)
 	}
 	links := []link.Link{enter}
 	if returning, returnCookies := withoutFrees(symbols, cookies); len(returning) > 0 {
-		leave, err := ex.UretprobeMulti(returning, t.coll.Programs["gpumem_leave"], &link.UprobeMultiOptions{Cookies: returnCookies})
+		leave, err := ex.UretprobeMulti(returning, t.objs.GpumemLeave, &link.UprobeMultiOptions{Cookies: returnCookies})
 		if err != nil {
 			enter.Close()
 			return nil, fmt.Errorf("attach return probes to %s: %w", path, err)
@@ -241,7 +245,7 @@ func (t *Tracer) AttachAllocator(path string, pid uint32) (link.Link, int, error
 	if err != nil {
 		return nil, 0, fmt.Errorf("open %s: %w", path, err)
 	}
-	l, err := ex.UprobeMulti(nil, t.coll.Programs["gpumem_tensor"], &link.UprobeMultiOptions{
+	l, err := ex.UprobeMulti(nil, t.objs.GpumemTensor, &link.UprobeMultiOptions{
 		Addresses: sites.addrs, RefCtrOffsets: sites.refs, Cookies: sites.cookies, PID: pid})
 	if err != nil {
 		return nil, 0, fmt.Errorf("attach USDT probes to %s: %w", path, err)
@@ -270,10 +274,10 @@ func (t *Tracer) allocatorSites(path string) (allocatorSites, error) {
 		if !ok {
 			continue
 		}
-		if max := t.coll.Maps["usdt_sites"].MaxEntries(); t.usdtSites >= max {
+		if max := t.objs.UsdtSites.MaxEntries(); t.usdtSites >= max {
 			return allocatorSites{}, fmt.Errorf("%s: more than %d USDT sites in all", path, max)
 		}
-		if err := t.coll.Maps["usdt_sites"].Put(t.usdtSites, site); err != nil {
+		if err := t.objs.UsdtSites.Put(t.usdtSites, site); err != nil {
 			return allocatorSites{}, fmt.Errorf("store USDT site: %w", err)
 		}
 		s.addrs, s.refs, s.cookies = append(s.addrs, p.Offset), append(s.refs, p.SemaphoreOffset), append(s.cookies, uint64(t.usdtSites))
@@ -377,7 +381,7 @@ const PyNoField = 0xffff
 
 // AddPython makes the BPF program capture the Python frames of process pid.
 func (t *Tracer) AddPython(pid uint32, walk PythonWalk) error {
-	if err := t.coll.Maps["python_procs"].Put(pid, walk); err != nil {
+	if err := t.objs.PythonProcs.Put(pid, walk); err != nil {
 		return fmt.Errorf("register python process %d: %w", pid, err)
 	}
 	return nil
@@ -385,14 +389,14 @@ func (t *Tracer) AddPython(pid uint32, walk PythonWalk) error {
 
 // RemovePython forgets an exited Python process.
 func (t *Tracer) RemovePython(pid uint32) {
-	t.coll.Maps["python_procs"].Delete(pid)
+	t.objs.PythonProcs.Delete(pid)
 }
 
 // TensorProbeStats are how often the tensor probes' program ran and for how
 // long, in every process it is attached for: the run time is counted while
 // kernel.bpf_stats_enabled is set (ebpf.EnableStats).
 func (t *Tracer) TensorProbeStats() (runs uint64, runtime time.Duration, err error) {
-	s, err := t.coll.Programs["gpumem_tensor"].Stats()
+	s, err := t.objs.GpumemTensor.Stats()
 	if err != nil {
 		return 0, 0, fmt.Errorf("tensor probes' stats: %w", err)
 	}
@@ -406,7 +410,7 @@ func (t *Tracer) InFlight() (int, error) {
 		key   uint64
 		value gpumemGpumemCalls
 	)
-	it := t.coll.Maps["inflight"].Iterate()
+	it := t.objs.Inflight.Iterate()
 	for it.Next(&key, &value) {
 		n += int(value.Depth)
 	}
@@ -430,11 +434,11 @@ var bpfLosses = map[gpumemGpumemLoss]schema.Loss{
 func (t *Tracer) Losses() (schema.Losses, error) {
 	var l schema.Losses
 	var err error
-	if l[schema.RingBufferFull], err = sumPerCPU(t.coll.Maps["events_lost_samples"], 0); err != nil {
+	if l[schema.RingBufferFull], err = sumPerCPU(t.objs.EventsLostSamples, 0); err != nil {
 		return l, err
 	}
 	for key, loss := range bpfLosses {
-		if l[loss], err = sumPerCPU(t.coll.Maps["losses"], uint32(key)); err != nil {
+		if l[loss], err = sumPerCPU(t.objs.Losses, uint32(key)); err != nil {
 			return l, err
 		}
 	}
@@ -465,7 +469,7 @@ func (t *Tracer) Close() error {
 	if t.reader != nil {
 		t.reader.Close()
 	}
-	t.coll.Close()
+	t.objs.Close()
 	return nil
 }
 
