@@ -70,10 +70,14 @@ image: setup build
 # Every test; the end-to-end ones load BPF and need root. The Kubernetes
 # tests run a real kube-apiserver and etcd, built once (about 15 minutes)
 # and cached outside the repository by scripts/k8s-binaries.sh.
+# The packages whose parts run on goroutines of their own are tested
+# again under the race detector.
+RACE_PACKAGES = ./profiler/ ./symbolize/ ./accounting/ ./control/ ./metrics/ ./pystack/
 test: setup check-generated build sim
 	$(GO) vet ./...
 	$(MAKE) -s bench-smoke
 	GPUMEM_K8S_BIN=$$(./scripts/k8s-binaries.sh) $(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 15m $(RACE_PACKAGES)
 
 clean:
 	rm -rf bin build
