@@ -303,7 +303,7 @@ func serveMetrics(ctx context.Context, addr string, books metrics.Collector, exp
 			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if exp != nil {
-		registry.MustRegister(pushCollector{exp})
+		registry.MustRegister(metrics.PushCollector{Source: exp})
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
@@ -334,39 +334,4 @@ func (o *agentOptions) watchPods(ctx context.Context) (*k8smeta.Pods, error) {
 	}
 	logf("watching the pods of node %s", o.nodeName)
 	return pods, nil
-}
-
-var (
-	pushedDesc = prometheus.NewDesc("gpumem_pyroscope_pushed_total",
-		"Intervals delivered to Pyroscope.", nil, nil)
-	pushFailuresDesc = prometheus.NewDesc("gpumem_pyroscope_push_failures_total",
-		"Push attempts that failed and are retried.", nil, nil)
-	rejectedDesc = prometheus.NewDesc("gpumem_pyroscope_rejected_total",
-		"Intervals Pyroscope refused for their content, dropped, by reason: the gRPC code, or the HTTP status of a plain HTTP answer.", []string{"reason"}, nil)
-	droppedDesc = prometheus.NewDesc("gpumem_pyroscope_dropped_total",
-		"Intervals dropped unsent, by reason: queue_full (the oldest, for a newer one) or expired (older than Pyroscope accepts).", []string{"reason"}, nil)
-	queuedDesc = prometheus.NewDesc("gpumem_pyroscope_queued",
-		"Intervals waiting to be pushed.", nil, nil)
-)
-
-// pushCollector exposes the Pyroscope exporter's counts, read at each
-// scrape.
-type pushCollector struct{ exp *pyroscope.Exporter }
-
-func (c pushCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pushedDesc, pushFailuresDesc, rejectedDesc, droppedDesc, queuedDesc} {
-		ch <- d
-	}
-}
-
-func (c pushCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.exp.Stats()
-	ch <- prometheus.MustNewConstMetric(pushedDesc, prometheus.CounterValue, float64(s.Pushed))
-	ch <- prometheus.MustNewConstMetric(pushFailuresDesc, prometheus.CounterValue, float64(s.Failed))
-	for reason, n := range s.RejectedBy {
-		ch <- prometheus.MustNewConstMetric(rejectedDesc, prometheus.CounterValue, float64(n), reason)
-	}
-	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.Dropped), "queue_full")
-	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.Expired), "expired")
-	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(s.Queued))
 }
