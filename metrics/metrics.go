@@ -1,7 +1,8 @@
 // Package metrics exposes gpu-mem's books to Prometheus: live bytes,
 // allocated bytes, allocation, free and failure counts per process, memory
 // kind and GPU, the tracer's loss counters, read at each scrape, and each
-// process's peak per GPU of the agent's last interval. The tensor view has
+// process's peak per GPU of the agent's last interval, and the Pyroscope
+// exporter's counts (PushCollector). The tensor view has
 // metrics of its own (gpumem_tensor_*): a tensor's bytes are also in the
 // driver's segment that holds it, so that sum(gpumem_live_bytes) is the
 // driver view alone, what the GPUs hold.
@@ -143,6 +144,7 @@ var peakMetrics = []*Metric{views[memory.ViewDriver].peakBytes, views[memory.Vie
 
 // Reference is every metric gpu-mem's collectors send: Collector's (the
 // books, read at each scrape, and the peak gauges) and PushCollector's.
+// The caller must not change them.
 func Reference() (books, pushes []*Metric) {
 	return slices.Concat(bookMetrics, peakMetrics), pushMetrics
 }
