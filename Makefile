@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate dashboard check-generated sim demo image test bench bench-smoke soak fuzz clean
+.PHONY: setup build generate dashboard docs check-generated sim demo image test bench bench-smoke soak fuzz clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -32,6 +32,13 @@ generate:
 # dashboard must fail TestOutputsAreGenerated, not be rewritten first.
 dashboard:
 	$(GO) generate ./dashboards/...
+
+# The CLI and metrics references, docs/reference, from the command tree of
+# the full build and the metrics package's list (cmd/gpumem/reference.go).
+# Like dashboard, not part of test: TestReferenceIsGenerated fails on a
+# stale or hand-edited page.
+docs:
+	$(GO) generate ./cmd/gpumem/
 
 # The BPF object and its bindings must be what program.bpf.c compiles to.
 GENERATED = tracer/gpumem_x86_bpfel.go tracer/gpumem_x86_bpfel.o

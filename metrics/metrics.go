@@ -1,7 +1,8 @@
 // Package metrics exposes gpu-mem's books to Prometheus: live bytes,
 // allocated bytes, allocation, free and failure counts per process, memory
 // kind and GPU, the tracer's loss counters, read at each scrape, and each
-// process's peak per GPU of the agent's last interval. The tensor view has
+// process's peak per GPU of the agent's last interval, and the Pyroscope
+// exporter's counts (PushCollector). The tensor view has
 // metrics of its own (gpumem_tensor_*): a tensor's bytes are also in the
 // driver's segment that holds it, so that sum(gpumem_live_bytes) is the
 // driver view alone, what the GPUs hold.
@@ -71,22 +72,48 @@ const (
 	TensorBudgetExceededName = "gpumem_tensor_view_budget_exceeded_total"
 )
 
+// Metric is one metric gpu-mem exports. The collectors describe and send
+// their metrics through these alone, and docs/reference/metrics.md is
+// generated from Reference, so that the reference names what a scrape
+// returns: name, type, labels and help.
+type Metric struct {
+	Name   string
+	Type   prometheus.ValueType
+	Labels []string
+	Help   string
+	desc   *prometheus.Desc
+}
+
+func newMetric(name string, typ prometheus.ValueType, labels []string, help string) *Metric {
+	return &Metric{Name: name, Type: typ, Labels: labels, Help: help, desc: prometheus.NewDesc(name, help, labels, nil)}
+}
+
+// sample is one sample of m, of its type.
+func (m *Metric) sample(v float64, labelValues ...string) prometheus.Metric {
+	return prometheus.MustNewConstMetric(m.desc, m.Type, v, labelValues...)
+}
+
 // viewMetrics are the metrics of one view's series.
 type viewMetrics struct {
-	liveBytes, allocatedBytes, allocations, frees, peakBytes *prometheus.Desc
+	liveBytes, allocatedBytes, allocations, frees, peakBytes *Metric
 }
 
 // newViewMetrics describes a view's metrics, in whose words their help
 // says what is counted.
 func newViewMetrics(n Names, what string) viewMetrics {
 	return viewMetrics{
-		liveBytes:      prometheus.NewDesc(n.LiveBytes, what+": bytes allocated and not freed.", labels, nil),
-		allocatedBytes: prometheus.NewDesc(n.AllocatedBytes, what+": bytes allocated.", labels, nil),
-		allocations:    prometheus.NewDesc(n.Allocations, what+": allocations.", labels, nil),
-		frees:          prometheus.NewDesc(n.Frees, what+": frees, explicit and at process exit.", labels, nil),
-		peakBytes: prometheus.NewDesc(n.PeakBytes, what+": the most bytes the process held at once on the GPU "+
-			"during the agent's last interval (--pyroscope-interval), however briefly.", peakLabels, nil),
+		liveBytes:      newMetric(n.LiveBytes, prometheus.GaugeValue, labels, what+": bytes allocated and not freed."),
+		allocatedBytes: newMetric(n.AllocatedBytes, prometheus.CounterValue, labels, what+": bytes allocated."),
+		allocations:    newMetric(n.Allocations, prometheus.CounterValue, labels, what+": allocations."),
+		frees:          newMetric(n.Frees, prometheus.CounterValue, labels, what+": frees, explicit and at process exit."),
+		peakBytes: newMetric(n.PeakBytes, prometheus.GaugeValue, peakLabels, what+": the most bytes the process held at once on the GPU "+
+			"during the agent's last interval (--pyroscope-interval), however briefly."),
 	}
+}
+
+// series are the metrics of a view's series, peaks aside.
+func (v viewMetrics) series() []*Metric {
+	return []*Metric{v.liveBytes, v.allocatedBytes, v.allocations, v.frees}
 }
 
 // views are each view's metrics, by memory.View.
@@ -96,16 +123,31 @@ var views = [...]viewMetrics{
 }
 
 var (
-	failures     = prometheus.NewDesc(FailuresName, "Allocations the driver refused, by CUresult code (2: out of memory).", append(slices.Clone(labels), LabelCode), nil)
-	losses       = prometheus.NewDesc(LossesName, "What the tracer could not deliver whole, by reason.", []string{LabelReason}, nil)
-	unknownFrees = prometheus.NewDesc(UnknownFreesName, "Frees of memory allocated before tracing began.", nil, nil)
+	failures     = newMetric(FailuresName, prometheus.CounterValue, append(slices.Clone(labels), LabelCode), "Allocations the driver refused, by CUresult code (2: out of memory).")
+	losses       = newMetric(LossesName, prometheus.CounterValue, []string{LabelReason}, "What the tracer could not deliver whole, by reason.")
+	unknownFrees = newMetric(UnknownFreesName, prometheus.CounterValue, nil, "Frees of memory allocated before tracing began.")
 	// An on-demand tensor view's process: its PID and name; the tensor
 	// series of a process hold from this gauge's value on.
-	tensorViewSince = prometheus.NewDesc(TensorViewSinceName, "When the process's on-demand tensor view began (Unix seconds): its gpumem_tensor_* series count from then on; "+
-		"absent while off.", []string{schema.PID}, nil)
-	freesBeforeView = prometheus.NewDesc(FreesBeforeViewName, "Frees of tensors made before their process's tensor view began: neither unknown frees nor subtracted from anything.", nil, nil)
-	budgetExceeded  = prometheus.NewDesc(TensorBudgetExceededName, "On-demand tensor views switched off because they cost their process more than the budget (--tensor-budget).", nil, nil)
+	tensorViewSince = newMetric(TensorViewSinceName, prometheus.GaugeValue, []string{schema.PID}, "When the process's on-demand tensor view began (Unix seconds): its gpumem_tensor_* series count from then on; "+
+		"absent while off.")
+	freesBeforeView = newMetric(FreesBeforeViewName, prometheus.CounterValue, nil, "Frees of tensors made before their process's tensor view began: neither unknown frees nor subtracted from anything.")
+	budgetExceeded  = newMetric(TensorBudgetExceededName, prometheus.CounterValue, nil, "On-demand tensor views switched off because they cost their process more than the budget (--tensor-budget).")
 )
+
+// bookMetrics are Collector's metrics but the peaks, in the reference's
+// order.
+var bookMetrics = slices.Concat(views[memory.ViewDriver].series(), views[memory.ViewTensor].series(),
+	[]*Metric{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded})
+
+// peakMetrics are the peak gauges, sent with a PeakSource.
+var peakMetrics = []*Metric{views[memory.ViewDriver].peakBytes, views[memory.ViewTensor].peakBytes}
+
+// Reference is every metric gpu-mem's collectors send: Collector's (the
+// books, read at each scrape, and the peak gauges) and PushCollector's.
+// The caller must not change them.
+func Reference() (books, pushes []*Metric) {
+	return slices.Concat(bookMetrics, peakMetrics), pushMetrics
+}
 
 // Collector is a prometheus.Collector over a Source and, if any, a
 // PeakSource.
@@ -116,17 +158,15 @@ type Collector struct {
 
 // Describe sends the metrics' descriptions.
 func (c Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, v := range views {
-		ch <- v.liveBytes
-		ch <- v.allocatedBytes
-		ch <- v.allocations
-		ch <- v.frees
-		if c.Peaks != nil {
-			ch <- v.peakBytes
-		}
+	describe(ch, bookMetrics)
+	if c.Peaks != nil {
+		describe(ch, peakMetrics)
 	}
-	for _, d := range []*prometheus.Desc{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded} {
-		ch <- d
+}
+
+func describe(ch chan<- *prometheus.Desc, ms []*Metric) {
+	for _, m := range ms {
+		ch <- m.desc
 	}
 }
 
@@ -134,33 +174,33 @@ func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	t, err := c.Source.Totals()
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(losses, err)
+		ch <- prometheus.NewInvalidMetric(losses.desc, err)
 		return
 	}
 	for _, s := range t.Series {
 		values := append([]string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, s.Kind.String(), s.GPU()}, containerLabels(s.Container)...)
 		m := views[s.Kind.View()]
-		ch <- prometheus.MustNewConstMetric(m.liveBytes, prometheus.GaugeValue, float64(s.LiveBytes()), values...)
-		ch <- prometheus.MustNewConstMetric(m.allocatedBytes, prometheus.CounterValue, float64(s.AllocBytes), values...)
-		ch <- prometheus.MustNewConstMetric(m.allocations, prometheus.CounterValue, float64(s.AllocCount), values...)
-		ch <- prometheus.MustNewConstMetric(m.frees, prometheus.CounterValue, float64(s.FreeCount+s.ImplicitFreeCount), values...)
+		ch <- m.liveBytes.sample(float64(s.LiveBytes()), values...)
+		ch <- m.allocatedBytes.sample(float64(s.AllocBytes), values...)
+		ch <- m.allocations.sample(float64(s.AllocCount), values...)
+		ch <- m.frees.sample(float64(s.FreeCount+s.ImplicitFreeCount), values...)
 	}
 	for _, f := range t.Failures {
 		values := append([]string{strconv.FormatUint(uint64(f.PID), 10), f.Comm, f.Kind.String(), f.GPU()}, containerLabels(f.Container)...)
 		values = append(values, strconv.Itoa(int(f.Result)))
-		ch <- prometheus.MustNewConstMetric(failures, prometheus.CounterValue, float64(f.Count), values...)
+		ch <- failures.sample(float64(f.Count), values...)
 	}
 	for reason, n := range t.Losses {
-		ch <- prometheus.MustNewConstMetric(losses, prometheus.CounterValue, float64(n), schema.Loss(reason).String())
+		ch <- losses.sample(float64(n), schema.Loss(reason).String())
 	}
-	ch <- prometheus.MustNewConstMetric(unknownFrees, prometheus.CounterValue, float64(t.UnknownFrees))
+	ch <- unknownFrees.sample(float64(t.UnknownFrees))
 	for _, v := range t.TensorViews {
 		if v.Ended.IsZero() && !v.Since.IsZero() {
-			ch <- prometheus.MustNewConstMetric(tensorViewSince, prometheus.GaugeValue, float64(v.Since.UnixNano())/1e9, strconv.FormatUint(uint64(v.PID), 10))
+			ch <- tensorViewSince.sample(float64(v.Since.UnixNano())/1e9, strconv.FormatUint(uint64(v.PID), 10))
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(freesBeforeView, prometheus.CounterValue, float64(t.FreesBeforeView))
-	ch <- prometheus.MustNewConstMetric(budgetExceeded, prometheus.CounterValue, float64(t.BudgetExceeded))
+	ch <- freesBeforeView.sample(float64(t.FreesBeforeView))
+	ch <- budgetExceeded.sample(float64(t.BudgetExceeded))
 	if c.Peaks != nil {
 		collectPeaks(ch, c.Peaks.Peaks())
 	}
@@ -170,7 +210,7 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 func collectPeaks(ch chan<- prometheus.Metric, peaks []profiler.Peak) {
 	for _, pk := range peaks {
 		values := append([]string{strconv.FormatUint(uint64(pk.PID), 10), pk.Comm, pk.GPU}, containerLabels(pk.Container)...)
-		ch <- prometheus.MustNewConstMetric(views[pk.View].peakBytes, prometheus.GaugeValue, float64(pk.Bytes), values...)
+		ch <- views[pk.View].peakBytes.sample(float64(pk.Bytes), values...)
 	}
 }
 

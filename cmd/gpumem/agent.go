@@ -88,13 +88,12 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	}
 	fs := cmd.Flags()
 	o.target.register(fs, profiler.TensorsOnDemand)
-	host, _ := os.Hostname()
 	fs.DurationVar(&o.interval, "pyroscope-interval", 15*time.Second, "export and status interval")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until stopped)")
 	fs.StringVar(&o.pyroscope.URL, "pyroscope-url", "", "Pyroscope server, http://HOST:PORT (cleartext HTTP/2) or https://HOST:PORT; none: status lines only")
 	fs.IntVar(&o.pyroscope.QueueSize, "pyroscope-queue", 20, "intervals kept while the server is unreachable")
 	fs.StringVar(&o.pyroscope.Service, "service-name", "", "service_name label (default: the process name)")
-	fs.StringVar(&o.pyroscope.Node, "node", host, "node label")
+	fs.StringVar(&o.pyroscope.Node, "node", "", "node label (default: the host name)")
 	fs.StringVar(&o.pyroscope.CAFile, "pyroscope-ca-file", "", "PEM certificates to trust for an https:// server")
 	fs.StringVar(&o.pyroscope.User, "pyroscope-user", "", "basic auth user")
 	fs.StringVar(&o.passwordFile, "pyroscope-password-file", "", "file holding the basic auth password (or GPUMEM_PYROSCOPE_PASSWORD)")
@@ -102,12 +101,21 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	fs.StringVar(&o.pyroscope.TenantID, "pyroscope-tenant", "", "tenant, sent as X-Scope-OrgID")
 	fs.StringVar(&o.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9464")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "name pods from this API server (default: the in-cluster one, if any)")
-	fs.StringVar(&o.nodeName, "node-name", cmp.Or(os.Getenv("NODE_NAME"), host), "the node whose pods are watched")
+	fs.StringVar(&o.nodeName, "node-name", "", "the node whose pods are watched (default: $NODE_NAME, else the host name)")
 	fs.IntSliceVar(&o.tensorPIDs, "tensor-pid", nil, "switch the tensor view of these processes on from the start (--tensors=on-demand)")
 	fs.StringVar(&o.control, "control-socket", control.DefaultSocket, "serve the control socket of gpumem tensors here, for root alone (--tensors=on-demand); empty: none")
 	fs.Float64Var(&o.tensorBudget.Share, "tensor-budget", 0.02, "switch a process's on-demand tensor view off when it costs more than this share of the process's time (0: never)")
 	fs.DurationVar(&o.tensorBudget.PairCost, "tensor-pair-cost", defaultPairCost, "what one tensor allocation and its free cost their thread with the tensor view on, for --tensor-budget (measured on an H200: BENCHMARKS.md)")
 	return cmd
+}
+
+// defaultNodes fills in --node and --node-name, whose defaults are this
+// host's: resolved here, not as the flags' defaults, which the generated
+// reference (docs/reference/cli) would print as the generating machine's.
+func (o *agentOptions) defaultNodes() {
+	host, _ := os.Hostname()
+	o.pyroscope.Node = cmp.Or(o.pyroscope.Node, host)
+	o.nodeName = cmp.Or(o.nodeName, os.Getenv("NODE_NAME"), host)
 }
 
 // secret reads a credential from a file, else from the environment.
@@ -176,6 +184,7 @@ func (o *agentOptions) run(ctx context.Context) error {
 	if o.interval <= 0 {
 		return usageError{fmt.Errorf("--pyroscope-interval must be positive")}
 	}
+	o.defaultNodes()
 	exp, err := o.exporter()
 	if err != nil {
 		return err
@@ -304,7 +313,7 @@ func serveMetrics(ctx context.Context, addr string, books metrics.Collector, exp
 			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if exp != nil {
-		registry.MustRegister(pushCollector{exp})
+		registry.MustRegister(metrics.PushCollector{Source: exp})
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
@@ -335,39 +344,4 @@ func (o *agentOptions) watchPods(ctx context.Context) (*k8smeta.Pods, error) {
 	}
 	logf("watching the pods of node %s", o.nodeName)
 	return pods, nil
-}
-
-var (
-	pushedDesc = prometheus.NewDesc("gpumem_pyroscope_pushed_total",
-		"Intervals delivered to Pyroscope.", nil, nil)
-	pushFailuresDesc = prometheus.NewDesc("gpumem_pyroscope_push_failures_total",
-		"Push attempts that failed and are retried.", nil, nil)
-	rejectedDesc = prometheus.NewDesc("gpumem_pyroscope_rejected_total",
-		"Intervals Pyroscope refused for their content, dropped, by reason: the gRPC code, or the HTTP status of a plain HTTP answer.", []string{"reason"}, nil)
-	droppedDesc = prometheus.NewDesc("gpumem_pyroscope_dropped_total",
-		"Intervals dropped unsent, by reason: queue_full (the oldest, for a newer one) or expired (older than Pyroscope accepts).", []string{"reason"}, nil)
-	queuedDesc = prometheus.NewDesc("gpumem_pyroscope_queued",
-		"Intervals waiting to be pushed.", nil, nil)
-)
-
-// pushCollector exposes the Pyroscope exporter's counts, read at each
-// scrape.
-type pushCollector struct{ exp *pyroscope.Exporter }
-
-func (c pushCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pushedDesc, pushFailuresDesc, rejectedDesc, droppedDesc, queuedDesc} {
-		ch <- d
-	}
-}
-
-func (c pushCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.exp.Stats()
-	ch <- prometheus.MustNewConstMetric(pushedDesc, prometheus.CounterValue, float64(s.Pushed))
-	ch <- prometheus.MustNewConstMetric(pushFailuresDesc, prometheus.CounterValue, float64(s.Failed))
-	for reason, n := range s.RejectedBy {
-		ch <- prometheus.MustNewConstMetric(rejectedDesc, prometheus.CounterValue, float64(n), reason)
-	}
-	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.Dropped), "queue_full")
-	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.Expired), "expired")
-	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(s.Queued))
 }

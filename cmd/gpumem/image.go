@@ -42,6 +42,9 @@ func newImageBuildCommand() *cobra.Command {
 	if err := local.Value.Set("true"); err != nil {
 		panic(err)
 	}
+	// The help says whose builder image --local=false uses rather than its
+	// address: docs/reference is generated from this help, and committed.
+	cmd.Flags().Lookup("builder-image").DefValue = "IG's gadget-builder image, tag main"
 	build := cmd.RunE
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		buildFile := filepath.Join(args[0], "build.yaml")

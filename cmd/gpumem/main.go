@@ -28,6 +28,15 @@ const (
 type usageError struct{ error }
 
 func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "gpumem: %v\n", err)
+		os.Exit(exitCode(err))
+	}
+}
+
+// newRootCommand is gpumem's command tree, also what docs/reference/cli is
+// generated from.
+func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "gpumem",
 		Short:         "GPU memory profiler: live and allocated GPU memory per call stack",
@@ -38,11 +47,8 @@ func main() {
 		return usageError{fmt.Errorf("%w\n\n%s", err, cmd.UsageString())}
 	})
 	root.AddCommand(newRecordCommand(), newTopCommand(), newAgentCommand(), newTensorsCommand())
-	root.AddCommand(imageCommands()...)
-	if err := root.Execute(); err != nil {
-		fmt.Fprintf(os.Stderr, "gpumem: %v\n", err)
-		os.Exit(exitCode(err))
-	}
+	root.AddCommand(fullCommands()...)
+	return root
 }
 
 func exitCode(err error) int {

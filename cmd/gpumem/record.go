@@ -117,13 +117,21 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	}
 	// Ctrl-C handled from the start: it may come as soon as the driver is
 	// attached (logged by New), and stops the recording with its report.
-	ctx, stop := untilStopped(ctx, o.duration)
+	ctx, stop := untilStopped(ctx, 0)
 	defer stop()
 	p, err := profiler.New(o.config())
 	if err != nil {
 		return err
 	}
 	defer p.Close()
+	// --duration is of recording, counted once attached: loading the
+	// program takes seconds on a slow host, which a short recording (the
+	// demo's 3 s) would otherwise lose to it.
+	if o.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.duration)
+		defer cancel()
+	}
 	// After New, which says first if gpumem may trace at all; before
 	// anything is recorded that a bad -o would lose.
 	if err := checkOutput(o.output); err != nil {

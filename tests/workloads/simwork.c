@@ -33,7 +33,7 @@
  *                  its peaks
  *   demo           a small model's weights, activations and a leak; with
  *                  SIMWORK_NOWAIT it then holds its memory for a minute
- *   train          a training loop over 1.4 s (the README's timeline): weights
+ *   train          a training loop over 1.4 s (docs/timeline.png): weights
  *                  and optimizer state held, each step's activations kept
  *                  for the backward pass, its gradients' temporaries and the
  *                  optimizer's scratch; step 11's batch is twice as large

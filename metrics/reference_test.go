@@ -1,0 +1,68 @@
+package metrics
+
+import (
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
+)
+
+// everyTotal has a sample of every metric of the books.
+type everyTotal struct{}
+
+func (everyTotal) Totals() (profiler.Totals, error) {
+	return profiler.Totals{
+		Series: []profiler.Series{
+			{SeriesKey: profiler.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3"},
+			{SeriesKey: profiler.SeriesKey{PID: 7, Kind: memory.KindTensor}, Comm: "python3"},
+		},
+		Failures:    []profiler.SeriesFailures{{SeriesKey: profiler.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3", Result: 2, Count: 1}},
+		Losses:      schema.Losses{schema.RingBufferFull: 1},
+		TensorViews: []profiler.TensorView{{PID: 7, Since: time.Unix(1, 0)}},
+	}, nil
+}
+
+type someStats struct{}
+
+func (someStats) Stats() pyroscope.Stats {
+	return pyroscope.Stats{RejectedBy: map[string]uint64{"InvalidArgument": 1}}
+}
+
+// TestReferenceIsWhatIsSent: a scrape with a sample of everything returns
+// exactly the metrics of Reference, of their types, which docs/reference/metrics.md
+// is generated from; a pedantic registry also checks each sample against
+// what was described.
+func TestReferenceIsWhatIsSent(t *testing.T) {
+	var peaks LastPeaks
+	peaks.Set([]profiler.Peak{
+		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 1}},
+		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 1}},
+	})
+	registry := prometheus.NewPedanticRegistry()
+	registry.MustRegister(Collector{Source: everyTotal{}, Peaks: &peaks}, PushCollector{Source: someStats{}})
+	families, err := registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := map[string]dto.MetricType{}
+	for _, f := range families {
+		sent[f.GetName()] = f.GetType()
+	}
+	books, pushes := Reference()
+	listed := map[string]dto.MetricType{}
+	for _, m := range slices.Concat(books, pushes) {
+		listed[m.Name] = *m.Type.ToDTO()
+	}
+	if !maps.Equal(sent, listed) {
+		t.Errorf("sent %v\nlisted in Reference %v", sent, listed)
+	}
+}
