@@ -54,9 +54,9 @@ func attachOnce(i int) float64 {
 	check(cmd.Start())
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	for time.Since(start) < 3*time.Second {
-		r, err := p.Report()
+		r, err := p.Snapshot()
 		check(err)
-		for _, row := range r.Rows {
+		for _, row := range r.Rows() {
 			if int(row.PID) == cmd.Process.Pid {
 				return time.Since(start).Seconds()
 			}

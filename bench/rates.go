@@ -58,7 +58,7 @@ func rateStep(threads, offered int, seconds float64) (float64, uint64) {
 	elapsed := time.Since(start).Seconds()
 	cancel()
 	check(<-done)
-	r, err := p.Report()
+	r, err := p.Snapshot()
 	check(err)
 	return (expect["allocs"] + expect["frees"]) / elapsed, r.Losses.Total()
 }

@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // DefaultSocket is where the agent listens unless told otherwise.
@@ -32,7 +32,7 @@ const DefaultSocket = "/run/gpumem/control.sock"
 type Switch interface {
 	SetTensors(pid int, until time.Time, by string) error
 	StopTensors(pid int) error
-	TensorViews() []profiler.TensorView
+	TensorViews() []snapshot.TensorView
 }
 
 // Serve listens on the Unix socket at path (made for root alone, a stale
@@ -88,7 +88,7 @@ func Handler(s Switch) http.Handler {
 			}
 			until = time.Now().Add(length)
 		}
-		if err := s.SetTensors(pid, until, profiler.ByControl); err != nil {
+		if err := s.SetTensors(pid, until, snapshot.ByControl); err != nil {
 			http.Error(w, err.Error(), http.StatusConflict)
 		}
 	})
@@ -134,8 +134,8 @@ func (c *Client) StopTensors(pid int) error {
 }
 
 // TensorViews lists the agent's tensor views.
-func (c *Client) TensorViews() ([]profiler.TensorView, error) {
-	var views []profiler.TensorView
+func (c *Client) TensorViews() ([]snapshot.TensorView, error) {
+	var views []snapshot.TensorView
 	return views, c.do(http.MethodGet, "http://agent/tensors", &views)
 }
 

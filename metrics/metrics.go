@@ -17,19 +17,19 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // Source is what a scrape reads: the profiler's totals.
 type Source interface {
-	Totals() (profiler.Totals, error)
+	Totals() (snapshot.Totals, error)
 }
 
 // PeakSource is what the peak gauges read: each process's peaks of the
 // agent's last interval.
 type PeakSource interface {
-	Peaks() []profiler.Peak
+	Peaks() []snapshot.Peak
 }
 
 // Labels of the metrics besides a row's (package schema's), for queries
@@ -207,7 +207,7 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collectPeaks sends one gauge per peak: a process's on one GPU in one view.
-func collectPeaks(ch chan<- prometheus.Metric, peaks []profiler.Peak) {
+func collectPeaks(ch chan<- prometheus.Metric, peaks []snapshot.Peak) {
 	for _, pk := range peaks {
 		values := append([]string{strconv.FormatUint(uint64(pk.PID), 10), pk.Comm, pk.GPU}, containerLabels(pk.Container)...)
 		ch <- views[pk.View].peakBytes.sample(float64(pk.Bytes), values...)
@@ -219,12 +219,12 @@ func collectPeaks(ch chan<- prometheus.Metric, peaks []profiler.Peak) {
 // read them meanwhile. Safe for concurrent use.
 type LastPeaks struct {
 	mu    sync.Mutex
-	peaks []profiler.Peak
+	peaks []snapshot.Peak
 }
 
 // Set keeps peaks, an interval's (Profiler.EndInterval's).
-func (l *LastPeaks) Set(peaks []profiler.Peak) {
-	kept := make([]profiler.Peak, len(peaks))
+func (l *LastPeaks) Set(peaks []snapshot.Peak) {
+	kept := make([]snapshot.Peak, len(peaks))
 	for i, pk := range peaks {
 		kept[i] = pk
 		kept[i].Shares, kept[i].Rows = nil, nil // only totals are exposed
@@ -235,7 +235,7 @@ func (l *LastPeaks) Set(peaks []profiler.Peak) {
 }
 
 // Peaks are the peaks kept; the caller must not change them.
-func (l *LastPeaks) Peaks() []profiler.Peak {
+func (l *LastPeaks) Peaks() []snapshot.Peak {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.peaks

@@ -10,23 +10,23 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
 type noTotals struct{}
 
-func (noTotals) Totals() (profiler.Totals, error) { return profiler.Totals{}, nil }
+func (noTotals) Totals() (snapshot.Totals, error) { return snapshot.Totals{}, nil }
 
 // TestPeakGauges: each view's peak per process and GPU under its own
 // gauge, labelled as the live bytes are but for kind; the rows of the
 // peaks are not kept.
 func TestPeakGauges(t *testing.T) {
 	pod := container.Identity{Namespace: "ml", Pod: "trainer-1", Name: "trainer", PodUID: "uid", ContainerID: "cid"}
-	held := profiler.Row{Frames: []*symbolize.Frame{{Function: "forward"}}}
+	held := snapshot.Row{Frames: []*symbolize.Frame{{Function: "forward"}}}
 	var last LastPeaks
-	last.Set([]profiler.Peak{
-		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4}, Rows: []profiler.Row{held}},
+	last.Set([]snapshot.Peak{
+		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4}, Rows: []snapshot.Row{held}},
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Container: pod, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}},
 		{PID: 7, Comm: "python3", GPU: "1", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 2 << 20, Count: 1}},
 	})

@@ -12,22 +12,22 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // everyTotal has a sample of every metric of the books.
 type everyTotal struct{}
 
-func (everyTotal) Totals() (profiler.Totals, error) {
-	return profiler.Totals{
-		Series: []profiler.Series{
-			{SeriesKey: profiler.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3"},
-			{SeriesKey: profiler.SeriesKey{PID: 7, Kind: memory.KindTensor}, Comm: "python3"},
+func (everyTotal) Totals() (snapshot.Totals, error) {
+	return snapshot.Totals{
+		Series: []snapshot.Series{
+			{SeriesKey: snapshot.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3"},
+			{SeriesKey: snapshot.SeriesKey{PID: 7, Kind: memory.KindTensor}, Comm: "python3"},
 		},
-		Failures:    []profiler.SeriesFailures{{SeriesKey: profiler.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3", Result: 2, Count: 1}},
+		Failures:    []snapshot.SeriesFailures{{SeriesKey: snapshot.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3", Result: 2, Count: 1}},
 		Losses:      schema.Losses{schema.RingBufferFull: 1},
-		TensorViews: []profiler.TensorView{{PID: 7, Since: time.Unix(1, 0)}},
+		TensorViews: []snapshot.TensorView{{PID: 7, Since: time.Unix(1, 0)}},
 	}, nil
 }
 
@@ -43,7 +43,7 @@ func (someStats) Stats() pyroscope.Stats {
 // what was described.
 func TestReferenceIsWhatIsSent(t *testing.T) {
 	var peaks LastPeaks
-	peaks.Set([]profiler.Peak{
+	peaks.Set([]snapshot.Peak{
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 1}},
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 1}},
 	})

@@ -17,8 +17,8 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -232,7 +232,7 @@ func framesHash(frames []*symbolize.Frame) uint64 {
 
 // sample returns the row's sample, made or made again if its frames
 // changed (named since the last profile).
-func (e *Encoder) sample(row *profiler.Row) *rowSample {
+func (e *Encoder) sample(row *snapshot.Row) *rowSample {
 	h := framesHash(row.Frames)
 	rs := e.rows[row.Key]
 	if rs == nil {
@@ -250,7 +250,7 @@ func (e *Encoder) sample(row *profiler.Row) *rowSample {
 }
 
 // sampleLabels returns the encoded labels of a row's sample.
-func (e *Encoder) sampleLabels(row *profiler.Row) []byte {
+func (e *Encoder) sampleLabels(row *snapshot.Row) []byte {
 	k := labelsKey{row.PID, row.Kind, row.Key.Device}
 	l := e.labels[k]
 	if l != nil && l.comm == row.Comm && l.container == row.Container && l.device == row.Device {
@@ -276,7 +276,7 @@ func (e *Encoder) sampleLabels(row *profiler.Row) []byte {
 }
 
 // rowLabels are a row's string labels, those it has; its pid is a number.
-func rowLabels(row *profiler.Row) iter.Seq2[string, string] {
+func rowLabels(row *snapshot.Row) iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
 		c := row.Container
 		for _, l := range [...][2]string{
@@ -296,7 +296,7 @@ func rowLabels(row *profiler.Row) iter.Seq2[string, string] {
 // are all zero or its view is not one of the encoder's: what it allocated
 // (since the previous profile, with intervals), what it holds, and peak,
 // its share of its process's peak on its GPU in its view (PeakShares).
-func (e *Encoder) Add(row *profiler.Row, peak accounting.Amount) {
+func (e *Encoder) Add(row *snapshot.Row, peak accounting.Amount) {
 	at, ok := e.column[row.Kind.View()]
 	if !ok {
 		return

@@ -16,7 +16,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -56,7 +56,7 @@ func samples(t *testing.T, p *profile.Profile) []string {
 // expectedSamples are what samples must say of a profile of rows, each
 // with the values that values gives it, in view: the oracle, made without
 // the encoder.
-func expectedSamples(rows []profiler.Row, values func(profiler.Row) Values, view memory.View, at time.Time, duration time.Duration) []string {
+func expectedSamples(rows []snapshot.Row, values func(snapshot.Row) Values, view memory.View, at time.Time, duration time.Duration) []string {
 	var out []string
 	for _, row := range rows {
 		v := values(row)
@@ -104,11 +104,11 @@ func testEncodeIntervals(t *testing.T, kind memory.Kind) {
 	python := &symbolize.Frame{Function: "load_weights", File: "train.py", Line: 42}
 	c := container.Identity{PodUID: "uid", ContainerID: "cid", Namespace: "ml", Pod: "trainer-1", Name: "trainer"}
 	gpu := gpuinfo.Device{Name: "NVIDIA H200", UUID: "GPU-1"}
-	row := func(stack accounting.StackID, frames []*symbolize.Frame, counters accounting.Counters) profiler.Row {
-		return profiler.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: kind, Device: 0}, Comm: "python3",
+	row := func(stack accounting.StackID, frames []*symbolize.Frame, counters accounting.Counters) snapshot.Row {
+		return snapshot.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: kind, Device: 0}, Comm: "python3",
 			Device: gpu, Container: c, Frames: frames, Counters: counters}
 	}
-	intervals := [][]profiler.Row{
+	intervals := [][]snapshot.Row{
 		{
 			row(1, []*symbolize.Frame{driver, native, python}, accounting.Counters{AllocBytes: 100, AllocCount: 1}),
 			row(2, []*symbolize.Frame{driver, python}, accounting.Counters{AllocBytes: 8, AllocCount: 2, FreeBytes: 4, FreeCount: 1}),
@@ -149,7 +149,7 @@ func testEncodeIntervals(t *testing.T, kind memory.Kind) {
 			t.Fatalf("interval %d: %v", i, err)
 		}
 		before := prev
-		want := expectedSamples(rows, func(row profiler.Row) Values {
+		want := expectedSamples(rows, func(row snapshot.Row) Values {
 			b := before[row.Key]
 			return NewValues(accounting.Amount{Bytes: row.AllocBytes - b.AllocBytes, Count: row.AllocCount - b.AllocCount},
 				accounting.Amount{Bytes: row.LiveBytes(), Count: row.LiveCount()}, peaks[i][row.Stack])

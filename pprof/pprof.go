@@ -15,8 +15,8 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // Values are a row's values, in the order of its view's sample types:
@@ -43,7 +43,7 @@ func NewValues(alloc, live, peak accounting.Amount) Values {
 
 // PeakShares are each row's share of its process's peak (on its GPU, in
 // its view): the rows of the peaks, by key. A row not in its peak has none.
-func PeakShares(peaks []profiler.Peak) map[accounting.Key]accounting.Amount {
+func PeakShares(peaks []snapshot.Peak) map[accounting.Key]accounting.Amount {
 	shares := map[accounting.Key]accounting.Amount{}
 	for _, pk := range peaks {
 		for _, s := range pk.Shares {
@@ -57,7 +57,7 @@ func PeakShares(peaks []profiler.Peak) map[accounting.Key]accounting.Amount {
 // view has Go heap profiles' own, so that a pprof reader's default
 // (inuse_space) is what the GPU holds, and peak_objects and peak_space:
 // each stack's share of its process's most memory at once on its GPU
-// (profiler.Peak; the peaks of two processes, or of two GPUs, are reached
+// (snapshot.Peak; the peaks of two processes, or of two GPUs, are reached
 // at different moments, so their sum is no peak of both). The tensor view
 // has the same names prefixed with "tensor_", so that it is never summed
 // with the driver view and is read with -sample_index=tensor_inuse_space.
@@ -95,12 +95,10 @@ func PeakSampleType(v memory.View) string { return SampleTypes(v)[PeakSpace].Typ
 // the peaks are the report's (every row of a peak is a row of the report:
 // the same books at the same moment). Comments say how it was made
 // (Comment).
-func Write(w io.Writer, r profiler.Report, comments ...string) error {
+func Write(w io.Writer, r *snapshot.Snapshot, comments ...string) error {
 	e := NewEncoder(false, memory.Views...)
 	shares := PeakShares(r.Peaks)
-	for i := range r.Rows {
-		e.Add(&r.Rows[i], shares[r.Rows[i].Key])
-	}
+	r.EachRow(func(row *snapshot.Row) { e.Add(row, shares[row.Key]) })
 	zw := gzip.NewWriter(w)
 	if err := e.WriteTo(zw, r.Time, 0, comments...); err != nil {
 		return err
@@ -110,7 +108,7 @@ func Write(w io.Writer, r profiler.Report, comments ...string) error {
 
 // Comment returns the lines a profile carries about how it was made, and
 // when each peak was reached.
-func Comment(r profiler.Report) []string {
+func Comment(r *snapshot.Snapshot) []string {
 	lines := []string{
 		fmt.Sprintf("gpu-mem at %s", r.Time.Format(time.RFC3339)),
 		fmt.Sprintf("losses: %d (ring buffer %d)", r.Losses.Total(), r.Losses[schema.RingBufferFull]),

@@ -10,7 +10,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -21,24 +21,24 @@ import (
 // twice; a row not in its peak has a peak of 0.
 func TestViewsAreSampleTypes(t *testing.T) {
 	frames := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "load_weights", File: "train.py", Line: 3}}
-	row := func(stack accounting.StackID, kind memory.Kind, c accounting.Counters) profiler.Row {
-		return profiler.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames, Counters: c}
+	row := func(stack accounting.StackID, kind memory.Kind, c accounting.Counters) snapshot.Row {
+		return snapshot.Row{Key: accounting.Key{PID: 7, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames, Counters: c}
 	}
-	rows := []profiler.Row{
+	rows := []snapshot.Row{
 		row(1, memory.KindDevice, accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
 		row(2, memory.KindTensor, accounting.Counters{AllocBytes: 16 << 20, AllocCount: 2, FreeBytes: 4 << 20, FreeCount: 1}),
 		row(3, memory.KindHost, accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
 	}
 	// At the peaks, the device row held 20 MiB, the tensor row 16 MiB, the
 	// host row nothing.
-	peaks := []profiler.Peak{
+	peaks := []snapshot.Peak{
 		{PID: 7, GPU: "0", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 20 << 20, Count: 1},
 			Shares: []accounting.PeakRow{{Key: rows[0].Key, Amount: accounting.Amount{Bytes: 20 << 20, Count: 1}}}},
 		{PID: 7, GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2},
 			Shares: []accounting.PeakRow{{Key: rows[1].Key, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}}}},
 	}
 	var buf bytes.Buffer
-	if err := Write(&buf, profiler.Report{Time: time.Unix(1700000000, 0), Rows: rows, Peaks: peaks}, "how it was made"); err != nil {
+	if err := Write(&buf, snapshot.Snapshot{Time: time.Unix(1700000000, 0), Peaks: peaks}.With(rows...), "how it was made"); err != nil {
 		t.Fatal(err)
 	}
 	p, err := profile.Parse(&buf)

@@ -1,6 +1,6 @@
 // Package profiledata carries gpu-mem reports through Inspektor Gadget data
 // sources, in the shape package schema names: a Writer turns a
-// profiler.Report into an array of rows, a Reader turns rows back into
+// *snapshot.Snapshot into an array of rows, a Reader turns rows back into
 // profiler rows. Operators on either side of IG's runtime share it.
 package profiledata
 
@@ -15,8 +15,8 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -55,23 +55,28 @@ func NewWriter(ds datasource.DataSource) (*Writer, error) {
 }
 
 // Emit sends the rows of r as one array.
-func (w *Writer) Emit(r profiler.Report) error {
+func (w *Writer) Emit(r *snapshot.Snapshot) error {
 	arr, err := w.ds.NewPacketArray()
 	if err != nil {
 		return err
 	}
-	for _, row := range r.Rows {
-		d := arr.New()
-		if err := w.put(d, row); err != nil {
-			w.ds.Release(arr)
-			return err
+	r.EachRow(func(row *snapshot.Row) {
+		if err != nil {
+			return
 		}
-		arr.Append(d)
+		d := arr.New()
+		if err = w.put(d, row); err == nil {
+			arr.Append(d)
+		}
+	})
+	if err != nil {
+		w.ds.Release(arr)
+		return err
 	}
 	return w.ds.EmitAndRelease(arr)
 }
 
-func (w *Writer) put(d datasource.Data, row profiler.Row) error {
+func (w *Writer) put(d datasource.Data, row *snapshot.Row) error {
 	frames := make([]string, len(row.Frames))
 	for i, f := range row.Frames {
 		frames[len(frames)-1-i] = f.Name()
@@ -133,7 +138,7 @@ func NewReader(ds datasource.DataSource) (*Reader, error) {
 
 // SubscribeReports calls f with each array of the profile data source ds,
 // read as a report stamped with the time it arrived.
-func SubscribeReports(ds datasource.DataSource, priority int, f func(profiler.Report) error) error {
+func SubscribeReports(ds datasource.DataSource, priority int, f func(*snapshot.Snapshot) error) error {
 	rows, err := NewReader(ds)
 	if err != nil {
 		return err
@@ -149,15 +154,15 @@ func SubscribeReports(ds datasource.DataSource, priority int, f func(profiler.Re
 }
 
 // Report reads one array. Its frames carry function names only.
-func (r *Reader) Report(arr datasource.DataArray) (profiler.Report, error) {
+func (r *Reader) Report(arr datasource.DataArray) (*snapshot.Snapshot, error) {
 	r.array++
-	var rep profiler.Report
+	rep := &snapshot.Snapshot{}
 	for n := range arr.Len() {
 		row, err := r.Row(arr.Get(n))
 		if err != nil {
 			return rep, err
 		}
-		rep.Rows = append(rep.Rows, row)
+		rep.Add(row)
 	}
 	for key, s := range r.stacks {
 		if s.array != r.array {
@@ -168,8 +173,8 @@ func (r *Reader) Report(arr datasource.DataArray) (profiler.Report, error) {
 }
 
 // Row reads one row; frees are what was allocated and is not live.
-func (r *Reader) Row(d datasource.Data) (profiler.Row, error) {
-	var row profiler.Row
+func (r *Reader) Row(d datasource.Data) (snapshot.Row, error) {
+	var row snapshot.Row
 	var err error
 	text := func(name string) string {
 		s, e := r.fields[name].String(d)

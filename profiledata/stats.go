@@ -7,13 +7,13 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
 
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 type counter struct {
 	name  string
-	field func(*profiler.Report) *uint64
+	field func(*snapshot.Snapshot) *uint64
 }
 
 // counters are the stats fields, each a number of the report.
@@ -21,12 +21,12 @@ var counters = statsCounters()
 
 func statsCounters() []counter {
 	c := []counter{
-		{schema.Events, func(r *profiler.Report) *uint64 { return &r.Events }},
-		{schema.UnknownFrees, func(r *profiler.Report) *uint64 { return &r.Ledger.UnknownFrees }},
-		{schema.ProcessExits, func(r *profiler.Report) *uint64 { return &r.Ledger.ProcessExits }},
+		{schema.Events, func(r *snapshot.Snapshot) *uint64 { return &r.Events }},
+		{schema.UnknownFrees, func(r *snapshot.Snapshot) *uint64 { return &r.Ledger.UnknownFrees }},
+		{schema.ProcessExits, func(r *snapshot.Snapshot) *uint64 { return &r.Ledger.ProcessExits }},
 	}
 	for l := range schema.NumLosses {
-		c = append(c, counter{l.String(), func(r *profiler.Report) *uint64 { return &r.Losses[l] }})
+		c = append(c, counter{l.String(), func(r *snapshot.Snapshot) *uint64 { return &r.Losses[l] }})
 	}
 	return c
 }
@@ -57,13 +57,13 @@ func NewStatsWriter(ds datasource.DataSource) (*StatsWriter, error) {
 }
 
 // Emit sends the totals of r.
-func (w *StatsWriter) Emit(r profiler.Report) error {
+func (w *StatsWriter) Emit(r *snapshot.Snapshot) error {
 	d, err := w.ds.NewPacketSingle()
 	if err != nil {
 		return err
 	}
 	for i, c := range counters {
-		if err := w.counters[i].PutUint64(d, *c.field(&r)); err != nil {
+		if err := w.counters[i].PutUint64(d, *c.field(r)); err != nil {
 			w.ds.Release(d)
 			return err
 		}
@@ -98,7 +98,7 @@ func NewStatsReader(ds datasource.DataSource) (*StatsReader, error) {
 }
 
 // Read sets the totals of rep from d.
-func (r *StatsReader) Read(d datasource.Data, rep *profiler.Report) error {
+func (r *StatsReader) Read(d datasource.Data, rep *snapshot.Snapshot) error {
 	for i, c := range counters {
 		v, err := r.counters[i].Uint64(d)
 		if err != nil {

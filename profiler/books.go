@@ -6,6 +6,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -19,12 +20,12 @@ type books struct {
 	// tensorAllocations counts each process's tensor allocations, for the
 	// tensor view's budget.
 	tensorAllocations map[uint32]uint64
-	python            PythonStats // but Processes, which the process table counts
-	nativeTruncated   uint64      // allocations whose native stack was cut at the depth limit
+	python            snapshot.PythonStats // but Processes, which the process table counts
+	nativeTruncated   uint64               // allocations whose native stack was cut at the depth limit
 	// Out of memory (oom.go): snapshots taken, not yet delivered; the
 	// latest MaxOOMs delivered; each process's last.
 	oomPending []oomSnapshot
-	ooms       []OOM
+	ooms       []snapshot.OOM
 	lastOOM    map[uint32]oomMark
 	// Exited processes, until dropped (exited.go).
 	exits    uint64            // exits seen: orders them and the snapshots
@@ -84,18 +85,6 @@ func key(ev *tracer.Event, id accounting.StackID) accounting.Key {
 		k.Device = memory.DeviceUnknown
 	}
 	return k
-}
-
-// PythonStats count how the Python frames of allocation events were read.
-type PythonStats struct {
-	Processes uint64 `json:"processes"` // Python processes registered
-	Events    uint64 `json:"events"`    // allocation events from them
-	// Missing are their events without Python frames: from threads with
-	// no Python thread state, or sent before the process was registered.
-	Missing    uint64 `json:"missing"`
-	NoThread   uint64 `json:"no_thread"`   // no thread state for the calling thread
-	Truncated  uint64 `json:"truncated"`   // deeper than 128 frames: outermost dropped
-	ReadErrors uint64 `json:"read_errors"` // the frame chain broke while read
 }
 
 // countStacks counts how whole an allocation event's stacks are: native

@@ -1,5 +1,11 @@
 package profiler
 
+import (
+	"slices"
+
+	"github.com/gpu-mem/gpu-mem/snapshot"
+)
+
 // Processes that exited are dropped when the loop that reads the profiler
 // says it has read them (DropExited), so that a long run's books, stacks
 // and per-process tables hold only the processes of the last intervals
@@ -14,8 +20,10 @@ package profiler
 // or an out-of-memory snapshot of it is being delivered: a later call
 // drops it. What to drop is decided under the books' lock, the stacks and
 // processes dropped after.
-func (p *Profiler) DropExited(s *Snapshot) {
-	candidates := p.books.exitedBy(s.exits, s.waiting)
+func (p *Profiler) DropExited(s *snapshot.Snapshot) {
+	p.naming.Lock()
+	defer p.naming.Unlock()
+	candidates := p.books.exitedBy(s.Exits, s.Waiting)
 	var naming []uint32
 	for _, pid := range candidates {
 		if p.stacks.naming(pid) {
@@ -31,12 +39,12 @@ func (p *Profiler) DropExited(s *Snapshot) {
 // exitedBy are the processes that exited by the time the books had seen
 // exits exits, but those waiting, or with an out-of-memory snapshot not
 // yet delivered.
-func (b *books) exitedBy(exits uint64, waiting map[uint32]bool) []uint32 {
+func (b *books) exitedBy(exits uint64, waiting []uint32) []uint32 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var pids []uint32
 	for pid, at := range b.exitedAt {
-		if at <= exits && !waiting[pid] && !b.oomPendingFor(pid) {
+		if at <= exits && !slices.Contains(waiting, pid) && !b.oomPendingFor(pid) {
 			pids = append(pids, pid)
 		}
 	}

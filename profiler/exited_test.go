@@ -5,6 +5,8 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/tracer"
+
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // TestPIDTakenAgain: a process exits and a new one takes its PID before
@@ -18,15 +20,15 @@ func TestPIDTakenAgain(t *testing.T) {
 		ev.PID, ev.Op, ev.Bytes = 42, memory.Op(1), 100
 		p.handle(&ev)
 	}
-	var last *Snapshot
-	rowsOf42 := func() []Row {
+	var last *snapshot.Snapshot
+	rowsOf42 := func() []snapshot.Row {
 		t.Helper()
 		if last != nil {
 			p.DropExited(last)
 		}
 		last = endInterval(t, p)
-		var rows []Row
-		for _, r := range last.Rows(nil) {
+		var rows []snapshot.Row
+		for _, r := range last.Rows() {
 			if r.PID == 42 {
 				rows = append(rows, r)
 			}

@@ -2,26 +2,12 @@ package profiler
 
 import (
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
-
-// OOM is an allocation the driver refused for want of memory, with what the
-// process held at that moment, in both views: the tensors of PyTorch's
-// allocator and the driver memory under them. It answers "what filled the
-// GPU", which the failing stack alone does not.
-type OOM struct {
-	Time    time.Time
-	Failure Failure // the refused call: its stack, function and bytes asked
-	Held    []Row   // the process's rows with live memory, by live bytes
-}
-
-// MaxOOMs is how many OOM snapshots a Report keeps, the latest.
-const MaxOOMs = 64
 
 // oomSnapshot is an OOM as taken, before its stacks are resolved.
 type oomSnapshot struct {
@@ -65,7 +51,7 @@ func (b *books) oomPendingFor(pid uint32) bool {
 }
 
 // deliverOOMs names the stacks of the snapshots taken and hands them to
-// Config.OnOOM, in the order taken; snapshots keep the latest MaxOOMs. A
+// Config.OnOOM, in the order taken; snapshots keep the latest snapshot.MaxOOMs. A
 // snapshot stays pending until named, so that its process is not dropped
 // meanwhile. It is the job p.delivering.
 func (p *Profiler) deliverOOMs() {
@@ -77,15 +63,15 @@ func (p *Profiler) deliverOOMs() {
 		return
 	}
 	p.stacks.resolving.await()
-	ooms := make([]OOM, 0, len(pending))
+	ooms := make([]snapshot.OOM, 0, len(pending))
 	for _, s := range pending {
 		ooms = append(ooms, p.oom(s))
 	}
 	b.mu.Lock()
 	b.oomPending = b.oomPending[len(pending):]
 	b.ooms = append(b.ooms, ooms...)
-	if len(b.ooms) > MaxOOMs {
-		b.ooms = b.ooms[len(b.ooms)-MaxOOMs:]
+	if len(b.ooms) > snapshot.MaxOOMs {
+		b.ooms = b.ooms[len(b.ooms)-snapshot.MaxOOMs:]
 	}
 	b.mu.Unlock()
 	if p.cfg.OnOOM != nil {
@@ -96,42 +82,19 @@ func (p *Profiler) deliverOOMs() {
 }
 
 // oom names a snapshot's stacks.
-func (p *Profiler) oom(s oomSnapshot) OOM {
+func (p *Profiler) oom(s oomSnapshot) snapshot.OOM {
 	procs := map[uint32]*process{s.failure.PID: nil}
 	p.procs.lookup(procs)
 	proc := procs[s.failure.PID]
-	o := OOM{Time: s.time, Failure: Failure{
-		FailureKey: s.failure, Comm: proc.comm, Frames: p.stacks.stackFrames(s.failure.Stack),
+	o := snapshot.OOM{Time: s.time, Failure: snapshot.Failure{
+		FailureKey: s.failure, Comm: proc.Comm, Frames: p.stacks.stackFrames(s.failure.Stack),
 		Failures: accounting.Failures{Count: 1, Bytes: s.bytes},
 	}}
 	for k, c := range s.rows {
 		if c.LiveBytes() > 0 {
-			o.Held = append(o.Held, proc.row(k, c, p.stacks.stackFrames(k.Stack)))
+			o.Held = append(o.Held, proc.Row(k, c, p.stacks.stackFrames(k.Stack)))
 		}
 	}
-	sortByLive(o.Held)
+	snapshot.SortByLive(o.Held)
 	return o
-}
-
-// sortByLive sorts what a process held at one moment by live bytes,
-// descending.
-func sortByLive(rows []Row) {
-	sort.Slice(rows, func(i, j int) bool {
-		a, b := rows[i], rows[j]
-		if a.LiveBytes() != b.LiveBytes() {
-			return a.LiveBytes() > b.LiveBytes()
-		}
-		return a.Kind > b.Kind // on a tie, tensors before the segments they are in
-	})
-}
-
-// HeldBy sums the live bytes of an OOM's rows of one kind.
-func (o OOM) HeldBy(kind memory.Kind) uint64 {
-	var n uint64
-	for _, r := range o.Held {
-		if r.Kind == kind {
-			n += r.LiveBytes()
-		}
-	}
-	return n
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // namedStack interns a stack of pid named function, as resolve would.
@@ -17,13 +18,13 @@ func namedStack(p *Profiler, pid uint32, function string, pc uint64) accounting.
 }
 
 // intervalPeaks are the peaks of the interval it ends.
-func intervalPeaks(t *testing.T, p *Profiler) []Peak {
+func intervalPeaks(t *testing.T, p *Profiler) []snapshot.Peak {
 	t.Helper()
 	return endInterval(t, p).Peaks
 }
 
 // peakShares are a peak's rows as function: bytes.
-func peakShares(t *testing.T, p *Profiler, pk Peak) map[string]uint64 {
+func peakShares(t *testing.T, p *Profiler, pk snapshot.Peak) map[string]uint64 {
 	t.Helper()
 	shares := map[string]uint64{}
 	for _, s := range pk.Shares {
@@ -41,7 +42,7 @@ func peakShares(t *testing.T, p *Profiler, pk Peak) map[string]uint64 {
 // with the level it began with; --gpu limits them as it limits rows.
 func TestPeaksNamed(t *testing.T) {
 	p := bareProfiler(t)
-	p.procs.procs[7] = &process{comm: "train"}
+	p.procs.procs[7] = &process{Process: snapshot.Process{Comm: "train"}}
 	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
 	tensors := namedStack(p, 7, "forward", 0x403000)
 	start := bpfNow()
@@ -90,13 +91,13 @@ func TestPeaksNamed(t *testing.T) {
 		t.Errorf("next interval %+v", next)
 	}
 	// The peaks alone: the same, and no row copied.
-	only := &Snapshot{}
+	only := &snapshot.Snapshot{}
 	if err := p.EndInterval(only, PeaksOnly); err != nil || only.Len() != 0 || len(only.Peaks) != 3 || only.Peaks[1].Bytes != 100 {
 		t.Errorf("peaks alone: %d rows, peaks %+v (%v)", only.Len(), only.Peaks, err)
 	}
 
 	p.cfg.GPUs = []int{1}
-	r, err := p.Report()
+	r, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestIntervalPeaksNameTheirStacks(t *testing.T) {
 		t.Fatalf("peaks %+v", s.Peaks)
 	}
 	var listed []accounting.Key
-	s.EachRow(func(r *Row) { listed = append(listed, r.Key) })
+	s.EachRow(func(r *snapshot.Row) { listed = append(listed, r.Key) })
 	if len(listed) != 1 || listed[0] != key {
 		t.Errorf("the snapshot has rows %v, want the peak's row %v", listed, key)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -55,12 +56,11 @@ type processTable struct {
 	reading *job
 }
 
-// process is what the table knows of one process.
+// process is what the table knows of one process: what snapshots share
+// (its container as its cgroup says, not named), and whether it exited.
 type process struct {
-	comm      string
-	ordinals  map[int]gpuinfo.Device // its CUDA ordinals' GPUs
-	container container.Identity     // its cgroup's, not named
-	exited    bool                   // an event after it is a new process's
+	snapshot.Process
+	exited bool // an event after it is a new process's
 }
 
 func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr Source, py *pystack.Resolver, stopped <-chan struct{}) *processTable {
@@ -97,12 +97,12 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 			}
 			t.renewed[pid] = true
 		}
-		t.procs[pid] = &process{comm: comm}
+		t.procs[pid] = &process{Process: snapshot.Process{Comm: comm}}
 		t.toRead = append(t.toRead, pid)
 		t.reading.ask()
-	case p.comm != comm:
+	case p.Comm != comm:
 		next := *p
-		next.comm = comm
+		next.Comm = comm
 		t.procs[pid] = &next
 	}
 	python = t.python[pid]
@@ -201,7 +201,7 @@ func (t *processTable) read(pid uint32) {
 		return
 	}
 	next := *p
-	next.ordinals, next.container = ordinals, c
+	next.GPUs, next.Container = ordinals, c
 	t.procs[pid] = &next
 }
 
@@ -232,7 +232,7 @@ func (t *processTable) lookup(pids map[uint32]*process) {
 			pids[pid] = &process{}
 		case t.pods != nil:
 			named := *p
-			named.container = t.pods.Name(p.container)
+			named.Container = t.pods.Name(p.Container)
 			pids[pid] = &named
 		}
 	}
@@ -244,8 +244,8 @@ func (t *processTable) containers() map[uint32]container.Identity {
 	defer t.mu.Unlock()
 	cs := make(map[uint32]container.Identity, len(t.procs))
 	for pid, p := range t.procs {
-		if !p.exited && p.container.PodUID != "" {
-			cs[pid] = p.container
+		if !p.exited && p.Container.PodUID != "" {
+			cs[pid] = p.Container
 		}
 	}
 	return cs

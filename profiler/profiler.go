@@ -20,6 +20,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -70,7 +71,7 @@ type Config struct {
 	// OnOOM, when set, receives each out-of-memory snapshot soon after it
 	// is taken, in order, from a goroutine of its own (never the one that
 	// reads events); Sync and reports wait for those taken before them.
-	OnOOM func(OOM)
+	OnOOM func(snapshot.OOM)
 	// Timeline keeps each process's live bytes per GPU and view over time,
 	// for Report.Timeline (gpumem record's HTML report): bounded memory
 	// (accounting.TimelineBuckets), a few comparisons per event.
@@ -110,9 +111,13 @@ type Profiler struct {
 	// driverID is Config.Library's file (discover.FileID): the processes
 	// that map it are the only ones scanned.
 	driverID   string
-	delivering *job          // OOMs delivered, in order (oom.go)
-	stop       chan struct{} // closed by Close: the jobs end
-	closing    sync.Once
+	delivering *job // OOMs delivered, in order (oom.go)
+	// naming is held to read by snapshots being named and to write by
+	// DropExited: a drop frees frame indices that a snapshot being named
+	// holds until it copies the frame table.
+	naming  sync.RWMutex
+	stop    chan struct{} // closed by Close: the jobs end
+	closing sync.Once
 
 	flushMu sync.Mutex
 	flushes uint64 // flushes of the ring buffer read
@@ -157,7 +162,7 @@ func New(cfg Config) (*Profiler, error) {
 		p.attacher.attachInstalled(cfg.ProcRoot, cfg.DriverDirs)
 	}
 	for _, pid := range cfg.TensorPIDs {
-		if err := p.SetTensors(pid, time.Time{}, ByFlag); err != nil {
+		if err := p.SetTensors(pid, time.Time{}, snapshot.ByFlag); err != nil {
 			p.Close()
 			return nil, fmt.Errorf("tensor view of pid %d: %w", pid, err)
 		}

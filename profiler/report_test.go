@@ -9,6 +9,8 @@ import (
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
+
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // bareProfiler is a Profiler's parts on a script that sends nothing, its
@@ -35,9 +37,9 @@ func nameStack(p *Profiler, id accounting.StackID, function string) {
 }
 
 // endInterval is the snapshot of the interval it ends.
-func endInterval(t *testing.T, p *Profiler) *Snapshot {
+func endInterval(t *testing.T, p *Profiler) *snapshot.Snapshot {
 	t.Helper()
-	s := &Snapshot{}
+	s := &snapshot.Snapshot{}
 	if err := p.EndInterval(s, RowsAndPeaks); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +67,7 @@ func TestIntervalSnapshotLeavesStacksBeingNamed(t *testing.T) {
 	hold(1, loaded, 100)
 	hold(3, held, 1000)
 	s := endInterval(t, p)
-	if rows := s.Rows(nil); len(rows) != 1 || rows[0].Key != held {
+	if rows := s.Rows(); len(rows) != 1 || rows[0].Key != held {
 		t.Fatalf("listed %+v, want setup's alone: load's stack is not named", rows)
 	}
 	select {
@@ -81,16 +83,16 @@ func TestIntervalSnapshotLeavesStacksBeingNamed(t *testing.T) {
 	// (still being named): kept.
 	s = endInterval(t, p)
 	p.DropExited(s)
-	if rows := s.Rows(nil); len(rows) != 1 || len(p.stacks.byPID[42]) != 2 {
+	if rows := s.Rows(); len(rows) != 1 || len(p.stacks.byPID[42]) != 2 {
 		t.Fatalf("second snapshot: rows %+v, stacks %v", rows, p.stacks.byPID)
 	}
 
 	nameStack(p, load, "load_model")
 	// The third has its row.
 	s = endInterval(t, p)
-	rows := s.Rows(nil)
+	rows := s.Rows()
 	want := accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 150, FreeCount: 2}
-	i := slices.IndexFunc(rows, func(r Row) bool { return r.Key == loaded })
+	i := slices.IndexFunc(rows, func(r snapshot.Row) bool { return r.Key == loaded })
 	if len(rows) != 2 || i < 0 || rows[i].Counters != want || len(rows[i].Frames) != 2 || rows[i].Frames[1].Function != "load_model" {
 		t.Fatalf("rows %+v, want load_model's with %+v", rows, want)
 	}

@@ -84,7 +84,9 @@ func (s *script) Close() error {
 	return nil
 }
 
-func (s *script) Attach(string) ([]string, error) { return nil, errors.New("a script attaches nothing") }
+func (s *script) Attach(string) ([]string, error) {
+	return nil, errors.New("a script attaches nothing")
+}
 func (s *script) AttachAllocator(string, uint32) (link.Link, int, error) {
 	return nil, 0, errors.New("a script attaches nothing")
 }
@@ -134,7 +136,7 @@ func TestRunReadsEveryEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := s.Rows(nil)
+	rows := s.Rows()
 	if len(rows) != 1 || rows[0].Counters != want || rows[0].Comm != "trainer" || s.Events != 3 {
 		t.Fatalf("rows %+v after %d events, want one of %+v", rows, s.Events, want)
 	}
@@ -154,7 +156,7 @@ func TestRunReadsEveryEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rows := after.Rows(nil); len(rows) != 1 || rows[0].LiveBytes() != 0 || after.Events != 4 || after.Losses[schema.RingBufferFull] != 2 {
+	if rows := after.Rows(); len(rows) != 1 || rows[0].LiveBytes() != 0 || after.Events != 4 || after.Losses[schema.RingBufferFull] != 2 {
 		t.Errorf("after the stop: rows %+v, %d events, losses %v", rows, after.Events, after.Losses)
 	}
 }

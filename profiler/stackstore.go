@@ -6,6 +6,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pystack"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -220,34 +221,43 @@ func (s *stackStore) unnamedFrames(raw *rawStack) []*symbolize.Frame {
 	return frames
 }
 
-// nameRows sets the frames of rows from their stacks' (indices in table),
-// and returns the table, copied into table, and, if withUnnamed, the
-// frames known of the stacks not named yet (whose rows have no indices).
-// A chunk of rows at a time: events wait for the
-// lock no longer than that. Indices are freed only as processes are
-// dropped, which snapshots do before they name rows: the table copied
-// last has every index of every chunk.
-func (s *stackStore) nameRows(rows []snapshotRow, table []*symbolize.Frame, withUnnamed bool) ([]*symbolize.Frame, map[accounting.StackID][]*symbolize.Frame) {
-	var unnamed map[accounting.StackID][]*symbolize.Frame
+// nameRows sets the frames of entries from their stacks' (indices in
+// table), and returns the table, copied into table; if withUnnamed, the
+// frames known of the stacks not named yet are appended to it too, else
+// their entries are left without frames. A chunk of entries at a time:
+// events wait for the lock no longer than that. Indices are freed only as
+// processes are dropped, never while a snapshot is named (Profiler.naming):
+// the table copied last has
+// every index of every chunk.
+func (s *stackStore) nameRows(entries []snapshot.Entry, table []*symbolize.Frame, withUnnamed bool) []*symbolize.Frame {
+	var unnamed []int // entries of stacks not named yet
+	var raws []*rawStack
 	const chunk = 4096
 	for done := 0; ; {
 		s.mu.Lock()
-		for i := range rows[done:min(done+chunk, len(rows))] {
-			r := &rows[done+i]
-			st := s.table.m[r.Stack]
-			if r.frames = st.frames; st.raw != nil && withUnnamed {
-				if unnamed == nil {
-					unnamed = map[accounting.StackID][]*symbolize.Frame{}
-				}
-				unnamed[r.Stack] = s.unnamedFrames(st.raw)
+		for i := range entries[done:min(done+chunk, len(entries))] {
+			e := &entries[done+i]
+			st := s.table.m[e.Stack]
+			if e.Frames = st.frames; st.raw != nil && withUnnamed {
+				unnamed, raws = append(unnamed, done+i), append(raws, st.raw)
 			}
 		}
-		if done += chunk; done >= len(rows) {
-			table = s.frames.appendPointers(table)
+		if done += chunk; done < len(entries) {
 			s.mu.Unlock()
-			return table, unnamed
+			continue
+		}
+		table = s.frames.appendPointers(table)
+		for i, at := range unnamed {
+			frames := s.unnamedFrames(raws[i])
+			e := &entries[at]
+			e.Frames = make([]uint32, len(frames))
+			for j, f := range frames {
+				e.Frames[j] = uint32(len(table))
+				table = append(table, f)
+			}
 		}
 		s.mu.Unlock()
+		return table
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // TensorScope says which processes the tensor view (PyTorch's caching
@@ -38,49 +39,6 @@ type TensorPolicy interface {
 	TensorsWanted(container.Identity) (until time.Time, ok bool)
 }
 
-// Who switched a tensor view on.
-const (
-	ByFlag       = "flag"
-	ByControl    = "control"
-	ByAnnotation = "pod annotation"
-)
-
-// TensorView is one process's tensor view switched on on demand: from when
-// it holds, until when, and, once ended, when and why. Tensors made before
-// Since are charged to no one and their frees are counted apart
-// (accounting.Stats.FreesBeforeView); what the view held when it ended is
-// released implicitly.
-type TensorView struct {
-	PID        uint32    `json:"pid"`
-	By         string    `json:"by"`                    // ByFlag, ByControl, ByAnnotation
-	Asked      time.Time `json:"asked"`                 // when it was switched on
-	Since      time.Time `json:"since,omitzero"`        // when its probes were attached; zero: its allocator not loaded yet
-	Until      time.Time `json:"until,omitzero"`        // when it is to end; zero: when switched off
-	Ended      time.Time `json:"ended,omitzero"`        // when it ended
-	Why        string    `json:"why,omitempty"`         // why it ended
-	OverBudget bool      `json:"over_budget,omitempty"` // ended by the budget: the view is partial
-}
-
-// String says from when the view holds, in one line, for the outputs.
-func (v TensorView) String() string {
-	s := fmt.Sprintf("tensor view of pid %d (by %s): ", v.PID, v.By)
-	if v.Since.IsZero() {
-		s += "waiting for PyTorch's allocator"
-	} else {
-		s += "since " + v.Since.Format(time.RFC3339Nano) + "; tensors made before are charged to no one"
-	}
-	if !v.Until.IsZero() && v.Ended.IsZero() {
-		s += ", until " + v.Until.Format(time.RFC3339)
-	}
-	if !v.Ended.IsZero() {
-		s += "; ended " + v.Ended.Format(time.RFC3339Nano) + ": " + v.Why
-	}
-	if v.OverBudget {
-		s += " (partial)"
-	}
-	return s
-}
-
 // TensorBudget bounds what the tensor view may cost a process: past it,
 // the view is switched off (said once, counted, marked OverBudget).
 type TensorBudget struct {
@@ -104,7 +62,7 @@ type tensorSwitch struct {
 }
 
 type tensorView struct {
-	TensorView
+	snapshot.TensorView
 	links    []link.Link
 	attached map[string]bool // library IDs
 	// The budget's window: when it began and the allocations counted then.
@@ -130,7 +88,7 @@ var (
 )
 
 // SetTensors switches process pid's tensor view on until until (zero: until
-// switched off), or extends one on; by says who asked (ByControl, ...). Its
+// switched off), or extends one on; by says who asked (snapshot.ByControl, ...). Its
 // probes are attached at the next scan, or once the process loads
 // PyTorch's allocator.
 func (p *Profiler) SetTensors(pid int, until time.Time, by string) error {
@@ -150,7 +108,7 @@ func (p *Profiler) SetTensors(pid int, until time.Time, by string) error {
 		v.Until = until
 		return nil
 	}
-	s.views[uint32(pid)] = &tensorView{TensorView: TensorView{PID: uint32(pid), By: by, Asked: time.Now(), Until: until},
+	s.views[uint32(pid)] = &tensorView{TensorView: snapshot.TensorView{PID: uint32(pid), By: by, Asked: time.Now(), Until: until},
 		attached: map[string]bool{}}
 	s.trimEnded()
 	return nil
@@ -167,16 +125,16 @@ func (p *Profiler) StopTensors(pid int) error {
 
 // TensorViews returns the on-demand tensor views, on, waiting or ended, by
 // PID.
-func (p *Profiler) TensorViews() []TensorView { return p.tensors.list() }
+func (p *Profiler) TensorViews() []snapshot.TensorView { return p.tensors.list() }
 
-func (s *tensorSwitch) list() []TensorView {
+func (s *tensorSwitch) list() []snapshot.TensorView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	views := make([]TensorView, 0, len(s.views))
+	views := make([]snapshot.TensorView, 0, len(s.views))
 	for _, v := range s.views {
 		views = append(views, v.TensorView)
 	}
-	slices.SortFunc(views, func(a, b TensorView) int { return int(a.PID) - int(b.PID) })
+	slices.SortFunc(views, func(a, b snapshot.TensorView) int { return int(a.PID) - int(b.PID) })
 	return views
 }
 
@@ -243,7 +201,7 @@ func (p *Profiler) askByPods(now time.Time) {
 		}
 	}
 	for _, v := range p.tensors.list() {
-		if _, still := asked[v.PID]; v.By == ByAnnotation && v.Ended.IsZero() && !still {
+		if _, still := asked[v.PID]; v.By == snapshot.ByAnnotation && v.Ended.IsZero() && !still {
 			p.endTensors(v.PID, "the pod's annotation is gone", false)
 		}
 	}
@@ -251,7 +209,7 @@ func (p *Profiler) askByPods(now time.Time) {
 		if p.tensors.isOn(pid) {
 			continue
 		}
-		if err := p.SetTensors(int(pid), until, ByAnnotation); err == nil {
+		if err := p.SetTensors(int(pid), until, snapshot.ByAnnotation); err == nil {
 			p.cfg.Logf("pid %d: tensor view asked by its pod", pid)
 		}
 	}

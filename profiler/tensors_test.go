@@ -3,6 +3,8 @@ package profiler
 import (
 	"testing"
 	"time"
+
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // TestTensorBudgetTripsAtItsRate: a view whose tensors cost exactly the
@@ -11,8 +13,8 @@ import (
 func TestTensorBudgetTripsAtItsRate(t *testing.T) {
 	s := newTensorSwitch(TensorBudget{Share: 0.02, PairCost: 2 * time.Microsecond, Window: 5 * time.Second})
 	t0 := time.Unix(1000, 0)
-	s.views[7] = &tensorView{TensorView: TensorView{PID: 7, Since: t0}}
-	s.views[8] = &tensorView{TensorView: TensorView{PID: 8}} // waiting for its allocator: not measured
+	s.views[7] = &tensorView{TensorView: snapshot.TensorView{PID: 7, Since: t0}}
+	s.views[8] = &tensorView{TensorView: snapshot.TensorView{PID: 8}} // waiting for its allocator: not measured
 	if over := s.overBudget(t0, map[uint32]uint64{7: 100, 8: 1 << 40}); len(over) != 0 {
 		t.Fatalf("at the window's start: %v", over)
 	}
@@ -27,24 +29,5 @@ func TestTensorBudgetTripsAtItsRate(t *testing.T) {
 	want := "over budget: 10000 tensors a second at 2µs a tensor cost 2.0% of a thread, more than 2.0%"
 	if len(over) != 1 || over[0].pid != 7 || over[0].why != want {
 		t.Fatalf("one tensor over: %+v, want pid 7: %q", over, want)
-	}
-}
-
-// TestTensorViewString says from when a view holds and how it ended.
-func TestTensorViewString(t *testing.T) {
-	since := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	for _, c := range []struct {
-		v    TensorView
-		want string
-	}{
-		{TensorView{PID: 3, By: ByControl}, "tensor view of pid 3 (by control): waiting for PyTorch's allocator"},
-		{TensorView{PID: 3, By: ByAnnotation, Since: since, Until: since.Add(time.Hour)},
-			"tensor view of pid 3 (by pod annotation): since 2026-12-01T10:00:00Z; tensors made before are charged to no one, until 2026-12-01T11:00:00Z"},
-		{TensorView{PID: 3, By: ByFlag, Since: since, Ended: since.Add(time.Minute), Why: "over budget: x", OverBudget: true},
-			"tensor view of pid 3 (by flag): since 2026-12-01T10:00:00Z; tensors made before are charged to no one; ended 2026-12-01T10:01:00Z: over budget: x (partial)"},
-	} {
-		if got := c.v.String(); got != c.want {
-			t.Errorf("got  %s\nwant %s", got, c.want)
-		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // TestTimelineNamed: a report's timeline names each bucket's stacks, by
@@ -13,9 +14,9 @@ import (
 // limits rows; without Config.Timeline there is none.
 func TestTimelineNamed(t *testing.T) {
 	p := bareProfiler(t)
-	p.procs.procs[7] = &process{comm: "train"}
+	p.procs.procs[7] = &process{Process: snapshot.Process{Comm: "train"}}
 	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
-	if r, _ := p.Report(); r.Timeline != nil {
+	if r, _ := p.Snapshot(); r.Timeline != nil {
 		t.Fatalf("a timeline without Config.Timeline: %+v", r.Timeline)
 	}
 	p.cfg.Timeline = true
@@ -28,7 +29,7 @@ func TestTimelineNamed(t *testing.T) {
 	l.Alloc(accounting.Key{PID: 7, Stack: weights, Kind: memory.KindTensor, Device: 0}, 0x3000, memory.SpaceTensor, 64, start+4)
 
 	p.cfg.GPUs = []int{1}
-	r, err := p.Report()
+	r, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"sort"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // Value selects the number a folded line carries.
@@ -49,7 +49,7 @@ func ParseValue(s string) (Value, error) {
 // are those of each process's peak on each GPU, each with its share: a
 // process's lines on one GPU sum to its peak there (two processes of one
 // name are summed, their peaks reached at different moments).
-func WriteFolded(w io.Writer, r profiler.Report, v Value, view memory.View) error {
+func WriteFolded(w io.Writer, r *snapshot.Snapshot, v Value, view memory.View) error {
 	sums := map[string]uint64{}
 	for row, bytes := range foldedRows(r, v, view) {
 		if bytes == 0 {
@@ -76,8 +76,8 @@ func WriteFolded(w io.Writer, r profiler.Report, v Value, view memory.View) erro
 
 // foldedRows yields the rows of view v in a report with the bytes that
 // value v gives each.
-func foldedRows(r profiler.Report, v Value, view memory.View) iter.Seq2[*profiler.Row, uint64] {
-	return func(yield func(*profiler.Row, uint64) bool) {
+func foldedRows(r *snapshot.Snapshot, v Value, view memory.View) iter.Seq2[*snapshot.Row, uint64] {
+	return func(yield func(*snapshot.Row, uint64) bool) {
 		if v == Peak {
 			for i := range r.Peaks {
 				if r.Peaks[i].View != view {
@@ -91,8 +91,9 @@ func foldedRows(r profiler.Report, v Value, view memory.View) iter.Seq2[*profile
 			}
 			return
 		}
-		for i := range r.Rows {
-			row := &r.Rows[i]
+		rows := r.Rows()
+		for i := range rows {
+			row := &rows[i]
 			if row.Kind.View() != view {
 				continue
 			}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // Growth follows each stack's live bytes over a sliding window, for top: a
@@ -25,9 +25,9 @@ type growthSample struct {
 // much each grew since the window began: since the last sample at least
 // Window old, or the first sample while the history is shorter. A row not
 // seen then grew from zero.
-func (g *Growth) Observe(r profiler.Report) map[accounting.Key]int64 {
-	now := growthSample{at: r.Time, live: make(map[accounting.Key]uint64, len(r.Rows))}
-	for _, row := range r.Rows {
+func (g *Growth) Observe(r *snapshot.Snapshot) map[accounting.Key]int64 {
+	now := growthSample{at: r.Time, live: make(map[accounting.Key]uint64, r.Len())}
+	for _, row := range r.Rows() {
 		now.live[row.Key] = row.LiveBytes()
 	}
 	// Keep one sample at or before the window's start, as the baseline.
@@ -46,15 +46,15 @@ func (g *Growth) Observe(r profiler.Report) map[accounting.Key]int64 {
 
 // Grower is a stack whose live bytes grew over the window.
 type Grower struct {
-	profiler.Row
+	snapshot.Row
 	Growth int64
 }
 
 // Growers are the n rows of r that grew most, largest first; rows that did
 // not grow are left out.
-func Growers(r profiler.Report, grew map[accounting.Key]int64, n int) []Grower {
+func Growers(r *snapshot.Snapshot, grew map[accounting.Key]int64, n int) []Grower {
 	var out []Grower
-	for _, row := range r.Rows {
+	for _, row := range r.Rows() {
 		if g := grew[row.Key]; g > 0 {
 			out = append(out, Grower{row, g})
 		}

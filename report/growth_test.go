@@ -5,13 +5,13 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
-func reportAt(at time.Time, live map[accounting.StackID]uint64) profiler.Report {
-	r := profiler.Report{Time: at}
+func reportAt(at time.Time, live map[accounting.StackID]uint64) *snapshot.Snapshot {
+	r := &snapshot.Snapshot{Time: at}
 	for stack, bytes := range live {
-		r.Rows = append(r.Rows, profiler.Row{Key: accounting.Key{PID: 7, Stack: stack}, Counters: accounting.Counters{AllocBytes: bytes}})
+		r.Add(snapshot.Row{Key: accounting.Key{PID: 7, Stack: stack}, Counters: accounting.Counters{AllocBytes: bytes}})
 	}
 	return r
 }

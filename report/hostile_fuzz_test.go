@@ -25,7 +25,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/internal/fuzzseed"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pprof"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -43,34 +43,34 @@ type names struct {
 // hostileReport is a report of two processes whose names are n's: rows of
 // both views (every stack four frames), a failed allocation, an
 // out-of-memory snapshot, a peak and a timeline.
-func hostileReport(n names) profiler.Report {
+func hostileReport(n names) *snapshot.Snapshot {
 	a := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: n.fn1, File: n.file, Line: 3},
 		{Function: n.fn2, Module: n.module, Address: 0x10}, {Module: n.module, Address: 0x20}}
 	b := []*symbolize.Frame{{Function: "pytorch:malloc"}, {Function: n.fn2}, {Function: n.fn1, File: n.file, Line: 9}, {Module: n.module, Address: 0x30}}
 	c := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: n.fn2}, {Function: n.fn1 + n.fn2}, {Function: "main", File: n.file, Line: 1}}
 	pod := container.Identity{PodUID: "5f3b8a1e-2c4d-4e6f-8a0b-1c2d3e4f5a6b", Namespace: n.pod, Pod: n.pod, Name: n.pod, Workload: n.pod}
-	row := func(pid uint32, comm string, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, alloc, free uint64) profiler.Row {
-		return profiler.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: comm, Container: pod, Frames: frames,
+	row := func(pid uint32, comm string, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, alloc, free uint64) snapshot.Row {
+		return snapshot.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: comm, Container: pod, Frames: frames,
 			Counters: accounting.Counters{AllocBytes: alloc, AllocCount: 2, FreeBytes: free, FreeCount: 1}}
 	}
-	rows := []profiler.Row{
+	rows := []snapshot.Row{
 		row(7, n.comm, 1, memory.KindDevice, a, 20*MiB, 0),
 		row(7, n.comm, 2, memory.KindTensor, b, 16*MiB, 4*MiB),
 		row(8, n.comm+n.pod, 3, memory.KindDevice, c, 8*MiB, 0),
 	}
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	failure := profiler.Failure{FailureKey: accounting.FailureKey{Key: rows[0].Key, Op: 1, Result: 2}, Comm: n.comm, Frames: a,
+	failure := snapshot.Failure{FailureKey: accounting.FailureKey{Key: rows[0].Key, Op: 1, Result: 2}, Comm: n.comm, Frames: a,
 		Failures: accounting.Failures{Count: 1, Bytes: 80 << 30}}
-	return profiler.Report{
-		Time: at, Rows: rows, Failures: []profiler.Failure{failure},
-		OOMs: []profiler.OOM{{Time: at, Failure: failure, Held: rows[:1]}},
-		Peaks: []profiler.Peak{{PID: 7, Comm: n.comm, GPU: "0", Container: pod, View: memory.ViewDriver, Timestamp: 1000, Time: at,
+	return snapshot.Snapshot{
+		Time: at, Failures: []snapshot.Failure{failure},
+		OOMs: []snapshot.OOM{{Time: at, Failure: failure, Held: rows[:1]}},
+		Peaks: []snapshot.Peak{{PID: 7, Comm: n.comm, GPU: "0", Container: pod, View: memory.ViewDriver, Timestamp: 1000, Time: at,
 			Amount: accounting.Amount{Bytes: 20 * MiB, Count: 2}, Rows: rows[:1]}},
-		Timeline: &profiler.Timeline{Start: at, Timestamp: 1000, Width: time.Millisecond, End: 2 * time.Millisecond,
-			Series: []profiler.TimelineSeries{{PID: 7, Comm: n.comm, GPU: "0", View: memory.ViewDriver, Buckets: []profiler.TimelineBucket{
-				{Max: 20 * MiB, MaxTime: time.Millisecond / 2, Top: []profiler.Holder{{Kind: memory.KindDevice, Frames: a, Bytes: 20 * MiB}}}}}}},
+		Timeline: &snapshot.Timeline{Start: at, Timestamp: 1000, Width: time.Millisecond, End: 2 * time.Millisecond,
+			Series: []snapshot.TimelineSeries{{PID: 7, Comm: n.comm, GPU: "0", View: memory.ViewDriver, Buckets: []snapshot.TimelineBucket{
+				{Max: 20 * MiB, MaxTime: time.Millisecond / 2, Top: []snapshot.Holder{{Kind: memory.KindDevice, Frames: a, Bytes: 20 * MiB}}}}}}},
 		Libraries: []string{n.module},
-	}
+	}.With(rows...)
 }
 
 // benign are names of the same shape as n, without anything hostile: what
@@ -287,15 +287,17 @@ func FuzzTop(f *testing.F) {
 		n := names{comm, fn1, fn2, file, module, pod}
 		for _, w := range []struct {
 			name  string
-			write func(*bytes.Buffer, profiler.Report) error
+			write func(*bytes.Buffer, *snapshot.Snapshot) error
 		}{
-			{"top", func(b *bytes.Buffer, r profiler.Report) error { return WriteTop(b, r, 0, &Growth{Window: time.Minute}) }},
-			{"stacks", func(b *bytes.Buffer, r profiler.Report) error { return WriteStacks(b, r, 5) }},
-			{"oom", func(b *bytes.Buffer, r profiler.Report) error {
+			{"top", func(b *bytes.Buffer, r *snapshot.Snapshot) error {
+				return WriteTop(b, r, 0, &Growth{Window: time.Minute})
+			}},
+			{"stacks", func(b *bytes.Buffer, r *snapshot.Snapshot) error { return WriteStacks(b, r, 5) }},
+			{"oom", func(b *bytes.Buffer, r *snapshot.Snapshot) error {
 				_, err := b.WriteString(DescribeOOM(r.OOMs[0]) + "\n")
 				return err
 			}},
-			{"peak", func(b *bytes.Buffer, r profiler.Report) error {
+			{"peak", func(b *bytes.Buffer, r *snapshot.Snapshot) error {
 				_, err := b.WriteString(DescribePeak(r.Peaks[0], 0) + "\n")
 				return err
 			}},

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -86,16 +86,17 @@ type summaryRow struct {
 // process's memory per GPU in both views and the allocator's cache, and,
 // with r.Timeline, each process's live bytes per GPU over time in the view
 // shown, a click on a moment showing its flame graph.
-func WriteHTML(w io.Writer, r profiler.Report) error {
+func WriteHTML(w io.Writer, r *snapshot.Snapshot) error {
 	page := flamePage{Views: map[string]*flameNode{}, Summary: []summaryRow{}, Timeline: newTimelinePage(r)}
+	rows := r.Rows()
 	for _, v := range memory.Views {
-		page.Views[v.String()] = flameTree(r.Rows, v)
+		page.Views[v.String()] = flameTree(rows, v)
 	}
 	views := map[uint32]string{}
 	for _, v := range r.TensorViews {
 		views[v.PID] = v.String()
 	}
-	for _, p := range ByProcessGPU(r.Rows) {
+	for _, p := range ByProcessGPU(rows) {
 		row := summaryRow{Process: processName(p.Comm, p.PID), PID: p.PID, GPU: p.GPU, Held: p.Held, Tensors: p.Tensors, Segments: p.Segments,
 			TensorsSince: views[p.PID]}
 		if cache, ok := p.Cache(); ok {
@@ -112,7 +113,7 @@ func WriteHTML(w io.Writer, r profiler.Report) error {
 }
 
 // flameTree is the flame graph of one view's rows.
-func flameTree(rows []profiler.Row, v memory.View) *flameNode {
+func flameTree(rows []snapshot.Row, v memory.View) *flameNode {
 	root := &flameNode{Name: "all processes"}
 	for _, row := range rows {
 		if row.Kind.View() != v {

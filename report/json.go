@@ -8,8 +8,8 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -21,13 +21,13 @@ type jsonReport struct {
 	Peaks    []jsonPeak           `json:"peaks"`
 	Losses   schema.Losses        `json:"losses"`
 	Ledger   accounting.Stats     `json:"ledger"`
-	Python   profiler.PythonStats `json:"python"`
+	Python   snapshot.PythonStats `json:"python"`
 	// allocations whose native stack was deeper than the frames kept
 	NativeTruncated uint64   `json:"native_truncated"`
 	Events          uint64   `json:"events"`
 	Libraries       []string `json:"libraries"`
 	// The on-demand tensor views: from when each process's holds.
-	TensorViews []profiler.TensorView `json:"tensor_views,omitempty"`
+	TensorViews []snapshot.TensorView `json:"tensor_views,omitempty"`
 }
 
 type jsonFrame struct {
@@ -114,7 +114,7 @@ type jsonPeakStack struct {
 	Allocations uint64      `json:"allocations"`
 }
 
-func newJSONPeak(pk profiler.Peak) jsonPeak {
+func newJSONPeak(pk snapshot.Peak) jsonPeak {
 	j := jsonPeak{
 		PID: pk.PID, Comm: pk.Comm, GPU: pk.GPU, jsonWhere: newJSONWhere(pk.Device, pk.Container),
 		View: pk.View.String(), Time: pk.Time, Bytes: pk.Bytes, Allocations: pk.Count,
@@ -138,12 +138,12 @@ func jsonFrames(frames []*symbolize.Frame) []jsonFrame {
 // WriteJSON writes the whole report: every (process, stack, kind) with all
 // its counters, the failed allocations, each process's peak per GPU and
 // view with the stacks that held it, and the loss counters.
-func WriteJSON(w io.Writer, r profiler.Report) error {
+func WriteJSON(w io.Writer, r *snapshot.Snapshot) error {
 	out := jsonReport{
 		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Python: r.Python, Events: r.Events, Libraries: r.Libraries,
 		NativeTruncated: r.NativeTruncated, TensorViews: r.TensorViews, Stacks: []jsonStack{}, Failures: []jsonFailure{},
 	}
-	for _, row := range r.Rows {
+	for _, row := range r.Rows() {
 		out.Stacks = append(out.Stacks, newJSONStack(row))
 	}
 	for _, f := range r.Failures {
@@ -166,7 +166,7 @@ func WriteJSON(w io.Writer, r profiler.Report) error {
 	return enc.Encode(out)
 }
 
-func newJSONStack(row profiler.Row) jsonStack {
+func newJSONStack(row snapshot.Row) jsonStack {
 	return jsonStack{
 		PID: row.PID, Comm: row.Comm, Kind: row.Kind.String(), GPU: row.GPU(), Frames: jsonFrames(row.Frames),
 		jsonWhere:      newJSONWhere(row.Device, row.Container),
@@ -177,7 +177,7 @@ func newJSONStack(row profiler.Row) jsonStack {
 	}
 }
 
-func newJSONFailure(f profiler.Failure) jsonFailure {
+func newJSONFailure(f snapshot.Failure) jsonFailure {
 	return jsonFailure{
 		PID: f.PID, Comm: f.Comm, Kind: f.Kind.String(), GPU: f.GPU(), Function: f.Op.Symbol(), Result: f.Result,
 		Frames: jsonFrames(f.Frames), Count: f.Count, RequestedBytes: f.Bytes,

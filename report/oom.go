@@ -4,11 +4,11 @@ import (
 	"fmt"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // DescribeOOM is one line: who asked for how much, and what held the memory.
-func DescribeOOM(o profiler.OOM) string {
+func DescribeOOM(o snapshot.OOM) string {
 	f := o.Failure
 	s := fmt.Sprintf("out of memory: pid %d (%s) asked %s through %s on gpu %s; it held %s in tensors, %s from the driver",
 		f.PID, Printable(f.Comm), HumanBytes(f.Bytes), f.Op.Symbol(), f.GPU(),

@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // Peaks, for people: each process's most memory at once on a GPU, per
@@ -20,14 +20,14 @@ const PeakTimeFormat = "15:04:05.000"
 
 // PeaksOf are the peaks of view v, by bytes, descending, then by PID and
 // GPU.
-func PeaksOf(peaks []profiler.Peak, v memory.View) []profiler.Peak {
-	var out []profiler.Peak
+func PeaksOf(peaks []snapshot.Peak, v memory.View) []snapshot.Peak {
+	var out []snapshot.Peak
 	for _, pk := range peaks {
 		if pk.View == v {
 			out = append(out, pk)
 		}
 	}
-	slices.SortStableFunc(out, func(a, b profiler.Peak) int {
+	slices.SortStableFunc(out, func(a, b snapshot.Peak) int {
 		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), cmp.Compare(a.PID, b.PID), cmp.Compare(a.GPU, b.GPU))
 	})
 	return out
@@ -35,7 +35,7 @@ func PeaksOf(peaks []profiler.Peak, v memory.View) []profiler.Peak {
 
 // LiveAt is what process pid holds now on gpu in view v: its peak's
 // counterpart at the report's time.
-func LiveAt(rows []profiler.Row, pid uint32, gpu string, v memory.View) uint64 {
+func LiveAt(rows []snapshot.Row, pid uint32, gpu string, v memory.View) uint64 {
 	var live uint64
 	for _, row := range rows {
 		if row.PID == pid && row.Kind.View() == v && row.GPU() == gpu {
@@ -47,7 +47,7 @@ func LiveAt(rows []profiler.Row, pid uint32, gpu string, v memory.View) uint64 {
 
 // PeakHolder names the stack holding the most at a peak, as top's hottest
 // frame does, with its bytes; "-" for a peak without rows.
-func PeakHolder(pk profiler.Peak) (string, uint64) {
+func PeakHolder(pk snapshot.Peak) (string, uint64) {
 	if len(pk.Rows) == 0 {
 		return "-", 0
 	}
@@ -56,7 +56,7 @@ func PeakHolder(pk profiler.Peak) (string, uint64) {
 
 // DescribePeak is one line: how much, when, whose, what is live now, and
 // the stack that held the most then.
-func DescribePeak(pk profiler.Peak, live uint64) string {
+func DescribePeak(pk snapshot.Peak, live uint64) string {
 	by, bytes := PeakHolder(pk)
 	return fmt.Sprintf("%s peak at %s, pid %d (%s), gpu %s (%s live now); most (%s) by %s",
 		HumanBytes(pk.Bytes), pk.Time.Format(PeakTimeFormat), pk.PID, Printable(pk.Comm), pk.GPU, HumanBytes(live), HumanBytes(bytes), Printable(by))
@@ -64,14 +64,14 @@ func DescribePeak(pk profiler.Peak, live uint64) string {
 
 // writeViewPeaks writes at most n peaks of view v, one line each, under a
 // heading; nothing when the view has none.
-func writeViewPeaks(w io.Writer, r profiler.Report, v memory.View, n int) {
+func writeViewPeaks(w io.Writer, r *snapshot.Snapshot, rows []snapshot.Row, v memory.View, n int) {
 	peaks := PeaksOf(r.Peaks, v)
 	if len(peaks) == 0 {
 		return
 	}
 	fmt.Fprintf(w, "%s, peaks (the most each process held at once on a GPU; never added):\n", ViewName(v))
 	for _, pk := range peaks[:min(n, len(peaks))] {
-		fmt.Fprintf(w, "%s\n", DescribePeak(pk, LiveAt(r.Rows, pk.PID, pk.GPU, v)))
+		fmt.Fprintf(w, "%s\n", DescribePeak(pk, LiveAt(rows, pk.PID, pk.GPU, v)))
 	}
 }
 
@@ -79,7 +79,7 @@ func writeViewPeaks(w io.Writer, r profiler.Report, v memory.View, n int) {
 // the peak since top started, when, and what held the most then, beside
 // what is live now; driver view first, at most limit rows of each view
 // (all when limit <= 0).
-func writePeakTable(w io.Writer, r profiler.Report, limit int) error {
+func writePeakTable(w io.Writer, r *snapshot.Snapshot, rows []snapshot.Row, limit int) error {
 	if len(r.Peaks) == 0 {
 		return nil
 	}
@@ -94,7 +94,7 @@ func writePeakTable(w io.Writer, r profiler.Report, limit int) error {
 		for _, pk := range peaks {
 			by, bytes := PeakHolder(pk)
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t %s (%s)\n", pk.PID, Printable(pk.Comm), Printable(podName(pk.Container)), pk.GPU, v,
-				HumanBytes(LiveAt(r.Rows, pk.PID, pk.GPU, v)), HumanBytes(pk.Bytes), pk.Time.Format(PeakTimeFormat), Printable(by), HumanBytes(bytes))
+				HumanBytes(LiveAt(rows, pk.PID, pk.GPU, v)), HumanBytes(pk.Bytes), pk.Time.Format(PeakTimeFormat), Printable(by), HumanBytes(bytes))
 		}
 	}
 	return tw.Flush()

@@ -9,7 +9,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -19,23 +19,23 @@ var spikeFrames = []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "fo
 // on GPU 0 at its driver view's peak (the 20 MiB segment and a 30 MiB
 // spike since freed) and 16 MiB of tensors at its tensor view's; process 8
 // held its 8 MiB all along.
-func peakReport() profiler.Report {
+func peakReport() *snapshot.Snapshot {
 	rows := viewRows()
 	at := time.Date(2026, 12, 1, 12, 3, 4, 123000000, time.UTC)
-	share := func(pid uint32, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, bytes, count uint64) profiler.Row {
-		return profiler.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames,
+	share := func(pid uint32, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, bytes, count uint64) snapshot.Row {
+		return snapshot.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames,
 			Counters: accounting.Counters{AllocBytes: bytes, AllocCount: count}}
 	}
 	spike := share(7, 9, memory.KindDevice, spikeFrames, 30*MiB, 3)
 	spike.Counters.FreeBytes, spike.Counters.FreeCount = 30*MiB, 3
-	return profiler.Report{Rows: append(rows, spike), Peaks: []profiler.Peak{
+	return snapshot.Snapshot{Peaks: []snapshot.Peak{
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Time: at, Amount: accounting.Amount{Bytes: 50 * MiB, Count: 4},
-			Rows: []profiler.Row{share(7, 9, memory.KindDevice, spikeFrames, 30*MiB, 3), share(7, 1, memory.KindDevice, allocFrames, 20*MiB, 1)}},
+			Rows: []snapshot.Row{share(7, 9, memory.KindDevice, spikeFrames, 30*MiB, 3), share(7, 1, memory.KindDevice, allocFrames, 20*MiB, 1)}},
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Time: at.Add(time.Second), Amount: accounting.Amount{Bytes: 16 * MiB, Count: 2},
-			Rows: []profiler.Row{share(7, 2, memory.KindTensor, tensorFrames, 16*MiB, 2)}},
+			Rows: []snapshot.Row{share(7, 2, memory.KindTensor, tensorFrames, 16*MiB, 2)}},
 		{PID: 8, Comm: "python3", GPU: "0", View: memory.ViewDriver, Time: at.Add(-time.Minute), Amount: accounting.Amount{Bytes: 8 * MiB, Count: 1},
-			Rows: []profiler.Row{share(8, 4, memory.KindDevice, cublasFrames, 8*MiB, 1)}},
-	}}
+			Rows: []snapshot.Row{share(8, 4, memory.KindDevice, cublasFrames, 8*MiB, 1)}},
+	}}.With(append(rows, spike)...)
 }
 
 // TestFoldedPeak: --value peak folds each process's peak rows in one view,

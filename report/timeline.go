@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
-// timelinePage is what the HTML report draws of a profiler.Timeline: per
+// timelinePage is what the HTML report draws of a snapshot.Timeline: per
 // process, GPU and view, its buckets and its peak, stacks as indices into
 // one table of stacks, frames as indices into one table of frames, so that
 // a stack held in many buckets is written once. Times are ns since Start.
@@ -47,7 +47,7 @@ type timelineSeries struct {
 	Peak    *timelineMoment  `json:"peak"` // the run's, from Report.Peaks
 }
 
-// timelineBucket is a profiler.TimelineBucket; Top as [stack, bytes]
+// timelineBucket is a snapshot.TimelineBucket; Top as [stack, bytes]
 // pairs, stacks that read the same (same frames: two call sites of one
 // line) summed; Same when Top is the previous bucket's (a level carried
 // on), to keep the page small.
@@ -68,7 +68,7 @@ type timelineMoment struct {
 }
 
 // newTimelinePage is the page's timeline of r; nil without one.
-func newTimelinePage(r profiler.Report) *timelinePage {
+func newTimelinePage(r *snapshot.Snapshot) *timelinePage {
 	tl := r.Timeline
 	if tl == nil {
 		return nil
@@ -150,7 +150,7 @@ func (t *stackTable) intern(frames []*symbolize.Frame) int {
 
 // holders are a bucket's stacks as [stack, bytes] pairs, by bytes,
 // descending, stacks that read the same summed.
-func (t *stackTable) holders(top []profiler.Holder) [][2]uint64 {
+func (t *stackTable) holders(top []snapshot.Holder) [][2]uint64 {
 	var out [][2]uint64
 	at := map[uint64]int{} // each stack's place in out
 	for _, h := range top {
@@ -167,15 +167,15 @@ func (t *stackTable) holders(top []profiler.Holder) [][2]uint64 {
 }
 
 // peak is the run's peak of series s, every stack of it; nil if none.
-func (t *stackTable) peak(peaks []profiler.Peak, s profiler.TimelineSeries, start uint64) *timelineMoment {
-	i := slices.IndexFunc(peaks, func(pk profiler.Peak) bool { return pk.PID == s.PID && pk.GPU == s.GPU && pk.View == s.View })
+func (t *stackTable) peak(peaks []snapshot.Peak, s snapshot.TimelineSeries, start uint64) *timelineMoment {
+	i := slices.IndexFunc(peaks, func(pk snapshot.Peak) bool { return pk.PID == s.PID && pk.GPU == s.GPU && pk.View == s.View })
 	if i < 0 {
 		return nil
 	}
 	pk := peaks[i]
-	top := make([]profiler.Holder, 0, len(pk.Rows))
+	top := make([]snapshot.Holder, 0, len(pk.Rows))
 	for _, row := range pk.Rows {
-		top = append(top, profiler.Holder{Kind: row.Kind, Frames: row.Frames, Bytes: row.LiveBytes()})
+		top = append(top, snapshot.Holder{Kind: row.Kind, Frames: row.Frames, Bytes: row.LiveBytes()})
 	}
 	return &timelineMoment{At: int64(pk.Timestamp - start), Bytes: pk.Bytes, Top: t.holders(top)}
 }

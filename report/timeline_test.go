@@ -9,7 +9,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -17,30 +17,30 @@ import (
 // activations from two call sites of one function (two stacks that read
 // the same) in bucket 1, then the weights alone, carried on for two
 // buckets; its peak is the spike.
-func timelineReport() profiler.Report {
+func timelineReport() *snapshot.Snapshot {
 	weights := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "load_weights", File: "train.py", Line: 3}, {Function: "main"}}
 	spikeA := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "activations"}, {Function: "main"}}
 	spikeB := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "activations"}, {Function: "main"}}
-	held := []profiler.Holder{{Kind: memory.KindDevice, Frames: weights, Bytes: 8 * MiB}}
-	spike := []profiler.Holder{{Kind: memory.KindDevice, Frames: spikeA, Bytes: 5 * MiB}, {Kind: memory.KindDevice, Frames: weights, Bytes: 8 * MiB},
+	held := []snapshot.Holder{{Kind: memory.KindDevice, Frames: weights, Bytes: 8 * MiB}}
+	spike := []snapshot.Holder{{Kind: memory.KindDevice, Frames: spikeA, Bytes: 5 * MiB}, {Kind: memory.KindDevice, Frames: weights, Bytes: 8 * MiB},
 		{Kind: memory.KindDevice, Frames: spikeB, Bytes: 4 * MiB}}
 	ms := time.Millisecond
-	tl := &profiler.Timeline{Timestamp: 1000, Width: 10 * ms, End: 35 * ms, Series: []profiler.TimelineSeries{{
-		PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Buckets: []profiler.TimelineBucket{
+	tl := &snapshot.Timeline{Timestamp: 1000, Width: 10 * ms, End: 35 * ms, Series: []snapshot.TimelineSeries{{
+		PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Buckets: []snapshot.TimelineBucket{
 			{Min: 0, Max: 8 * MiB, MaxTime: 2 * ms, Top: held},
 			{Min: 8 * MiB, Max: 17*MiB + 100, MaxTime: 14 * ms, Top: spike, Other: 100},
 			{Min: 8 * MiB, Max: 8 * MiB, MaxTime: 20 * ms, Top: held},
 			{Min: 8 * MiB, Max: 8 * MiB, MaxTime: 30 * ms, Top: held},
 		}}}}
-	peak := profiler.Peak{PID: 7, GPU: "0", View: memory.ViewDriver, Timestamp: 1000 + uint64(14*ms), Amount: accounting.Amount{Bytes: 17*MiB + 100},
-		Rows: []profiler.Row{
+	peak := snapshot.Peak{PID: 7, GPU: "0", View: memory.ViewDriver, Timestamp: 1000 + uint64(14*ms), Amount: accounting.Amount{Bytes: 17*MiB + 100},
+		Rows: []snapshot.Row{
 			{Key: accounting.Key{PID: 7, Kind: memory.KindDevice}, Frames: weights, Counters: accounting.Counters{AllocBytes: 8 * MiB}},
 			{Key: accounting.Key{PID: 7, Kind: memory.KindDevice}, Frames: spikeA, Counters: accounting.Counters{AllocBytes: 5 * MiB}},
 			{Key: accounting.Key{PID: 7, Kind: memory.KindDevice}, Frames: spikeB, Counters: accounting.Counters{AllocBytes: 4 * MiB}},
 			{Key: accounting.Key{PID: 7, Kind: memory.KindDevice}, Frames: []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "small"}},
 				Counters: accounting.Counters{AllocBytes: 100}},
 		}}
-	return profiler.Report{Timeline: tl, Peaks: []profiler.Peak{peak}}
+	return &snapshot.Snapshot{Timeline: tl, Peaks: []snapshot.Peak{peak}}
 }
 
 // TestTimelinePage: the page's timeline names each stack once, sums the
@@ -80,7 +80,7 @@ func TestTimelinePage(t *testing.T) {
 // but record's) says null, and the page hides the section.
 func TestNoTimeline(t *testing.T) {
 	var buf bytes.Buffer
-	if err := WriteHTML(&buf, profiler.Report{Rows: viewRows()}); err != nil {
+	if err := WriteHTML(&buf, snapshot.Snapshot{}.With(viewRows()...)); err != nil {
 		t.Fatal(err)
 	}
 	if page := pageData(t, buf.String()); page.Timeline != nil {

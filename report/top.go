@@ -9,7 +9,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -32,7 +32,7 @@ type TopRow struct {
 
 // Top folds a report's stacks into one row per process, kind and device,
 // sorted by live bytes; grew is each stack's growth (Growth.Observe).
-func Top(r profiler.Report, grew map[accounting.Key]int64) []TopRow {
+func Top(r *snapshot.Snapshot, grew map[accounting.Key]int64) []TopRow {
 	type key struct {
 		pid  uint32
 		kind memory.Kind
@@ -46,7 +46,7 @@ func Top(r profiler.Report, grew map[accounting.Key]int64) []TopRow {
 		}
 		return rows[k]
 	}
-	for _, s := range r.Rows {
+	for _, s := range r.Rows() {
 		t := get(s.PID, s.Comm, s.Kind, s.GPU(), s.Container)
 		t.Live += s.LiveBytes()
 		t.Allocated += s.AllocBytes
@@ -99,13 +99,14 @@ func HottestFrame(frames []*symbolize.Frame) string {
 // most limit rows (all when limit <= 0), the three stacks that grew most
 // over the window g follows, the table of peaks (at most limit rows a
 // view), and the latest out-of-memory.
-func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
+func WriteTop(w io.Writer, r *snapshot.Snapshot, limit int, g *Growth) error {
 	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
 		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
 	for _, v := range r.TensorViews {
 		fmt.Fprintln(w, v.String())
 	}
-	writeViewTotals(w, r.Rows)
+	named := r.Rows()
+	writeViewTotals(w, named)
 	grew := g.Observe(r)
 	window := windowName(g.Window)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -125,7 +126,7 @@ func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 		fmt.Fprintf(w, "growing: %s in %s to %s, pid %d (%s), %s, at %s\n", SignedBytes(gr.Growth), window,
 			HumanBytes(gr.LiveBytes()), gr.PID, Printable(gr.Comm), gr.Kind, Printable(HottestFrame(gr.Frames)))
 	}
-	if err := writePeakTable(w, r, limit); err != nil {
+	if err := writePeakTable(w, r, named, limit); err != nil {
 		return err
 	}
 	if len(r.OOMs) > 0 {
@@ -138,7 +139,7 @@ func WriteTop(w io.Writer, r profiler.Report, limit int, g *Growth) error {
 // writeViewTotals writes one line per view with its live and allocated
 // bytes; the tensor view's only when tensors were traced. The kinds under
 // each are in the table's KIND column (tensor: the tensor view).
-func writeViewTotals(w io.Writer, rows []profiler.Row) {
+func writeViewTotals(w io.Writer, rows []snapshot.Row) {
 	for _, v := range memory.Views {
 		if v == memory.ViewTensor && !HasTensors(rows) {
 			continue
@@ -174,14 +175,15 @@ func HumanBytes(n uint64) string {
 // backtrace (innermost first) under its live and allocated bytes, and the n
 // highest peaks of processes on GPUs beside what they hold now, then each
 // view's total; the tensor view only when tensors were traced.
-func WriteStacks(w io.Writer, r profiler.Report, n int) error {
+func WriteStacks(w io.Writer, r *snapshot.Snapshot, n int) error {
+	rows := r.Rows()
 	for _, v := range memory.Views {
-		if v == memory.ViewTensor && !HasTensors(r.Rows) {
+		if v == memory.ViewTensor && !HasTensors(rows) {
 			continue
 		}
 		fmt.Fprintf(w, "%s, stacks holding the most:\n", ViewName(v))
 		shown := 0
-		for _, row := range r.Rows { // by live bytes
+		for _, row := range rows { // by live bytes
 			if row.Kind.View() != v || shown == n {
 				continue
 			}
@@ -192,9 +194,9 @@ func WriteStacks(w io.Writer, r profiler.Report, n int) error {
 				fmt.Fprintf(w, "    %s\n", Printable(f.Name()))
 			}
 		}
-		writeViewPeaks(w, r, v, n)
+		writeViewPeaks(w, r, rows, v, n)
 	}
-	writeViewTotals(w, r.Rows)
+	writeViewTotals(w, rows)
 	_, err := fmt.Fprintf(w, "events %d, losses %d, unknown frees %d\n", r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
 	return err
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -15,7 +15,7 @@ import (
 // shows them apart, and these are the totals each shows.
 
 // ViewTotal sums the counters of the rows of one view.
-func ViewTotal(rows []profiler.Row, v memory.View) accounting.Counters {
+func ViewTotal(rows []snapshot.Row, v memory.View) accounting.Counters {
 	var sum accounting.Counters
 	for _, row := range rows {
 		if row.Kind.View() == v {
@@ -27,8 +27,8 @@ func ViewTotal(rows []profiler.Row, v memory.View) accounting.Counters {
 
 // HasTensors says whether any row is in the tensor view: without PyTorch's
 // allocator traced, outputs need not mention the view.
-func HasTensors(rows []profiler.Row) bool {
-	return slices.ContainsFunc(rows, func(row profiler.Row) bool { return row.Kind.View() == memory.ViewTensor })
+func HasTensors(rows []snapshot.Row) bool {
+	return slices.ContainsFunc(rows, func(row snapshot.Row) bool { return row.Kind.View() == memory.ViewTensor })
 }
 
 // ViewName is how outputs for people name a view.
@@ -68,7 +68,7 @@ func (p ProcessGPU) Cache() (uint64, bool) {
 
 // ByProcessGPU sums live bytes per process and GPU in each view, ordered by
 // pid, then GPU.
-func ByProcessGPU(rows []profiler.Row) []ProcessGPU {
+func ByProcessGPU(rows []snapshot.Row) []ProcessGPU {
 	type key struct {
 		pid uint32
 		gpu string

@@ -9,7 +9,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -32,11 +32,11 @@ var (
 // viewRows: a PyTorch process holding a 20 MiB allocator segment with
 // 12 MiB of tensors in it and 6 MiB from cuBLAS on GPU 0, and 4 KiB pinned;
 // another process without PyTorch.
-func viewRows() []profiler.Row {
-	row := func(pid uint32, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, c accounting.Counters) profiler.Row {
-		return profiler.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames, Counters: c}
+func viewRows() []snapshot.Row {
+	row := func(pid uint32, stack accounting.StackID, kind memory.Kind, frames []*symbolize.Frame, c accounting.Counters) snapshot.Row {
+		return snapshot.Row{Key: accounting.Key{PID: pid, Stack: stack, Kind: kind}, Comm: "python3", Frames: frames, Counters: c}
 	}
-	return []profiler.Row{ // by live bytes, as reports are
+	return []snapshot.Row{ // by live bytes, as reports are
 		row(7, 1, memory.KindDevice, allocFrames, accounting.Counters{AllocBytes: 20 * MiB, AllocCount: 1}),
 		row(7, 2, memory.KindTensor, tensorFrames, accounting.Counters{AllocBytes: 16 * MiB, AllocCount: 2, FreeBytes: 4 * MiB, FreeCount: 1}),
 		row(8, 4, memory.KindDevice, cublasFrames, accounting.Counters{AllocBytes: 8 * MiB, AllocCount: 1}),
@@ -69,7 +69,7 @@ func TestByProcessGPU(t *testing.T) {
 
 // TestFoldedPerView: folded output holds one view, never both.
 func TestFoldedPerView(t *testing.T) {
-	r := profiler.Report{Rows: viewRows()}
+	r := snapshot.Snapshot{}.With(viewRows()...)
 	for view, want := range map[memory.View]string{
 		memory.ViewDriver: "python3;gpu=0;cublasCreate_v2;cuMemAlloc_v2 14680064\n" +
 			"python3;gpu=0;load_weights;c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block;cuMemAlloc_v2 20971520\n" +
@@ -89,7 +89,7 @@ func TestFoldedPerView(t *testing.T) {
 // TestStacksAndTopNameTheViews: record's --top summary lists each view's
 // stacks under its name, with its total; top's lines total each view.
 func TestStacksAndTopNameTheViews(t *testing.T) {
-	r := profiler.Report{Time: time.Now(), Rows: viewRows()}
+	r := snapshot.Snapshot{Time: time.Now()}.With(viewRows()...)
 	var buf bytes.Buffer
 	if err := WriteStacks(&buf, r, 2); err != nil {
 		t.Fatal(err)
@@ -126,7 +126,7 @@ func TestStacksAndTopNameTheViews(t *testing.T) {
 
 	// Without tensors, the driver view alone.
 	buf.Reset()
-	WriteStacks(&buf, profiler.Report{Rows: viewRows()[2:3]}, 5)
+	WriteStacks(&buf, snapshot.Snapshot{}.With(viewRows()[2:3]...), 5)
 	if strings.Contains(buf.String(), "tensor") {
 		t.Errorf("a tensor view without tensors:\n%s", buf.String())
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // TestExitedProcessesDropped: five short-lived processes, one after the
@@ -36,13 +37,13 @@ func TestExitedProcessesDropped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := freedAtExit(t, read.Rows(nil)); !maps.Equal(got, held) {
+		if got := freedAtExit(t, read.Rows()); !maps.Equal(got, held) {
 			t.Errorf("a snapshot: %v, want %v", got, held)
 		}
 		if err := agent.p.Sync(); err != nil {
 			t.Fatal(err)
 		}
-		snap := &profiler.Snapshot{}
+		snap := &snapshot.Snapshot{}
 		if err := agent.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +54,7 @@ func TestExitedProcessesDropped(t *testing.T) {
 		if !maps.Equal(peaks, held) {
 			t.Errorf("the interval's peaks: %v, want %v", peaks, held)
 		}
-		if got := freedAtExit(t, snap.Rows(nil)); !maps.Equal(got, held) {
+		if got := freedAtExit(t, snap.Rows()); !maps.Equal(got, held) {
 			t.Errorf("the interval snapshot's rows: %v, want %v", got, held)
 		}
 		for _, s := range []*session{reports, agent} {
@@ -81,7 +82,7 @@ func TestExitedProcessesDropped(t *testing.T) {
 	interval(map[uint32]uint64{})
 
 	r := record.report()
-	if got := freedAtExit(t, r.Rows); !maps.Equal(got, all) {
+	if got := freedAtExit(t, r.Rows()); !maps.Equal(got, all) {
 		t.Errorf("one report at the end: %v, want %v", got, all)
 	}
 	if n := record.p.Processes(); n != len(all) {
@@ -92,7 +93,7 @@ func TestExitedProcessesDropped(t *testing.T) {
 
 // freedAtExit sums rows by process: the bytes allocated, each freed by the
 // process's exit.
-func freedAtExit(t *testing.T, rows []profiler.Row) map[uint32]uint64 {
+func freedAtExit(t *testing.T, rows []snapshot.Row) map[uint32]uint64 {
 	t.Helper()
 	bytes := map[uint32]uint64{}
 	for _, row := range rows {

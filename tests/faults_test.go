@@ -407,7 +407,7 @@ func TestKilledInsideTheDriverLeavesNoBooks(t *testing.T) {
 	w.run()
 	r := s.report()
 	killed, next := map[string]uint64{}, map[string]uint64{}
-	for _, row := range r.Rows {
+	for _, row := range r.Rows() {
 		var m map[string]uint64
 		switch row.PID {
 		case uint32(cmd.Process.Pid):

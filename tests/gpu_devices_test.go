@@ -27,7 +27,7 @@ func TestEveryByteOnItsDevice(t *testing.T) {
 		kind memory.Kind
 	}
 	live := map[where]uint64{}
-	for _, row := range r.Rows {
+	for _, row := range r.Rows() {
 		if row.PID == uint32(w.pid) {
 			live[where{row.GPU(), row.Kind}] += row.LiveBytes()
 		}

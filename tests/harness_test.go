@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 var (
@@ -244,12 +245,12 @@ func startProfiler(t *testing.T, cfg profiler.Config, ws ...*workload) *session 
 }
 
 // report returns the books once every event sent so far is accounted.
-func (s *session) report() profiler.Report {
+func (s *session) report() *snapshot.Snapshot {
 	s.t.Helper()
 	if err := s.p.Sync(); err != nil {
 		s.t.Fatal(err)
 	}
-	r, err := s.p.Report()
+	r, err := s.p.Snapshot()
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // startLate starts simwork.py's tensor_late scenario under python and
@@ -63,7 +64,7 @@ func TestTensorViewOnDemand(t *testing.T) {
 	s.waitLogs(fmt.Sprintf("pid %d: Python", on.pid), fmt.Sprintf("pid %d: Python", off.pid))
 	on.early()
 	off.early()
-	if err := s.p.SetTensors(on.pid, time.Time{}, profiler.ByControl); err != nil {
+	if err := s.p.SetTensors(on.pid, time.Time{}, snapshot.ByControl); err != nil {
 		t.Fatal(err)
 	}
 	s.waitLog(fmt.Sprintf("pid %d: tensor view on since", on.pid))
@@ -131,7 +132,7 @@ func TestTensorViewOnDemand(t *testing.T) {
 }
 
 // checkOutputsSay checks that every output says from when view holds.
-func checkOutputsSay(t *testing.T, s *session, r profiler.Report, view profiler.TensorView) {
+func checkOutputsSay(t *testing.T, s *session, r *snapshot.Snapshot, view snapshot.TensorView) {
 	t.Helper()
 	say := view.String()
 	var out bytes.Buffer
@@ -139,7 +140,7 @@ func checkOutputsSay(t *testing.T, s *session, r profiler.Report, view profiler.
 		t.Fatal(err)
 	}
 	var doc struct {
-		TensorViews []profiler.TensorView `json:"tensor_views"`
+		TensorViews []snapshot.TensorView `json:"tensor_views"`
 	}
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.TensorViews) != 1 || doc.TensorViews[0].String() != say {
 		t.Errorf("JSON tensor views %+v (%v), want %s", doc.TensorViews, err, say)
@@ -190,11 +191,11 @@ func checkOutputsSay(t *testing.T, s *session, r profiler.Report, view profiler.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go exp.Run(ctx)
-	snap := &profiler.Snapshot{}
+	snap := &snapshot.Snapshot{}
 	if err := s.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
 		t.Fatal(err)
 	}
-	exp.ExportSnapshot(snap)
+	exp.Export(snap)
 	stamp := view.Since.UTC().Format(time.RFC3339)
 	for deadline := time.Now().Add(hangLimit); ; time.Sleep(20 * time.Millisecond) {
 		var tensorSeries, labelled int

@@ -7,6 +7,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // TestPeaksBetweenReads: on GPU 1, a spike that rises and falls between two
@@ -55,18 +56,18 @@ func TestPeaksBetweenReads(t *testing.T) {
 
 // intervalPeaks reads the interval's peaks of process pid once every event
 // sent so far is accounted, by GPU.
-func (s *session) intervalPeaks(pid int) map[string]profiler.Peak {
+func (s *session) intervalPeaks(pid int) map[string]snapshot.Peak {
 	s.t.Helper()
 	if err := s.p.Sync(); err != nil {
 		s.t.Fatal(err)
 	}
-	snap := &profiler.Snapshot{}
+	snap := &snapshot.Snapshot{}
 	if err := s.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
 		s.t.Fatal(err)
 	}
 	peaks := peaksOf(s.t, snap.Peaks, pid)
-	named := map[accounting.Key]profiler.Row{}
-	for _, row := range snap.Rows(nil) {
+	named := map[accounting.Key]snapshot.Row{}
+	for _, row := range snap.Rows() {
 		named[row.Key] = row
 	}
 	for gpu, pk := range peaks {
@@ -78,9 +79,9 @@ func (s *session) intervalPeaks(pid int) map[string]profiler.Peak {
 
 // namedShares are an interval's peak's shares as rows with frames, from
 // the rows of its snapshot, as the exporter finds them.
-func namedShares(t *testing.T, pk profiler.Peak, named map[accounting.Key]profiler.Row) []profiler.Row {
+func namedShares(t *testing.T, pk snapshot.Peak, named map[accounting.Key]snapshot.Row) []snapshot.Row {
 	t.Helper()
-	rows := make([]profiler.Row, 0, len(pk.Shares))
+	rows := make([]snapshot.Row, 0, len(pk.Shares))
 	for _, s := range pk.Shares {
 		row, ok := named[s.Key]
 		if !ok {
@@ -94,9 +95,9 @@ func namedShares(t *testing.T, pk profiler.Peak, named map[accounting.Key]profil
 
 // peaksOf are the driver view's peaks of process pid, by GPU; it has no
 // tensors.
-func peaksOf(t *testing.T, peaks []profiler.Peak, pid int) map[string]profiler.Peak {
+func peaksOf(t *testing.T, peaks []snapshot.Peak, pid int) map[string]snapshot.Peak {
 	t.Helper()
-	byGPU := map[string]profiler.Peak{}
+	byGPU := map[string]snapshot.Peak{}
 	for _, pk := range peaks {
 		if pk.PID != uint32(pid) {
 			continue
@@ -111,7 +112,7 @@ func peaksOf(t *testing.T, peaks []profiler.Peak, pid int) map[string]profiler.P
 
 // checkPeak compares a peak's total and each function's share of it, the
 // function that called the driver.
-func checkPeak(t *testing.T, what string, pk profiler.Peak, bytes uint64, shares map[string]uint64) {
+func checkPeak(t *testing.T, what string, pk snapshot.Peak, bytes uint64, shares map[string]uint64) {
 	t.Helper()
 	got := map[string]uint64{}
 	var sum uint64

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -97,8 +98,8 @@ func TestPythonSites(t *testing.T) {
 			r := s.report()
 			is310 := strings.Contains(python, "3.10")
 
-			bySize := map[uint64]profiler.Row{}
-			for _, row := range r.Rows {
+			bySize := map[uint64]snapshot.Row{}
+			for _, row := range r.Rows() {
 				if row.PID == uint32(w.pid) {
 					bySize[row.AllocBytes] = row
 				}
@@ -144,7 +145,7 @@ func TestPythonSites(t *testing.T) {
 				t.Errorf("recursion kept %d frames, outermost %v", len(deep), deep[len(deep)-1])
 			}
 
-			want := profiler.PythonStats{Processes: 1, Events: uint64(len(pySites)), Truncated: 1}
+			want := snapshot.PythonStats{Processes: 1, Events: uint64(len(pySites)), Truncated: 1}
 			if r.Python != want {
 				t.Errorf("python stats %+v, want %+v", r.Python, want)
 			}

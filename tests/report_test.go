@@ -7,11 +7,12 @@ import (
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // rowsText are rows as text: frames, process name and counts, sorted; the
 // same in two profilers (whose stack IDs differ).
-func rowsText(rows []profiler.Row) []string {
+func rowsText(rows []snapshot.Row) []string {
 	var out []string
 	for _, row := range rows {
 		var names []string
@@ -35,7 +36,7 @@ func TestSnapshotToReusesRows(t *testing.T) {
 	s := startProfiler(t, profiler.Config{Library: simLib}, many, few)
 	agent := startProfiler(t, profiler.Config{Library: simLib}, many, few)
 
-	var reused, interval profiler.Snapshot
+	var reused, interval snapshot.Snapshot
 	check := func(what string, wantRows int) {
 		t.Helper()
 		for _, s := range []*session{s, agent} {
@@ -46,11 +47,11 @@ func TestSnapshotToReusesRows(t *testing.T) {
 		if err := s.p.SnapshotTo(&reused); err != nil {
 			t.Fatal(err)
 		}
-		want := rowsText(s.report().Rows)
+		want := rowsText(s.report().Rows())
 		if reused.Len() != wantRows && wantRows >= 0 {
 			t.Errorf("%s: %d rows, want %d", what, reused.Len(), wantRows)
 		}
-		if got := rowsText(reused.Rows(nil)); !slices.Equal(got, want) {
+		if got := rowsText(reused.Rows()); !slices.Equal(got, want) {
 			t.Errorf("%s: %d rows reused, %d in a new report, or they differ", what, len(got), len(want))
 		}
 		// A whole snapshot names every stack first: the interval snapshot
@@ -61,7 +62,7 @@ func TestSnapshotToReusesRows(t *testing.T) {
 		if err := agent.p.EndInterval(&interval, profiler.RowsAndPeaks); err != nil {
 			t.Fatal(err)
 		}
-		if got := rowsText(interval.Rows(nil)); !slices.Equal(got, want) {
+		if got := rowsText(interval.Rows()); !slices.Equal(got, want) {
 			t.Errorf("%s: %d rows in an interval snapshot, %d in a report, or they differ", what, len(got), len(want))
 		}
 	}
@@ -87,7 +88,7 @@ func TestSnapshotToReusesRows(t *testing.T) {
 		t.Errorf("the first snapshot after the exit: %d rows, want at least %d (%v)", first.Len(), kinds+300, err)
 	}
 	s.p.DropExited(first)
-	firstInterval := &profiler.Snapshot{}
+	firstInterval := &snapshot.Snapshot{}
 	if err := agent.p.EndInterval(firstInterval, profiler.RowsAndPeaks); err != nil || firstInterval.Len() < kinds+300 {
 		t.Errorf("the first interval after the exit: %d rows, want at least %d (%v)", firstInterval.Len(), kinds+300, err)
 	}

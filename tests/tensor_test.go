@@ -13,6 +13,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // startTensors starts simwork.py's tensor scenario under python, with the
@@ -34,9 +35,9 @@ func startTensors(t *testing.T, cfg profiler.Config, python, scenario string, en
 
 // byPythonFunction sums a process's rows of one kind by their innermost
 // Python frame.
-func byPythonFunction(r profiler.Report, pid int, kind memory.Kind) map[string]profiler.Row {
-	rows := map[string]profiler.Row{}
-	for _, row := range r.Rows {
+func byPythonFunction(r *snapshot.Snapshot, pid int, kind memory.Kind) map[string]snapshot.Row {
+	rows := map[string]snapshot.Row{}
+	for _, row := range r.Rows() {
 		if row.PID != uint32(pid) || row.Kind != kind {
 			continue
 		}
@@ -109,8 +110,8 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 	python := pythons(t)[2]
 	dir := t.TempDir()
 	var mu sync.Mutex
-	var ooms []profiler.OOM
-	cfg := profiler.Config{Library: simLib, OnOOM: func(o profiler.OOM) {
+	var ooms []snapshot.OOM
+	cfg := profiler.Config{Library: simLib, OnOOM: func(o snapshot.OOM) {
 		mu.Lock()
 		ooms = append(ooms, o)
 		mu.Unlock()

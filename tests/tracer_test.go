@@ -12,6 +12,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // site names a row: the driver function and the function that called it.
@@ -19,10 +20,10 @@ type site struct{ driver, caller string }
 
 // rowsBySite sums a process's rows per site: two calls in one function are
 // two stacks (their return addresses differ) but one site.
-func rowsBySite(t *testing.T, r profiler.Report, pid int) map[site]profiler.Row {
+func rowsBySite(t *testing.T, r *snapshot.Snapshot, pid int) map[site]snapshot.Row {
 	t.Helper()
-	rows := map[site]profiler.Row{}
-	for _, row := range r.Rows {
+	rows := map[site]snapshot.Row{}
+	for _, row := range r.Rows() {
 		if row.PID != uint32(pid) {
 			continue
 		}
@@ -39,9 +40,9 @@ func rowsBySite(t *testing.T, r profiler.Report, pid int) map[site]profiler.Row 
 }
 
 // processTotals sums every row of a process.
-func processTotals(r profiler.Report, pid int) accounting.Counters {
+func processTotals(r *snapshot.Snapshot, pid int) accounting.Counters {
 	var c accounting.Counters
-	for _, row := range r.Rows {
+	for _, row := range r.Rows() {
 		if row.PID == uint32(pid) {
 			c.Add(row.Counters)
 		}
@@ -49,7 +50,7 @@ func processTotals(r profiler.Report, pid int) accounting.Counters {
 	return c
 }
 
-func assertNoLosses(t *testing.T, r profiler.Report) {
+func assertNoLosses(t *testing.T, r *snapshot.Snapshot) {
 	t.Helper()
 	if r.Losses.Total() != 0 {
 		t.Errorf("losses: %+v", r.Losses)
@@ -181,7 +182,7 @@ func TestOutOfMemoryIsAFailure(t *testing.T) {
 	if rows := rowsBySite(t, r, w.pid); len(rows) != 0 {
 		t.Errorf("failed call counted as allocation: %v", rows)
 	}
-	var failures []profiler.Failure
+	var failures []snapshot.Failure
 	for _, f := range r.Failures {
 		if f.PID == uint32(w.pid) {
 			failures = append(failures, f)
@@ -237,7 +238,7 @@ func TestInstalledDriverTracedFromFirstCall(t *testing.T) {
 	}
 	r := s.report()
 	held := map[string]uint64{} // by GPU, at the process's exit
-	for _, row := range r.Rows {
+	for _, row := range r.Rows() {
 		if row.PID == uint32(w.Process.Pid) {
 			held[row.GPU()] += row.AllocBytes - row.FreeBytes
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // defaultPairCost is what a tensor allocation and its free cost the thread
@@ -44,7 +45,7 @@ type agentOptions struct {
 	tensorBudget profiler.TensorBudget
 	control      string            // the control socket's path
 	peaks        metrics.LastPeaks // the last interval's, for the gauges
-	snapshot     profiler.Snapshot // the last interval's, its memory reused
+	snapshot     snapshot.Snapshot // the last interval's, its memory reused
 
 	// The exporter's rejections at the last status line, and the last
 	// reason logged: a reason is logged once, not on every line while
@@ -266,7 +267,7 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	_ = p.EndInterval(&o.snapshot, parts) // a loss counter's read error: said by the status line
 	o.peaks.Set(o.snapshot.Peaks)
 	if exp != nil {
-		exp.ExportSnapshot(&o.snapshot)
+		exp.Export(&o.snapshot)
 	}
 	p.DropExited(&o.snapshot)
 }

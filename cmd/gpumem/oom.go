@@ -9,8 +9,8 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pprof"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // oomWriter writes each out-of-memory snapshot into a directory: what the
@@ -31,11 +31,11 @@ type oomWriter struct {
 	failing int // snapshots lost since the last one written
 }
 
-func (w *oomWriter) write(o profiler.OOM) {
+func (w *oomWriter) write(o snapshot.OOM) {
 	w.n++
 	logf("%s", report.DescribeOOM(o))
 	base := filepath.Join(w.dir, fmt.Sprintf("oom-%d-%d", o.Failure.PID, w.n))
-	r := profiler.Report{Time: o.Time, Rows: o.Held}
+	r := o.Snapshot()
 	comments := []string{report.DescribeOOM(o), "asked from: " + strings.Join(frameNames(o.Failure), " < ")}
 	paths := []string{base + ".pb.gz", base + ".folded"}
 	writers := []func(io.Writer) error{
@@ -43,7 +43,7 @@ func (w *oomWriter) write(o profiler.OOM) {
 		func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, memory.ViewDriver) },
 	}
 	written := "wrote " + base + ".pb.gz and .folded"
-	if report.HasTensors(r.Rows) {
+	if report.HasTensors(o.Held) {
 		paths = append(paths, base+".tensor.folded")
 		writers = append(writers, func(f io.Writer) error { return report.WriteFolded(f, r, report.InUse, memory.ViewTensor) })
 		written = "wrote " + base + ".pb.gz, .folded (driver view) and .tensor.folded (tensor view)"
@@ -81,7 +81,7 @@ func (w *oomWriter) summary() {
 	}
 }
 
-func frameNames(f profiler.Failure) []string {
+func frameNames(f snapshot.Failure) []string {
 	names := make([]string, len(f.Frames))
 	for i, fr := range f.Frames {
 		names[i] = fr.Name()

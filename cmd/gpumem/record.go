@@ -16,6 +16,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 type recordOptions struct {
@@ -155,7 +156,7 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	if o.oom != nil {
 		o.oom.summary()
 	}
-	r, err := p.Report()
+	r, err := p.Snapshot()
 	if err != nil {
 		logf("reading loss counters: %v", err)
 	}
@@ -180,7 +181,7 @@ func startCommand(command []string) (*exec.Cmd, error) {
 	return cmd, nil
 }
 
-func (o *recordOptions) write(r profiler.Report) error {
+func (o *recordOptions) write(r *snapshot.Snapshot) error {
 	ext := strings.TrimPrefix(defaultOutputs[o.format], "gpumem") // .pb.gz, .folded, ...
 	written, err := writeReport(o.output, ext, func(w io.Writer) error {
 		switch o.format {
@@ -196,7 +197,7 @@ func (o *recordOptions) write(r profiler.Report) error {
 		}
 	})
 	if written != "-" && written != "" {
-		logf("wrote %s (%d stacks)", written, len(r.Rows))
+		logf("wrote %s (%d stacks)", written, r.Len())
 	}
 	return err
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 type runOptions struct {
@@ -146,8 +147,8 @@ func joinInts(list []int) string {
 // totals sent just before them.
 type lastReport struct {
 	mu     sync.Mutex
-	report profiler.Report
-	stats  profiler.Report // totals only
+	report *snapshot.Snapshot
+	stats  snapshot.Snapshot // totals only
 	seen   bool
 }
 
@@ -171,7 +172,7 @@ func (l *lastReport) operator() operators.DataOperator {
 }
 
 func (l *lastReport) subscribeRows(ds datasource.DataSource) error {
-	return profiledata.SubscribeReports(ds, pyroscope.Priority+1, func(r profiler.Report) error {
+	return profiledata.SubscribeReports(ds, pyroscope.Priority+1, func(r *snapshot.Snapshot) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		r.Events, r.Losses, r.Ledger, r.Libraries = l.stats.Events, l.stats.Losses, l.stats.Ledger, l.stats.Libraries
@@ -192,7 +193,7 @@ func (l *lastReport) subscribeStats(ds datasource.DataSource) error {
 	}, pyroscope.Priority+1)
 }
 
-func (l *lastReport) get() (profiler.Report, bool) {
+func (l *lastReport) get() (*snapshot.Snapshot, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.report, l.seen

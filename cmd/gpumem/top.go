@@ -97,5 +97,5 @@ func (o *topOptions) draw(p *profiler.Profiler, interactive bool) error {
 	if interactive {
 		fmt.Print("\033[H\033[2J")
 	}
-	return report.WriteTop(os.Stdout, s.Report(), o.limit, &o.growth)
+	return report.WriteTop(os.Stdout, s, o.limit, &o.growth)
 }

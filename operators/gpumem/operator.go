@@ -190,11 +190,10 @@ func (i *instance) emit() error {
 		return fmt.Errorf("read loss counters: %w", err)
 	}
 	defer i.p.DropExited(s)
-	r := s.Report()
-	if err := i.stats.Emit(r); err != nil {
+	if err := i.stats.Emit(s); err != nil {
 		return err
 	}
-	return i.rows.Emit(r)
+	return i.rows.Emit(s)
 }
 
 // Stop emits the books once more, with every event read, then detaches.

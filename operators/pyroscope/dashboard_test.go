@@ -13,8 +13,8 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -109,8 +109,8 @@ func pushedProfileTypes(t *testing.T) map[string]bool {
 	types := map[string]bool{}
 	for _, kind := range []memory.Kind{memory.KindDevice, memory.KindTensor} {
 		e := &Exporter{series: map[seriesKey]*series{}}
-		req := e.request(time.Now(), func(add func(*profiler.Row)) {
-			add(&profiler.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",
+		req := e.request(time.Now(), func(add func(*snapshot.Row)) {
+			add(&snapshot.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",
 				Frames: []*symbolize.Frame{{Function: "f"}}, Counters: accounting.Counters{AllocBytes: 1, AllocCount: 1}})
 		}, nil)
 		for _, s := range req.Series {

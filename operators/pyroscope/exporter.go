@@ -40,8 +40,8 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pprof"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // Labels every series carries besides a row's (package schema's);
@@ -126,7 +126,7 @@ type Exporter struct {
 	gz       bytes.Buffer
 	zw       *gzip.Writer
 	// tensorsSince are the snapshot's on-demand tensor views that hold.
-	tensorsSince []profiler.TensorView
+	tensorsSince []snapshot.TensorView
 }
 
 // series is what one series keeps between intervals.
@@ -228,19 +228,14 @@ func authInterceptor(cfg Config) grpc.UnaryClientInterceptor {
 	}
 }
 
-// Export queues the interval ending with the report: per process and kind,
-// what was allocated since the previous export, what is live now and, if
-// the report has peaks, each stack's share of them: the report's peaks are
-// taken as the interval's. When the queue is full, the oldest interval is
-// dropped and counted. An interval without series (no process held or
-// allocated memory) is not queued: Pyroscope refuses a push without series.
-func (e *Exporter) Export(r profiler.Report) {
-	e.export(r.Time, r.EachRow, r.Peaks)
-}
-
-// ExportSnapshot is Export of an interval snapshot (Profiler.EndInterval),
-// with its interval's peaks. It keeps nothing of the snapshot.
-func (e *Exporter) ExportSnapshot(s *profiler.Snapshot) {
+// Export queues the interval ending with the snapshot: per process and
+// kind, what was allocated since the previous export, what is live now
+// and, if the snapshot has peaks, each stack's share of them: its peaks are
+// taken as the interval's (Profiler.EndInterval's). When the queue is full,
+// the oldest interval is dropped and counted. An interval without series
+// (no process held or allocated memory) is not queued: Pyroscope refuses a
+// push without series. It keeps nothing of the snapshot.
+func (e *Exporter) Export(s *snapshot.Snapshot) {
 	e.tensorsSince = e.tensorsSince[:0]
 	for _, v := range s.TensorViews {
 		if v.Ended.IsZero() && !v.Since.IsZero() {
@@ -252,7 +247,7 @@ func (e *Exporter) ExportSnapshot(s *profiler.Snapshot) {
 
 // export queues the interval ending at end, whose rows each hands to its
 // argument one at a time, and whose peaks are peaks.
-func (e *Exporter) export(end time.Time, each func(func(*profiler.Row)), peaks []profiler.Peak) {
+func (e *Exporter) export(end time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak) {
 	req := e.request(end, each, peaks)
 	if len(req.Series) == 0 {
 		// Pyroscope answers InvalidArgument "no profiles received"
@@ -282,10 +277,10 @@ type seriesKey struct {
 }
 
 // request builds the push of the interval ending at t.
-func (e *Exporter) request(t time.Time, each func(func(*profiler.Row)), peaks []profiler.Peak) *pushv1.PushRequest {
+func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak) *pushv1.PushRequest {
 	e.interval++
 	shares := pprof.PeakShares(peaks)
-	each(func(row *profiler.Row) {
+	each(func(row *snapshot.Row) {
 		k := seriesKey{row.PID, row.Kind, row.GPU()}
 		s := e.series[k]
 		if s == nil {
@@ -350,7 +345,7 @@ func (e *Exporter) compress(enc *pprof.Encoder, t time.Time, duration time.Durat
 	return slices.Clone(e.gz.Bytes())
 }
 
-func (e *Exporter) labels(row profiler.Row) []*typesv1.LabelPair {
+func (e *Exporter) labels(row snapshot.Row) []*typesv1.LabelPair {
 	service := e.cfg.Service
 	switch c := row.Container; {
 	case service != "":

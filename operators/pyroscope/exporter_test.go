@@ -26,8 +26,8 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
@@ -45,8 +45,8 @@ func listen(t *testing.T) net.Listener {
 	return lis
 }
 
-func row(pid uint32, stack accounting.StackID, kind memory.Kind, fn string, c accounting.Counters) profiler.Row {
-	return profiler.Row{
+func row(pid uint32, stack accounting.StackID, kind memory.Kind, fn string, c accounting.Counters) snapshot.Row {
+	return snapshot.Row{
 		Key:      accounting.Key{PID: pid, Stack: stack, Kind: kind},
 		Comm:     "train",
 		Frames:   []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: fn, File: "train.py", Line: 7}},
@@ -92,15 +92,15 @@ func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4, Node: "gpu-node-1"})
 
 	t0 := time.Now()
-	e.Export(profiler.Report{Time: t0, Rows: []profiler.Row{
+	e.Export(snapshot.Snapshot{Time: t0}.With([]snapshot.Row{
 		row(10, 1, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 100, AllocCount: 1}),
 		row(10, 2, memory.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
-	}})
+	}...))
 	// In the second interval load_weights allocates 50 more and frees 100.
-	e.Export(profiler.Report{Time: t0.Add(time.Second), Rows: []profiler.Row{
+	e.Export(snapshot.Snapshot{Time: t0.Add(time.Second)}.With([]snapshot.Row{
 		row(10, 1, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 100, FreeCount: 1}),
 		row(10, 2, memory.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
-	}})
+	}...))
 	waitFor(t, "two pushes", func() bool { return len(r.Received()) == 2 })
 
 	second := r.Received()[1]
@@ -162,7 +162,7 @@ func TestCredentialsAndTenant(t *testing.T) {
 			cfg := tc.cfg
 			cfg.URL, cfg.Interval, cfg.QueueSize = "http://"+lis.Addr().String(), time.Second, 2
 			e := start(t, cfg)
-			e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}})
+			e.Export(snapshot.Snapshot{Time: time.Now()}.With([]snapshot.Row{row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}...))
 			if tc.ok {
 				waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
 				if cfg.TenantID != "" && r.Metadata()[0]["x-scope-orgid"][0] != "team-a" {
@@ -209,7 +209,7 @@ func TestTLS(t *testing.T) {
 	tlsRecv, plainRecv := &receiver{}, &receiver{}
 	serve(t, tlsRecv, tlsLis, grpc.Creds(credentials.NewTLS(serverTLS)))
 	serve(t, plainRecv, plainLis)
-	report := profiler.Report{Time: time.Now(), Rows: []profiler.Row{row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}}
+	report := snapshot.Snapshot{Time: time.Now()}.With([]snapshot.Row{row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}...)
 
 	ok := start(t, Config{URL: "https://" + tlsLis.Addr().String(), CAFile: caFile, Interval: time.Second, QueueSize: 2})
 	ok.Export(report)
@@ -272,9 +272,9 @@ func TestReceiverDownThenUp(t *testing.T) {
 			const intervals = 30
 			t0 := time.Now()
 			for i := range intervals {
-				e.Export(profiler.Report{Time: t0.Add(time.Duration(i+1) * time.Second), Rows: []profiler.Row{
+				e.Export(snapshot.Snapshot{Time: t0.Add(time.Duration(i+1) * time.Second)}.With([]snapshot.Row{
 					row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: uint64(i + 1), AllocCount: uint64(i + 1)}),
-				}})
+				}...))
 				time.Sleep(time.Second)
 			}
 			down := e.Stats()
@@ -321,7 +321,7 @@ func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 	r := &receiver{}
 	serve(t, r, lis)
 	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
-	rows := []profiler.Row{
+	rows := []snapshot.Row{
 		// The allocator's 20 MiB segment, the 12 MiB tensor inside it, a
 		// pinned buffer, and a 30 MiB spike freed since.
 		row(10, 1, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 20 << 20, AllocCount: 1}),
@@ -329,16 +329,16 @@ func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 		row(10, 3, memory.KindHost, "pin", accounting.Counters{AllocBytes: 4096, AllocCount: 1}),
 		row(10, 4, memory.KindDevice, "forward_activation", accounting.Counters{AllocBytes: 30 << 20, AllocCount: 3, FreeBytes: 30 << 20, FreeCount: 3}),
 	}
-	share := func(r profiler.Row, bytes, count uint64) accounting.PeakRow {
+	share := func(r snapshot.Row, bytes, count uint64) accounting.PeakRow {
 		return accounting.PeakRow{Key: r.Key, Amount: accounting.Amount{Bytes: bytes, Count: count}}
 	}
-	peaks := []profiler.Peak{
+	peaks := []snapshot.Peak{
 		{PID: 10, GPU: "0", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4},
 			Shares: []accounting.PeakRow{share(rows[3], 30<<20, 3), share(rows[0], 20<<20, 1)}},
 		{PID: 10, GPU: "host", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 4096, Count: 1}, Shares: []accounting.PeakRow{share(rows[2], 4096, 1)}},
 		{PID: 10, GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}, Shares: []accounting.PeakRow{share(rows[1], 16<<20, 2)}},
 	}
-	e.Export(profiler.Report{Time: time.Now(), Rows: rows, Peaks: peaks})
+	e.Export(snapshot.Snapshot{Time: time.Now(), Peaks: peaks}.With(rows...))
 	waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
 	push := r.Received()[0]
 	types := map[string][]string{} // by kind

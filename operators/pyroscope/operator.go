@@ -16,8 +16,8 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/params"
 
 	"github.com/gpu-mem/gpu-mem/profiledata"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // The Inspektor Gadget side: an IG data operator that pushes the data
@@ -129,7 +129,7 @@ type instance struct {
 func (i *instance) Name() string { return Name }
 
 func (i *instance) subscribe(ds datasource.DataSource) error {
-	return profiledata.SubscribeReports(ds, Priority, func(r profiler.Report) error {
+	return profiledata.SubscribeReports(ds, Priority, func(r *snapshot.Snapshot) error {
 		i.exporter.Export(r)
 		return nil
 	})

@@ -17,8 +17,8 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/schema"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // The exporter against the strict receiver (pyroscopetest), which refuses
@@ -26,10 +26,10 @@ import (
 
 // interval is a report of one process holding bytes (allocated, all live),
 // at t.
-func interval(t time.Time, bytes uint64) profiler.Report {
-	return profiler.Report{Time: t, Rows: []profiler.Row{
+func interval(t time.Time, bytes uint64) *snapshot.Snapshot {
+	return snapshot.Snapshot{Time: t}.With([]snapshot.Row{
 		row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: bytes, AllocCount: bytes}),
-	}}
+	}...)
 }
 
 // liveBytes is the inuse_space of a push's first series.
@@ -64,14 +64,14 @@ func TestNoPushWithoutSeries(t *testing.T) {
 	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
 
 	t0 := time.Now()
-	e.Export(profiler.Report{Time: t0}) // no process yet
+	e.Export(&snapshot.Snapshot{Time: t0}) // no process yet
 	// A process allocates and frees 100 bytes: something to push.
 	freed := accounting.Counters{AllocBytes: 100, AllocCount: 1, FreeBytes: 100, FreeCount: 1}
-	e.Export(profiler.Report{Time: t0.Add(time.Second), Rows: []profiler.Row{row(1, 1, memory.KindDevice, "f", freed)}})
+	e.Export(snapshot.Snapshot{Time: t0.Add(time.Second)}.With([]snapshot.Row{row(1, 1, memory.KindDevice, "f", freed)}...))
 	waitFor(t, "the first push", func() bool { return e.Stats().Pushed >= 1 })
 	// Then nothing allocated and nothing live: every value zero.
-	e.Export(profiler.Report{Time: t0.Add(2 * time.Second), Rows: []profiler.Row{row(1, 1, memory.KindDevice, "f", freed)}})
-	e.Export(profiler.Report{Time: t0.Add(3 * time.Second)})
+	e.Export(snapshot.Snapshot{Time: t0.Add(2 * time.Second)}.With([]snapshot.Row{row(1, 1, memory.KindDevice, "f", freed)}...))
+	e.Export(&snapshot.Snapshot{Time: t0.Add(3 * time.Second)})
 	if s := e.Stats(); s.Queued != 0 {
 		t.Errorf("empty intervals queued: %+v", s)
 	}
@@ -360,7 +360,7 @@ func TestNamesAreUTF8(t *testing.T) {
 	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
 	bad := row(1, 1, memory.KindDevice, "load_\xe6\x97", accounting.Counters{AllocBytes: 10, AllocCount: 1})
 	bad.Comm = "trainer-\xe6\x97"
-	e.Export(profiler.Report{Time: time.Now(), Rows: []profiler.Row{bad}})
+	e.Export(snapshot.Snapshot{Time: time.Now()}.With([]snapshot.Row{bad}...))
 	waitFor(t, "a push", func() bool { return e.Stats().Pushed+e.Stats().Rejected > 0 })
 	if s := e.Stats(); s.Pushed != 1 || s.Rejected != 0 {
 		t.Fatalf("stats %+v", s)

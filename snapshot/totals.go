@@ -1,0 +1,56 @@
+package snapshot
+
+import (
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/schema"
+)
+
+// Totals are the books summed per process, kind and device: what metrics
+// need, without resolving a stack.
+type Totals struct {
+	Series       []Series
+	Failures     []SeriesFailures
+	Losses       schema.Losses
+	UnknownFrees uint64
+	Events       uint64 // events read
+	// The on-demand tensor views, the
+	// frees of tensors made before their view began, and how many views
+	// the budget switched off.
+	TensorViews     []TensorView
+	FreesBeforeView uint64
+	BudgetExceeded  uint64
+}
+
+// SeriesKey names a process's memory of one kind on one device: the key
+// of the rows summed over their stacks.
+type SeriesKey struct {
+	PID    uint32
+	Kind   memory.Kind
+	Device int32
+}
+
+// SeriesOf is the series of a row.
+func SeriesOf(k accounting.Key) SeriesKey { return SeriesKey{k.PID, k.Kind, k.Device} }
+
+// GPU is where the series' memory lives (memory.GPU).
+func (k SeriesKey) GPU() string { return memory.GPU(k.Kind, k.Device) }
+
+// Series is one process's memory of one kind on one device.
+type Series struct {
+	SeriesKey
+	Comm      string
+	Container container.Identity
+	accounting.Counters
+}
+
+// SeriesFailures counts one process's failed allocations of one kind on
+// one device with one result.
+type SeriesFailures struct {
+	SeriesKey
+	Comm      string
+	Container container.Identity
+	Result    int32
+	Count     uint64
+}
