@@ -75,8 +75,8 @@ func (m *segmentMemory) ReadAt(buf []byte, off int64) (int, error) {
 	if len(m.fill) == 0 {
 		return n, io.EOF
 	}
-	for j := n; j < len(buf); j++ {
-		buf[j] = m.fill[(addr+uint64(j))%uint64(len(m.fill))]
+	for j := n; j < len(buf); {
+		j += copy(buf[j:], m.fill[(addr+uint64(j))%uint64(len(m.fill)):])
 	}
 	return len(buf), nil
 }
