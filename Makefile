@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate dashboard check-generated sim demo image test bench bench-smoke soak fuzz clean
+.PHONY: setup build generate dashboard check-generated sim demo image test bench bench-smoke soak fuzz fuzz-seeds clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -107,6 +107,16 @@ fuzz:
 	done; \
 	echo "fuzz: $(words $(FUZZ_TARGETS)) targets, $(FUZZTIME) each, in $$(( $$(date +%s) - start )) s"; \
 	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed (inputs in each package's testdata/fuzz)"; exit 1; fi
+
+# Write the seed corpora again (testdata/fuzz): each package's TestWriteSeeds
+# (seeds_test.go, built only with the fuzzseed tag, so not by test), run by
+# go generate. Needs cc and c++. The seeds come out as committed, byte for
+# byte (git diff shows a change), but those read from a live process
+# (FuzzFrames's memory, FuzzLibrariesIn's maps: addresses differ each run),
+# written only with RECORD=1, which needs the pyenv interpreters.
+RECORD ?=
+fuzz-seeds:
+	GPUMEM_RECORD_SEEDS=$(RECORD) $(GO) generate -tags fuzzseed -run fuzzseed ./...
 
 # Benchmarks, side by side in one run: writes BENCHMARKS.md (about 4 minutes).
 # The GPU section comes from bench/gpu/RESULTS.md, made on the GPU machine by

@@ -1,22 +1,13 @@
 package pystack
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
 	"encoding/binary"
-	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/internal/fuzzseed"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -85,41 +76,6 @@ func (m *segmentMemory) ReadAt(buf []byte, off int64) (int, error) {
 func sort(segs []segment, addr uint64) int {
 	i, _ := slices.BinarySearchFunc(segs, addr+1, func(s segment, a uint64) int { return cmp.Compare(s.addr, a) })
 	return i - 1
-}
-
-// recorder records what is read through it: the memory a resolver needs to
-// name frames again without the process.
-type recorder struct {
-	r    io.ReaderAt
-	segs []segment
-}
-
-func (rec *recorder) ReadAt(buf []byte, off int64) (int, error) {
-	n, err := rec.r.ReadAt(buf, off)
-	if n > 0 {
-		rec.segs = append(rec.segs, segment{uint64(off), bytes.Clone(buf[:n])})
-	}
-	return n, err
-}
-
-// merged are the recorded segments, overlapping and adjacent ones joined.
-func (rec *recorder) merged() []segment {
-	segs := slices.Clone(rec.segs)
-	slices.SortFunc(segs, func(a, b segment) int { return cmp.Compare(a.addr, b.addr) })
-	var out []segment
-	for _, s := range segs {
-		if len(out) > 0 {
-			last := &out[len(out)-1]
-			if end := last.addr + uint64(len(last.data)); s.addr <= end {
-				if tail := s.addr + uint64(len(s.data)); tail > end {
-					last.data = append(last.data, s.data[end-s.addr:]...)
-				}
-				continue
-			}
-		}
-		out = append(out, segment{s.addr, bytes.Clone(s.data)})
-	}
-	return out
 }
 
 var fuzzVersions = []string{"3.10", "3.11", "3.12", "3.13"}
@@ -307,14 +263,6 @@ func TestHostileMemory(t *testing.T) {
 	}
 }
 
-// TestWriteFramesRegressions writes modulesLoop as a seed.
-func TestWriteFramesRegressions(t *testing.T) {
-	mem, frames, runtime, fill := modulesLoop()
-	fuzzseed.Write(t, "FuzzFrames", []fuzzseed.Seed{
-		fuzzseed.Of("regression-sys-modules-loop", mem, frames, []byte{}, uint8(0), runtime, fill),
-	})
-}
-
 // FuzzLineTable: any line table gives a line or 0, reading no byte past
 // its end.
 func FuzzLineTable(f *testing.F) {
@@ -322,146 +270,4 @@ func FuzzLineTable(f *testing.F) {
 		line310(table, firstLine, index)
 		line311(table, firstLine, index)
 	})
-}
-
-// framesScript prints, for each case, a code object's address and the
-// class of self or cls (3.10 names methods from it), then waits: methods,
-// class and static methods, properties, nested classes and functions,
-// lambdas, comprehensions, a decorated function and names beyond ASCII.
-const framesScript = `
-import functools, sys
-
-class Loader:
-    class Shard:
-        def pin(self): pass
-        @classmethod
-        def open(cls): pass
-        @staticmethod
-        def size(): pass
-        @property
-        def nbytes(self): pass
-
-def outer():
-    def inner(): pass
-    return inner
-
-def deco(f):
-    @functools.wraps(f)
-    def wrapper(*args): return f(*args)
-    return wrapper
-
-@deco
-def decorated(): pass
-
-def größe(): pass
-def 加载(): pass
-square = lambda x: x * x
-listcomp = compile("[x for x in range(3)]", "<listcomp>", "eval")
-
-def case(code, cls=None):
-    print(id(code), id(cls) if cls else 0)
-
-shard = Loader.Shard
-case(shard.pin.__code__, shard)
-case(shard.open.__code__, shard)
-case(shard.size.__code__)
-case(shard.nbytes.fget.__code__, shard)
-case(outer().__code__)
-case(decorated.__code__)
-case(größe.__code__)
-case(加载.__code__)
-case(square.__code__)
-case(listcomp)
-print("end", flush=True)
-sys.stdin.readline()
-`
-
-// TestWriteFramesSeeds runs each interpreter, names its frames through a
-// recorder and writes what was read: real code objects, strings, line
-// tables, and for 3.10 sys.modules, modules, classes and their dicts.
-func TestWriteFramesSeeds(t *testing.T) {
-	if os.Getenv("GPUMEM_WRITE_SEEDS") != "1" {
-		t.Skip("GPUMEM_WRITE_SEEDS=1 writes the seed corpora")
-	}
-	var seeds, tables []fuzzseed.Seed
-	for vi, v := range fuzzVersions {
-		segs, frames, p := recordFrames(t, v)
-		layout, err := binary.Append(nil, binary.LittleEndian, p.Layout)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mem, fs := encodeSegments(segs), encodeFrames(frames)
-		seeds = append(seeds,
-			fuzzseed.Of("python"+v, mem, fs, layout, uint8(vi), p.Runtime, []byte{}),
-			fuzzseed.Of("python"+v+"-filled", mem, fs, layout, uint8(vi), p.Runtime, []byte{0x40}))
-		if v != "3.10" { // 3.10's memory is large (sys.modules); its layout is in the others'
-			seeds = append(seeds, fuzzseed.Of("python"+v+"-layout-from-file", mem, fs, layout, uint8(len(fuzzVersions)), p.Runtime, []byte{}))
-		}
-		r := resolverOver(&segmentMemory{segs: segs}, p.Layout, p.Runtime)
-		for i, f := range frames {
-			if c := r.procs[1].code(f.Code); c.err == nil && i < 4 {
-				tables = append(tables, fuzzseed.Of(fmt.Sprintf("python%s-%d", v, i), c.linetable, c.firstLine, i*3))
-			}
-		}
-	}
-	fuzzseed.Write(t, "FuzzFrames", seeds)
-	fuzzseed.Write(t, "FuzzLineTable", tables)
-}
-
-// recordFrames names framesScript's cases in a live interpreter of version
-// v and returns the memory read, the frames and the process.
-func recordFrames(t *testing.T, v string) ([]segment, []tracer.PyFrame, *Process) {
-	python := filepath.Join(pyenvVersions[v], "bin/python"+v)
-	script := filepath.Join(t.TempDir(), "frames.py")
-	if err := os.WriteFile(script, []byte(framesScript), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(python, "-S", script) // without site: fewer modules for 3.10 to read
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer stdin.Close()
-	var frames []tracer.PyFrame
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if f[0] == "end" {
-			break
-		}
-		code, _ := strconv.ParseUint(f[0], 10, 64)
-		class, _ := strconv.ParseUint(f[1], 10, 64)
-		frames = append(frames, tracer.PyFrame{Code: code, Class: class})
-	}
-	p, err := Detect("/proc", cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// An instruction a few in: f_lasti for 3.10, a pointer into the code
-	// for 3.11+.
-	for i := range frames {
-		frames[i].Instr = 4
-		if p.Layout.InstrSize == 8 {
-			frames[i].Instr = frames[i].Code + uint64(p.Layout.CodeAdaptive) + 8
-		}
-	}
-	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(p.PID), "mem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	rec := &recorder{r: f}
-	r := resolverOver(rec, p.Layout, p.Runtime)
-	out := r.Frames(1, frames)
-	want := []string{"Loader.Shard.pin", "Loader.Shard.open", "Loader.Shard.size", "Loader.Shard.nbytes", "outer.<locals>.inner",
-		"deco.<locals>.wrapper", "größe", "加载", "<lambda>", "<listcomp>"}
-	for i, fr := range out {
-		if w := want[i]; fr.Function != w && !(v == "3.10" && strings.HasSuffix(w, "."+fr.Function)) && fr.Function != "<module>" {
-			t.Errorf("%s: frame %d named %q, want %q", v, i, fr.Function, w)
-		}
-	}
-	return rec.merged(), frames, p
 }
