@@ -18,14 +18,18 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 )
 
-// seedCA is a self-signed certificate in PEM, as a kubeconfig embeds one.
+var seedTime = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+
+// seedCA is a self-signed certificate in PEM, as a kubeconfig embeds one,
+// valid for ten years from 2026-12-01 (its key is random unless the test's
+// randomness is fixed, as the seeds' generator fixes it).
 func seedCA(t testing.TB) []byte {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
-		NotBefore: time.Now(), NotAfter: time.Now().Add(10 * 365 * 24 * time.Hour), BasicConstraintsValid: true}
+		NotBefore: seedTime, NotAfter: seedTime.AddDate(10, 0, 0), BasicConstraintsValid: true}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ package k8smeta
 import (
 	"encoding/base64"
 	"testing"
+	"testing/cryptotest"
 
 	"github.com/gpu-mem/gpu-mem/internal/fuzzseed"
 )
@@ -23,6 +24,7 @@ const (
 // TestWriteSeeds writes FuzzKubeconfig's, FuzzPodList's and FuzzWatch's
 // seeds.
 func TestWriteSeeds(t *testing.T) {
+	cryptotest.SetGlobalRandom(t, 1) // the same CA each time
 	ca := seedCA(t)
 	caData := base64.StdEncoding.EncodeToString(ca)
 	kubeconfigs := map[string]string{
