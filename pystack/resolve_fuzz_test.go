@@ -82,7 +82,9 @@ var fuzzVersions = []string{"3.10", "3.11", "3.12", "3.13"}
 
 // fuzzLayout is the layout a fuzzed process has: a version's, or for a
 // version past those, the fuzzed bytes (3.13 reads its layout from the
-// interpreter's file, which is untrusted).
+// interpreter's file, which is untrusted). The seeds' bytes are a Layout
+// as binary.Append wrote it: a field added to Layout shifts those after
+// it, so the seeds are recorded again (make fuzz-seeds RECORD=1).
 func fuzzLayout(version uint8, raw []byte) Layout {
 	if int(version) < len(fuzzVersions) {
 		return layouts[fuzzVersions[version]]
