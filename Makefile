@@ -82,6 +82,8 @@ clean:
 # after another, FUZZTIME each (docs/fuzzing.md). Not part of test: there,
 # the seed corpora (testdata/fuzz) run as plain cases. A crash is written
 # to the package's testdata/fuzz/FuzzX/ and reported at the end.
+# Go 1.26 may fail a run at FUZZTIME with "context deadline exceeded" and
+# no input (golang/go#75804, fixed in 1.27): that is not a failure here.
 # FUZZMINIMIZETIME bounds the minimizing of each new input by runs, not
 # time: a minimizing cut short by a time bound has its worker killed, its
 # runs uncounted, and took the whole bound (docs/fuzzing.md).
@@ -104,6 +106,8 @@ fuzz:
 		if $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) \
 			-parallel $(FUZZPARALLEL) ./$$pkg > $$log 2>&1; then \
 			echo "ok    $$pkg $$fn: $$(grep '^fuzz: elapsed' $$log | tail -1 | sed 's/^fuzz: //')"; \
+		elif grep -qx '    context deadline exceeded' $$log && ! grep -q 'Failing input written' $$log; then \
+			echo "ok    $$pkg $$fn: $$(grep '^fuzz: elapsed' $$log | tail -1 | sed 's/^fuzz: //') (nothing found; failed by Go's race at the deadline, golang/go#75804)"; \
 		else \
 			echo "FAIL  $$pkg $$fn ($$log):"; grep -v '^fuzz: elapsed' $$log | tail -30; failed="$$failed $$t"; \
 		fi; \
