@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate dashboard docs check-generated sim demo image test bench bench-smoke soak fuzz clean
+.PHONY: setup build generate dashboard docs check-generated sim demo image test bench bench-smoke soak fuzz fuzz-seeds clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -93,8 +93,13 @@ clean:
 # after another, FUZZTIME each (docs/fuzzing.md). Not part of test: there,
 # the seed corpora (testdata/fuzz) run as plain cases. A crash is written
 # to the package's testdata/fuzz/FuzzX/ and reported at the end.
+# Go 1.26 may fail a run at FUZZTIME with "context deadline exceeded" and
+# no input (golang/go#75804, fixed in 1.27): that is not a failure here.
+# FUZZMINIMIZETIME bounds the minimizing of each new input by runs, not
+# time: a minimizing cut short by a time bound has its worker killed, its
+# runs uncounted, and took the whole bound (docs/fuzzing.md).
 FUZZTIME ?= 30s
-FUZZMINIMIZETIME ?= 5s
+FUZZMINIMIZETIME ?= 100x
 FUZZPARALLEL ?= 1
 FUZZ_TARGETS = \
 	tracer:FuzzDecode \
@@ -112,12 +117,24 @@ fuzz:
 		if $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) \
 			-parallel $(FUZZPARALLEL) ./$$pkg > $$log 2>&1; then \
 			echo "ok    $$pkg $$fn: $$(grep '^fuzz: elapsed' $$log | tail -1 | sed 's/^fuzz: //')"; \
+		elif grep -qx '    context deadline exceeded' $$log && ! grep -q 'Failing input written' $$log; then \
+			echo "ok    $$pkg $$fn: $$(grep '^fuzz: elapsed' $$log | tail -1 | sed 's/^fuzz: //') (nothing found; failed by Go's race at the deadline, golang/go#75804)"; \
 		else \
 			echo "FAIL  $$pkg $$fn ($$log):"; grep -v '^fuzz: elapsed' $$log | tail -30; failed="$$failed $$t"; \
 		fi; \
 	done; \
 	echo "fuzz: $(words $(FUZZ_TARGETS)) targets, $(FUZZTIME) each, in $$(( $$(date +%s) - start )) s"; \
 	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed (inputs in each package's testdata/fuzz)"; exit 1; fi
+
+# Write the seed corpora again (testdata/fuzz): each package's TestWriteSeeds
+# (seeds_test.go, built only with the fuzzseed tag, so not by test), run by
+# go generate. Needs cc and c++. The seeds come out as committed, byte for
+# byte (git diff shows a change), but those read from a live process
+# (FuzzFrames's memory, FuzzLibrariesIn's maps: addresses differ each run),
+# written only with RECORD=1, which needs the pyenv interpreters.
+RECORD ?=
+fuzz-seeds:
+	GPUMEM_RECORD_SEEDS=$(RECORD) $(GO) generate -tags fuzzseed -run fuzzseed ./...
 
 # Benchmarks, side by side in one run: writes BENCHMARKS.md (about 4 minutes).
 # The GPU section comes from bench/gpu/RESULTS.md, made on the GPU machine by

@@ -80,6 +80,9 @@ func (m *memory) readAt(buf []byte, addr uint64) (int, error) {
 
 func (m *memory) read(addr uint64, buf []byte) error {
 	if _, err := m.readAt(buf, addr); err != nil {
+		if err == errBudget { // as it is: every read past the budget fails, and a walk may try thousands
+			return err
+		}
 		return fmt.Errorf("read %d bytes at %#x: %w", len(buf), addr, err)
 	}
 	return nil
@@ -105,6 +108,9 @@ func (m *memory) uint32(addr uint64) (uint32, error) {
 func (m *memory) cString(addr uint64, max int) (string, error) {
 	buf := make([]byte, max)
 	n, err := m.readAt(buf, addr)
+	if err == errBudget {
+		return "", err
+	}
 	if n == 0 && err != nil {
 		return "", fmt.Errorf("read string at %#x: %w", addr, err)
 	}

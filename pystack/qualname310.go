@@ -183,6 +183,9 @@ func (p *process) moduleFiles(modules uint64) map[string]uint64 {
 	files := map[string]uint64{}
 	_, values := p.dictItems(modules)
 	for _, module := range values {
+		if p.mem.spent() { // every read fails from here
+			break
+		}
 		if p.kindOf(module) != moduleKind {
 			continue
 		}

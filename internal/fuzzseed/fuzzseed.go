@@ -1,8 +1,14 @@
 // Package fuzzseed writes the seed corpora of the fuzz targets: files in
 // Go's corpus format (testdata/fuzz/FuzzX/NAME) that plain `go test` runs as
 // cases and `go test -fuzz` starts from. Seeds come from real inputs (an ELF
-// file built by a test, /proc lines, torch's USDT operands, an API server's
-// pods); a package's seed test writes them when GPUMEM_WRITE_SEEDS=1.
+// file built by cc, /proc lines, torch's USDT operands, an API server's
+// pods). The corpora are committed; each package's generator, TestWriteSeeds
+// in its seeds_test.go, is built only with the fuzzseed tag and run by go
+// generate (make fuzz-seeds):
+//
+//	go generate -tags fuzzseed -run fuzzseed ./...
+//
+// so that go test runs the corpora and writes nothing.
 package fuzzseed
 
 import (
@@ -45,15 +51,10 @@ func Encode(args ...any) []byte {
 }
 
 // Write writes the seeds of target under testdata/fuzz/target, in the
-// package the test runs in, when GPUMEM_WRITE_SEEDS=1, and skips the test
-// otherwise: the committed files are the corpus, and a seed built from a
-// compiled file differs from one compiler to the next. Files the fuzzer
-// added (crashers kept as regressions) are left alone.
-func Write(t *testing.T, target string, seeds []Seed) {
+// package the generator runs in. Files it does not name (crashers the
+// fuzzer found, kept as regressions) are left alone.
+func Write(t testing.TB, target string, seeds []Seed) {
 	t.Helper()
-	if os.Getenv("GPUMEM_WRITE_SEEDS") != "1" {
-		t.Skip("GPUMEM_WRITE_SEEDS=1 writes the seed corpora")
-	}
 	dir := filepath.Join("testdata", "fuzz", target)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -63,4 +64,18 @@ func Write(t *testing.T, target string, seeds []Seed) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// Recording says whether the seeds recorded on this machine are written
+// again: those read from a live process (its memory, its maps) differ from
+// one run to the next (addresses) and one machine to the next (paths,
+// inodes), so they are written only with GPUMEM_RECORD_SEEDS=1 (make
+// fuzz-seeds RECORD=1) and otherwise left as committed.
+func Recording(t testing.TB, what string) bool {
+	t.Helper()
+	if os.Getenv("GPUMEM_RECORD_SEEDS") == "1" {
+		return true
+	}
+	t.Logf("%s: recorded from a live process, left as committed (GPUMEM_RECORD_SEEDS=1 records them again)", what)
+	return false
 }
