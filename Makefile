@@ -106,8 +106,8 @@ FUZZ_TARGETS = \
 	discover:FuzzParseMapsLine discover:FuzzLibrariesIn \
 	usdt:FuzzParseArg usdt:FuzzNotes usdt:FuzzRead \
 	symbolize:FuzzParseELF symbolize:FuzzSymbolTable \
-	container:FuzzFromCgroupFile operators/k8smeta:FuzzKubeconfig \
-	operators/k8smeta:FuzzPodList operators/k8smeta:FuzzWatch \
+	container:FuzzFromCgroupFile kube:FuzzKubeconfig \
+	kube:FuzzPodList kube:FuzzWatch \
 	pystack:FuzzFrames pystack:FuzzLineTable pystack:FuzzDetect \
 	report:FuzzHTML report:FuzzFolded report:FuzzJSON report:FuzzTop report:FuzzPprof
 fuzz:

@@ -28,8 +28,8 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/pprof"
+	"github.com/gpu-mem/gpu-mem/pyroscope"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
 

@@ -3,7 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+	"github.com/gpu-mem/gpu-mem/pyroscope"
 )
 
 // PushSource is what the push metrics read: the Pyroscope exporter's

@@ -11,7 +11,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+	"github.com/gpu-mem/gpu-mem/pyroscope"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )

@@ -58,7 +58,7 @@ type Config struct {
 	// GPUDir is where the NVIDIA driver describes its GPUs; gpuinfo.DriverDir
 	// by default.
 	GPUDir string
-	// Pods names the pods and containers of the node (k8smeta.Pods), when
+	// Pods names the pods and containers of the node (kube.Pods), when
 	// an API server is known.
 	Pods container.Namer
 	// ProcRoot is where processes are read from; /proc by default.

@@ -33,7 +33,7 @@ const (
 )
 
 // TensorPolicy says whether a container's pod asks for the tensor view,
-// and until when (zero: until it stops asking); k8smeta.Pods reads it from
+// and until when (zero: until it stops asking); kube.Pods reads it from
 // the pod's annotations.
 type TensorPolicy interface {
 	TensorsWanted(container.Identity) (until time.Time, ok bool)

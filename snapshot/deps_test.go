@@ -10,7 +10,7 @@ import (
 // neither the engine (profiler, tracer) nor cilium/ebpf and the embedded
 // BPF object: a folded-stack writer is plain code.
 func TestOutputsLinkNoBPF(t *testing.T) {
-	outputs := []string{".", "../report", "../pprof", "../metrics", "../profiledata", "../operators/pyroscope"}
+	outputs := []string{".", "../report", "../pprof", "../metrics", "../profiledata", "../pyroscope"}
 	out, err := exec.Command("go", append([]string{"list", "-deps"}, outputs...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)

@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 

@@ -20,10 +20,10 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/pyroscope"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )

@@ -20,8 +20,8 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/pprof"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/report"
 )
 

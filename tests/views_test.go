@@ -16,7 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/report"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
 

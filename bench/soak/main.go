@@ -23,7 +23,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 )
 
 var (

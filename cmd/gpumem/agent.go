@@ -19,10 +19,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpu-mem/gpu-mem/control"
+	"github.com/gpu-mem/gpu-mem/kube"
 	"github.com/gpu-mem/gpu-mem/metrics"
-	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/pyroscope"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -329,8 +329,8 @@ func serveMetrics(ctx context.Context, addr string, books metrics.Collector, exp
 }
 
 // watchPods names pods from the API server, when there is one.
-func (o *agentOptions) watchPods(ctx context.Context) (*k8smeta.Pods, error) {
-	cfg, err := k8smeta.Config(o.kubeconfig)
+func (o *agentOptions) watchPods(ctx context.Context) (*kube.Pods, error) {
+	cfg, err := kube.Config(o.kubeconfig)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
 	}
@@ -339,7 +339,7 @@ func (o *agentOptions) watchPods(ctx context.Context) (*k8smeta.Pods, error) {
 		return nil, nil
 	}
 	cfg.Logf = logf
-	pods, err := k8smeta.WatchPods(ctx, cfg, o.nodeName)
+	pods, err := kube.WatchPods(ctx, cfg, o.nodeName)
 	if err != nil {
 		return nil, fmt.Errorf("watch pods: %w", err)
 	}

@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
+	"github.com/gpu-mem/gpu-mem/pyroscope"
 )
 
 // TestPushStatusSaysEachFailureOnce: while one error is retried, the

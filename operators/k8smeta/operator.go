@@ -1,5 +1,7 @@
-//go:build !lean
-
+// Package k8smeta is the pod watch (package kube) as an Inspektor Gadget
+// data operator: it adds the names of pods to gpu-mem profile rows
+// (schema), from their pod UID and container ID. The lean agent uses the
+// watch directly and links none of this.
 package k8smeta
 
 import (
@@ -12,12 +14,9 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/params"
 
 	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/kube"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
-
-// The Inspektor Gadget side: a data operator that adds the names of pods to
-// gpu-mem profile rows (schema), from their pod UID and container ID.
-// Not in the lean build (the agent image), which runs no IG runtime.
 
 const (
 	// Name is the operator's name; its parameters are operator.k8smeta.*.
@@ -50,14 +49,14 @@ func (Operator) InstanceParams() api.Params {
 
 // InstantiateDataOperator starts nothing without an API server.
 func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, values api.ParamValues) (operators.DataOperatorInstance, error) {
-	cfg, err := Config(values[ParamKubeconfig])
+	cfg, err := kube.Config(values[ParamKubeconfig])
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	if cfg == nil {
 		return nil, nil
 	}
-	pods, err := WatchPods(gadgetCtx.Context(), cfg, values[ParamNodeName])
+	pods, err := kube.WatchPods(gadgetCtx.Context(), cfg, values[ParamNodeName])
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +72,7 @@ func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, value
 }
 
 // name adds the name fields to a profile data source and fills them.
-func name(ds datasource.DataSource, pods *Pods) error {
+func name(ds datasource.DataSource, pods *kube.Pods) error {
 	uid, id := ds.GetField(schema.PodUID), ds.GetField(schema.ContainerID)
 	if uid == nil || id == nil {
 		return fmt.Errorf("data source %s: no %s or %s field", ds.Name(), schema.PodUID, schema.ContainerID)

@@ -1,5 +1,8 @@
-//go:build !lean
-
+// Package pyroscope is the Pyroscope exporter (package pyroscope at the
+// root) as an Inspektor Gadget data operator: it pushes the data sources
+// holding gpu-mem profile rows, so that the same export runs inside any IG
+// build (ig, kubectl gadget, gpumem run). The lean agent uses the exporter
+// directly and links none of this.
 package pyroscope
 
 import (
@@ -16,14 +19,10 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/params"
 
 	"github.com/gpu-mem/gpu-mem/profiledata"
+	exporter "github.com/gpu-mem/gpu-mem/pyroscope"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
-
-// The Inspektor Gadget side: an IG data operator that pushes the data
-// sources holding gpu-mem profile rows to Pyroscope, so that the same
-// export runs inside any IG build (ig, kubectl gadget, gpumem run).
-// Not in the lean build (the agent image), which runs no IG runtime.
 
 const (
 	// Name is the operator's name; its parameters are operator.pyroscope.*.
@@ -75,7 +74,7 @@ func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, value
 	if err != nil {
 		return nil, err
 	}
-	exp, err := New(cfg)
+	exp, err := exporter.New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -92,8 +91,8 @@ func (Operator) InstantiateDataOperator(gadgetCtx operators.GadgetContext, value
 	return inst, nil
 }
 
-func configFrom(values api.ParamValues) (Config, error) {
-	cfg := Config{
+func configFrom(values api.ParamValues) (exporter.Config, error) {
+	cfg := exporter.Config{
 		URL: values[ParamURL], Service: values[ParamService], Node: values[ParamNode],
 		CAFile: values[ParamCAFile], User: values[ParamUser], TenantID: values[ParamTenant],
 	}
@@ -121,7 +120,7 @@ func configFrom(values api.ParamValues) (Config, error) {
 }
 
 type instance struct {
-	exporter *Exporter
+	exporter *exporter.Exporter
 	cancel   context.CancelFunc
 	done     chan struct{}
 }

@@ -1,9 +1,8 @@
-//go:build !lean
-
 package pyroscope
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators/simple"
 
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
 
@@ -28,9 +27,12 @@ type profileRow struct {
 // runtime: a producer operator registers a data source of profile rows and
 // emits two intervals; the operator pushes them to a real PusherService.
 func TestOperatorInGadgetContext(t *testing.T) {
-	lis := listen(t)
-	r := &receiver{}
-	serve(t, r, lis)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &pyroscopetest.Receiver{}
+	pyroscopetest.Serve(t, r, lis)
 
 	intervals := [][]profileRow{
 		{{10, "train", "device", "0", "pod-uid", "ctr-id", "<module>;load_weights;cuMemAlloc_v2", 300, 3, 300, 3}},
@@ -95,7 +97,7 @@ func TestOperatorInGadgetContext(t *testing.T) {
 		}),
 	)
 	gadgetCtx := gadgetcontext.New(ctx, "", gadgetcontext.WithDataOperators(Operator{}, producer))
-	err := gadgetCtx.Run(api.ParamValues{
+	err = gadgetCtx.Run(api.ParamValues{
 		"operator.pyroscope." + ParamURL:      "http://" + lis.Addr().String(),
 		"operator.pyroscope." + ParamInterval: "1s",
 		"operator.pyroscope." + ParamNode:     "node-3",

@@ -14,7 +14,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
 

@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
 	"github.com/gpu-mem/gpu-mem/tests/chartrender"
 )

@@ -15,7 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
 	"github.com/gpu-mem/gpu-mem/tests/podsecurity"
 )

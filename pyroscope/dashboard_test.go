@@ -12,7 +12,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -24,7 +24,7 @@ import (
 // Prometheus panels query gpu-mem's metrics, live bytes and peaks per view,
 // never both views in one query.
 func TestDashboardQueriesWhatIsPushed(t *testing.T) {
-	data, err := os.ReadFile("../../dashboards/gpu-mem.json")
+	data, err := os.ReadFile("../dashboards/gpu-mem.json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,9 @@
 //go:build fuzzseed
 
-// The seed corpora of k8smeta's fuzz targets (testdata/fuzz), written by
+// The seed corpora of kube's fuzz targets (testdata/fuzz), written by
 // go generate -tags fuzzseed (make fuzz-seeds), not by go test.
 
-package k8smeta
+package kube
 
 //go:generate go test -tags fuzzseed -run ^TestWriteSeeds$ -count=1 .
 

@@ -1,4 +1,4 @@
-package k8smeta
+package kube
 
 import (
 	"bytes"

@@ -25,7 +25,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
-	"github.com/gpu-mem/gpu-mem/operators/pyroscope/pyroscopetest"
+	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
