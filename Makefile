@@ -87,7 +87,7 @@ FUZZMINIMIZETIME ?= 5s
 FUZZPARALLEL ?= 1
 FUZZ_TARGETS = \
 	tracer:FuzzDecode \
-	discover:FuzzParseMapsLine discover:FuzzLibrariesIn \
+	discover:FuzzParseMapsLine discover:FuzzLibrariesIn discover:FuzzParseStat \
 	usdt:FuzzParseArg usdt:FuzzNotes usdt:FuzzRead \
 	symbolize:FuzzParseELF symbolize:FuzzSymbolTable \
 	container:FuzzFromCgroupFile operators/k8smeta:FuzzKubeconfig \
