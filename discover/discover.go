@@ -83,7 +83,7 @@ type Result struct {
 func Scan(procRoot string, pids []int) (Result, error) {
 	if len(pids) == 0 {
 		var err error
-		if pids, err = listPIDs(procRoot); err != nil {
+		if pids, err = listPIDs(procRoot, make([]byte, listBuffer), nil); err != nil {
 			return Result{}, err
 		}
 	}
@@ -120,27 +120,6 @@ func (c *collector) add(pid int, libs []Library, python bool) {
 	if python {
 		c.r.Python = append(c.r.Python, pid)
 	}
-}
-
-// listPIDs lists the processes under procRoot, unsorted: the names alone,
-// without a stat of each entry: a scan lists them at every call.
-func listPIDs(procRoot string) ([]int, error) {
-	dir, err := os.Open(procRoot)
-	if err != nil {
-		return nil, fmt.Errorf("list processes: %w", err)
-	}
-	defer dir.Close()
-	names, err := dir.Readdirnames(-1)
-	if err != nil {
-		return nil, fmt.Errorf("list processes: %w", err)
-	}
-	pids := make([]int, 0, len(names))
-	for _, name := range names {
-		if pid, err := strconv.Atoi(name); err == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids, nil
 }
 
 func scanProcess(procRoot string, pid int) (libs []Library, python bool) {

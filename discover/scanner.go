@@ -46,6 +46,8 @@ type Scanner struct {
 	clock    func() (time.Duration, error)
 	scans    uint64
 	procs    map[int]*process
+	buf      []byte // for listing /proc and reading stat files
+	pids     []int  // the last listing
 }
 
 // process is what a Scanner knows of one process.
@@ -64,7 +66,7 @@ type process struct {
 // empty: a profiler limited to one driver library (--library) leaves the
 // allocators and interpreters of processes on another driver alone.
 func NewScanner(procRoot, driver string) *Scanner {
-	return &Scanner{procRoot: procRoot, driver: driver, clock: bootClock, procs: map[int]*process{}}
+	return &Scanner{procRoot: procRoot, driver: driver, clock: bootClock, procs: map[int]*process{}, buf: make([]byte, listBuffer)}
 }
 
 // bootClock is the time since boot, the clock of /proc/PID/stat's start
@@ -86,9 +88,10 @@ func (s *Scanner) Scan(pids []int) (Result, error) {
 		return Result{}, err
 	}
 	if len(pids) == 0 {
-		if pids, err = listPIDs(s.procRoot); err != nil {
+		if s.pids, err = listPIDs(s.procRoot, s.buf, s.pids[:0]); err != nil {
 			return Result{}, err
 		}
+		pids = s.pids
 	} else {
 		pids = s.existing(pids)
 	}
@@ -133,7 +136,7 @@ func (s *Scanner) look(pid int, now time.Duration) {
 			return
 		}
 	}
-	st, err := readStat(s.procRoot, pid)
+	st, err := s.readStat(pid)
 	if err != nil {
 		delete(s.procs, pid) // exited; or unreadable, and tried again as new
 		return
@@ -193,8 +196,8 @@ type stat struct {
 	vsize uint64 // bytes mapped: changes with every mmap and munmap
 }
 
-func readStat(procRoot string, pid int) (stat, error) {
-	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+func (s *Scanner) readStat(pid int) (stat, error) {
+	data, err := readFileOf(s.procRoot, pid, "stat", s.buf)
 	if err != nil {
 		return stat{}, err
 	}
@@ -209,32 +212,54 @@ func readStat(procRoot string, pid int) (stat, error) {
 var errStat = errors.New("malformed /proc/PID/stat")
 
 // parseStat reads "pid (comm) state ppid ...": comm may hold spaces and
-// parentheses, so the fields are counted from the last ')'.
+// parentheses, so the fields are counted from the last ')'. It allocates
+// the comm alone: a scan parses hundreds of stat files a second.
 func parseStat(data []byte) (stat, error) {
 	open, end := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
 	if open < 0 || end < open {
 		return stat{}, errStat
 	}
-	// fields[0] is field 3 (state) of proc(5).
-	fields := bytes.Fields(data[end+1:])
-	if len(fields) < 24 {
-		return stat{}, errStat
-	}
 	var st stat
 	var start uint64
-	var err error
-	st.program.comm = string(data[open+1 : end])
-	for _, f := range []struct {
-		to    *uint64
-		field int
-	}{{&start, 22}, {&st.vsize, 23}, {&st.program.code, 26}} {
-		if *f.to, err = strconv.ParseUint(string(fields[f.field-3]), 10, 64); err != nil {
-			return stat{}, fmt.Errorf("%w: field %d: %v", errStat, f.field, err)
+	rest := data[end+1:]
+	for field := 3; field <= 26; field++ { // the fields of proc(5) after comm
+		var f []byte
+		if f, rest = nextField(rest); f == nil {
+			return stat{}, fmt.Errorf("%w: %d fields", errStat, field-1)
+		}
+		var to *uint64
+		switch field {
+		case 22: // starttime, in clock ticks after boot
+			to = &start
+		case 23:
+			to = &st.vsize
+		case 26: // startcode
+			to = &st.program.code
+		default:
+			continue
+		}
+		var ok bool
+		if *to, ok = decimal(f); !ok {
+			return stat{}, fmt.Errorf("%w: field %d is %q", errStat, field, f)
 		}
 	}
+	st.program.comm = string(data[open+1 : end])
 	if start > math.MaxInt64/uint64(time.Second/userHZ) { // 292 years after boot
 		return stat{}, fmt.Errorf("%w: start time %d ticks", errStat, start)
 	}
 	st.start = time.Duration(start) * (time.Second / userHZ)
 	return st, nil
+}
+
+// nextField splits the space-separated field at the start of b from what
+// follows; nil when none is left.
+func nextField(b []byte) (field, rest []byte) {
+	b = bytes.TrimLeft(b, " \n")
+	if len(b) == 0 {
+		return nil, nil
+	}
+	if i := bytes.IndexAny(b, " \n"); i >= 0 {
+		return b[:i], b[i:]
+	}
+	return b, nil
 }

@@ -245,8 +245,12 @@ func TestParseStat(t *testing.T) {
 			t.Errorf("%q: %+v %v, want %+v", tc.data, st, err, want)
 		}
 	}
+	data := []byte(odd)
+	if n := testing.AllocsPerRun(100, func() { parseStat(data) }); n != 1 {
+		t.Errorf("%v allocations a parse, want 1 (the comm)", n)
+	}
 	// This process's own stat, as the kernel writes it.
-	st, err := readStat("/proc", os.Getpid())
+	st, err := NewScanner("/proc", "").readStat(os.Getpid())
 	if err != nil || st.vsize == 0 || st.program.code == 0 || st.program.comm == "" {
 		t.Errorf("own stat: %+v %v", st, err)
 	}
@@ -320,4 +324,30 @@ sys.stdin.readline()`
 		return len(r.Libraries) == 1 && r.Libraries[0].ID() == want &&
 			r.Libraries[0].Path == filepath.Join("/proc", strconv.Itoa(pid), "root", lib)
 	})
+}
+
+// TestListPIDs: the processes of /proc, and the numeric names of a
+// directory only.
+func TestListPIDs(t *testing.T) {
+	pids, err := listPIDs("/proc", make([]byte, 256), nil) // a few records a call
+	if err != nil || !slices.Contains(pids, 1) || !slices.Contains(pids, os.Getpid()) {
+		t.Errorf("/proc: %d processes, %v; want 1 and %d among them", len(pids), err, os.Getpid())
+	}
+	root := t.TempDir()
+	for _, name := range []string{"10", "self", "0", "1x", "-3", "99999999999999999999999", "12"} {
+		if err := os.Mkdir(filepath.Join(root, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "uptime"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pids, err = listPIDs(root, make([]byte, listBuffer), []int{7})
+	slices.Sort(pids)
+	if err != nil || !slices.Equal(pids, []int{7, 10, 12}) {
+		t.Errorf("%v %v, want [7 10 12]", pids, err)
+	}
+	if _, err := listPIDs(filepath.Join(root, "none"), make([]byte, listBuffer), nil); err == nil {
+		t.Error("no error listing a directory that does not exist")
+	}
 }
