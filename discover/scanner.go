@@ -27,7 +27,7 @@ const userHZ = 100
 // processes that start and change rather than those that exist: reading a
 // process's maps takes its mmap lock (page faults of a training process
 // wait behind it) and costs tens of microseconds, so a node of a thousand
-// idle processes read in full twice a second spends a quarter of a core on
+// idle processes read in full twice a second spends a fifth of a core on
 // nothing.
 //
 // A process is known by its PID and start time. Its maps are read when it
@@ -149,7 +149,7 @@ func (s *Scanner) look(pid int, now time.Duration) {
 	case st.program != p.stat.program: // exec: a program starting, to look at as young
 		p.since, p.called = now, false
 		p.libs, p.python = scanProcess(s.procRoot, pid)
-	case st.vsize != p.stat.vsize:
+	case st.vsize != p.stat.vsize: // mapped or unmapped something: a library, or memory
 		p.libs, p.python = scanProcess(s.procRoot, pid)
 	}
 	p.stat, p.listed = st, s.scans
