@@ -103,7 +103,7 @@ FUZZMINIMIZETIME ?= 100x
 FUZZPARALLEL ?= 1
 FUZZ_TARGETS = \
 	tracer:FuzzDecode \
-	discover:FuzzParseMapsLine discover:FuzzLibrariesIn \
+	discover:FuzzParseMapsLine discover:FuzzLibrariesIn discover:FuzzParseStat \
 	usdt:FuzzParseArg usdt:FuzzNotes usdt:FuzzRead \
 	symbolize:FuzzParseELF symbolize:FuzzSymbolTable \
 	container:FuzzFromCgroupFile kube:FuzzKubeconfig \

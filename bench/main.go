@@ -22,7 +22,7 @@ var (
 	smoke   = flag.Bool("smoke", false, "a short run that checks the harness, not the figures")
 	out     = flag.String("o", "BENCHMARKS.md", "where to write the results")
 	repo    = flag.String("repo", ".", "the repository root (build/sim and bin/ built)")
-	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load or symbols")
+	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load, symbols or discovery")
 	runs    = 5
 	simLib  string
 	simwork string
@@ -41,11 +41,14 @@ func main() {
 	simwork = filepath.Join(root, "build/sim/simwork")
 	gpumem = filepath.Join(root, "bin/gpumem")
 	lean = filepath.Join(root, "bin/gpumem-lean")
-	if *only != "symbols" { // the one section that needs no build
-		for _, f := range []string{simLib, simwork, gpumem, lean} {
-			if _, err := os.Stat(f); err != nil {
-				fatalf("%s missing: run make build sim first", f)
-			}
+	needs := map[string][]string{"symbols": nil, "discovery": {simLib, lean}}
+	built, ok := needs[*only]
+	if !ok {
+		built = []string{simLib, simwork, gpumem, lean}
+	}
+	for _, f := range built {
+		if _, err := os.Stat(f); err != nil {
+			fatalf("%s missing: run make build sim first", f)
 		}
 	}
 
@@ -61,6 +64,7 @@ func main() {
 		{"latency", "Attach latency", attachLatency},
 		{"load", "Load time of the BPF object", func() string { return loadTimes(root) }},
 		{"symbols", "Naming the first stack through large C++ libraries", func() string { return symbolsFirstStack(root) }},
+		{"discovery", "Discovery against the processes on the node", discoveryCost},
 	} {
 		if *only == "" || *only == s.name {
 			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)

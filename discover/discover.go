@@ -77,55 +77,49 @@ type Result struct {
 }
 
 // Scan reads /proc/PID/maps of the given processes (all of /proc when pids is
-// empty). Processes that exit during the scan, or whose maps cannot be read,
-// are skipped: the next scan sees what is there then.
+// empty), every one of them at each call: for a single look (one process's
+// allocators), where a Scanner reads again only what changed. Processes that
+// exit during the scan, or whose maps cannot be read, are skipped.
 func Scan(procRoot string, pids []int) (Result, error) {
-	return ScanUsing(procRoot, pids, "")
-}
-
-// ScanUsing is Scan of the processes that map the driver library with this
-// ID (Library.ID) only, or of every process when driver is empty: a profiler
-// limited to one driver library (--library) leaves the allocators and
-// interpreters of processes on another driver alone.
-func ScanUsing(procRoot string, pids []int, driver string) (Result, error) {
 	if len(pids) == 0 {
 		var err error
-		if pids, err = listPIDs(procRoot); err != nil {
+		if pids, err = listPIDs(procRoot, make([]byte, listBuffer), nil); err != nil {
 			return Result{}, err
 		}
 	}
-	seen := map[string]bool{}
-	var r Result
+	c := newCollector("")
 	for _, pid := range pids {
 		libs, python := scanProcess(procRoot, pid)
-		if driver != "" && !slices.ContainsFunc(libs, func(l Library) bool { return l.ID() == driver }) {
-			continue
-		}
-		for _, lib := range libs {
-			if !seen[lib.ID()] {
-				seen[lib.ID()] = true
-				r.Libraries = append(r.Libraries, lib)
-			}
-		}
-		if python {
-			r.Python = append(r.Python, pid)
-		}
+		c.add(pid, libs, python)
 	}
-	return r, nil
+	return c.r, nil
 }
 
-func listPIDs(procRoot string) ([]int, error) {
-	entries, err := os.ReadDir(procRoot)
-	if err != nil {
-		return nil, fmt.Errorf("list processes: %w", err)
+// collector builds a Result from processes' libraries, each library once.
+type collector struct {
+	driver string // Library.ID of the one driver whose processes count; "" for any
+	seen   map[string]bool
+	r      Result
+}
+
+func newCollector(driver string) *collector {
+	return &collector{driver: driver, seen: map[string]bool{}}
+}
+
+// add adds what process pid maps, unless it does not map the driver asked for.
+func (c *collector) add(pid int, libs []Library, python bool) {
+	if c.driver != "" && !slices.ContainsFunc(libs, func(l Library) bool { return l.ID() == c.driver }) {
+		return
 	}
-	var pids []int
-	for _, e := range entries {
-		if pid, err := strconv.Atoi(e.Name()); err == nil {
-			pids = append(pids, pid)
+	for _, lib := range libs {
+		if !c.seen[lib.ID()] {
+			c.seen[lib.ID()] = true
+			c.r.Libraries = append(c.r.Libraries, lib)
 		}
 	}
-	return pids, nil
+	if python {
+		c.r.Python = append(c.r.Python, pid)
+	}
 }
 
 func scanProcess(procRoot string, pid int) (libs []Library, python bool) {

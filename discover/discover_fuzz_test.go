@@ -2,8 +2,11 @@ package discover
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // FuzzParseMapsLine: any line parses or is refused; a parsed line printed
@@ -40,6 +43,25 @@ func FuzzLibrariesIn(f *testing.F) {
 			if !IsDriverLibrary(lib.Path) && !IsAllocatorLibrary(lib.Path) {
 				t.Fatalf("library %+v is neither the driver nor the allocator", lib)
 			}
+		}
+	})
+}
+
+// FuzzParseStat: any stat file parses or is refused; a parsed one written
+// back as the kernel writes it parses to the same.
+func FuzzParseStat(f *testing.F) {
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := parseStat(data)
+		if err != nil {
+			return
+		}
+		fields := slices.Repeat([]string{"0"}, 50)
+		fields[22-3] = strconv.FormatUint(uint64(st.start/(time.Second/userHZ)), 10)
+		fields[23-3] = strconv.FormatUint(st.vsize, 10)
+		fields[26-3] = strconv.FormatUint(st.program.code, 10)
+		again := fmt.Sprintf("1 (%s) %s\n", st.program.comm, strings.Join(fields, " "))
+		if st2, err := parseStat([]byte(again)); err != nil || st2 != st {
+			t.Fatalf("%q: %+v; written %q: %+v %v", data, st, again, st2, err)
 		}
 	})
 }

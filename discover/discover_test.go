@@ -3,7 +3,6 @@ package discover
 import (
 	"os"
 	"os/exec"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -67,8 +66,8 @@ func TestPythonVersion(t *testing.T) {
 }
 
 // TestScanWhileProcessesExit scans /proc while short-lived processes come
-// and go: no error, no crash. It scans until 100 processes have come and
-// gone during its scans, however slow the machine.
+// and go, with Scan and a Scanner: no error, no crash. It scans until 100
+// processes have come and gone during its scans, however slow the machine.
 func TestScanWhileProcessesExit(t *testing.T) {
 	stop := make(chan struct{})
 	var spawned atomic.Int64
@@ -84,6 +83,7 @@ func TestScanWhileProcessesExit(t *testing.T) {
 		}
 	}()
 	defer close(stop)
+	scanner := NewScanner("/proc", "")
 	scans := 0
 	for deadline := time.Now().Add(2 * time.Minute); spawned.Load() < 100 || scans < 2; scans++ {
 		if time.Now().After(deadline) {
@@ -92,49 +92,15 @@ func TestScanWhileProcessesExit(t *testing.T) {
 		if _, err := Scan("/proc", nil); err != nil {
 			t.Fatalf("scan %d: %v", scans, err)
 		}
+		if _, err := scanner.Scan(nil); err != nil {
+			t.Fatalf("scanner's scan %d: %v", scans, err)
+		}
 	}
 	// A pid that does not exist is skipped, not an error.
 	if r, err := Scan("/proc", []int{os.Getpid(), 1 << 30}); err != nil || len(r.Libraries) != 0 || len(r.Python) != 0 {
 		t.Fatalf("%+v %v", r, err)
 	}
-}
-
-// TestScanUsingOneDriver: limited to one driver library, a scan finds the
-// allocators and interpreters of the processes that map it, and leaves
-// those of a process on another driver alone.
-func TestScanUsingOneDriver(t *testing.T) {
-	root := t.TempDir()
-	process := func(pid string, lines ...string) {
-		dir := root + "/" + pid
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		maps := ""
-		for _, l := range lines {
-			maps += l + "\n"
-		}
-		if err := os.WriteFile(dir+"/maps", []byte(maps), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	process("10", "7f00-7f10 r-xp 00000000 fd:01 100 /a/libcuda.so.1",
-		"7f20-7f30 r-xp 00000000 fd:01 200 /a/libc10_cuda.so",
-		"7f40-7f50 r-xp 00000000 fd:01 300 /usr/bin/python3.12")
-	process("11", "7f00-7f10 r-xp 00000000 fd:01 101 /b/libcuda.so.1",
-		"7f20-7f30 r-xp 00000000 fd:01 201 /b/libc10_cuda.so",
-		"7f40-7f50 r-xp 00000000 fd:01 300 /usr/bin/python3.12")
-	r, err := ScanUsing(root, nil, Library{Dev: "fd:01", Inode: 100}.ID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for _, l := range r.Libraries {
-		ids = append(ids, l.ID())
-	}
-	if !slices.Equal(ids, []string{"fd:01/100", "fd:01/200"}) || !slices.Equal(r.Python, []int{10}) {
-		t.Errorf("libraries %v, Python %v; want process 10's only", ids, r.Python)
-	}
-	if all, _ := Scan(root, nil); len(all.Libraries) != 4 || len(all.Python) != 2 {
-		t.Errorf("every process: %+v", all)
+	if r, err := NewScanner("/proc", "").Scan([]int{os.Getpid(), 1 << 30}); err != nil || len(r.Libraries) != 0 || len(r.Python) != 0 {
+		t.Fatalf("scanner: %+v %v", r, err)
 	}
 }

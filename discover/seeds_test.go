@@ -9,6 +9,7 @@ package discover
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -38,7 +39,8 @@ var mapsLines = []string{
 
 // TestWriteSeeds writes FuzzParseMapsLine's and FuzzLibrariesIn's seeds:
 // the lines above, one by one and as one process's maps, and with
-// GPUMEM_RECORD_SEEDS=1 a live CPython's whole maps.
+// GPUMEM_RECORD_SEEDS=1 a live CPython's whole maps and FuzzParseStat's
+// stat files of live processes.
 func TestWriteSeeds(t *testing.T) {
 	var lines []fuzzseed.Seed
 	for i, l := range mapsLines {
@@ -56,4 +58,18 @@ func TestWriteSeeds(t *testing.T) {
 		files = append(files, fuzzseed.Of("python3", out))
 	}
 	fuzzseed.Write(t, "FuzzLibrariesIn", files)
+	if fuzzseed.Recording(t, "FuzzParseStat") {
+		own, err := os.ReadFile("/proc/self/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kthread, err := os.ReadFile("/proc/2/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fuzzseed.Write(t, "FuzzParseStat", []fuzzseed.Seed{
+			fuzzseed.Of("own", own), fuzzseed.Of("kthread", kthread),
+			fuzzseed.Of("comm-with-parens", []byte(strings.Replace(string(own), "(", "(a) b (", 1))),
+		})
+	}
 }

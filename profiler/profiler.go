@@ -64,7 +64,8 @@ type Config struct {
 	// ProcRoot is where processes are read from; /proc by default.
 	ProcRoot string
 	// ScanInterval is how often /proc is scanned for new driver libraries
-	// and exited processes; 500ms by default.
+	// and exited processes (a process's files read only when it is new or
+	// changed: discover.Scanner); 500ms by default.
 	ScanInterval time.Duration
 	// Logf receives progress messages (attachments, waiting); may be nil.
 	Logf func(format string, args ...any)
@@ -108,9 +109,9 @@ type Profiler struct {
 	stacks   *stackStore
 	books    *books
 	tensors  *tensorSwitch
-	// driverID is Config.Library's file (discover.FileID): the processes
-	// that map it are the only ones scanned.
-	driverID   string
+	// scanner finds the libraries and Python processes: of the processes
+	// that map Config.Library's file only, when it is set.
+	scanner    *discover.Scanner
 	delivering *job // OOMs delivered, in order (oom.go)
 	// naming is held to read by snapshots being named and to write by
 	// DropExited: a drop frees frame indices that a snapshot being named
@@ -149,18 +150,20 @@ func New(cfg Config) (*Profiler, error) {
 	if cfg.Timeline {
 		p.books.ledger.StartTimeline(bpfNow())
 	}
+	var driverID string
 	if cfg.Library != "" {
 		if err := p.attacher.attach(discover.Library{Path: cfg.Library}); err != nil {
 			p.Close()
 			return nil, err
 		}
-		if p.driverID, err = discover.FileID(cfg.Library); err != nil {
+		if driverID, err = discover.FileID(cfg.Library); err != nil {
 			p.Close()
 			return nil, err
 		}
 	} else {
 		p.attacher.attachInstalled(cfg.ProcRoot, cfg.DriverDirs)
 	}
+	p.scanner = discover.NewScanner(cfg.ProcRoot, driverID)
 	for _, pid := range cfg.TensorPIDs {
 		if err := p.SetTensors(pid, time.Time{}, snapshot.ByFlag); err != nil {
 			p.Close()
@@ -203,6 +206,7 @@ func newProfiler(cfg Config, tr Source) *Profiler {
 		stacks:   newStackStore(sym, py, func(pid uint32) { tr.RemovePython(pid) }, stop),
 		books:    newBooks(),
 		tensors:  newTensorSwitch(cfg.TensorBudget),
+		scanner:  discover.NewScanner(cfg.ProcRoot, ""),
 		stop:     stop,
 	}
 	p.delivering = newJob(p.deliverOOMs, stop)
@@ -364,7 +368,10 @@ func (p *Profiler) SymbolStats() symbolize.Stats { return p.sym.Stats() }
 // without their exit being seen.
 func (p *Profiler) scan(first bool) {
 	p.releaseVanished()
-	found, err := discover.ScanUsing(p.cfg.ProcRoot, p.cfg.PIDs, p.driverID)
+	for _, pid := range p.books.livePIDs() {
+		p.scanner.Calling(int(pid)) // its allocator found now, not at its next look
+	}
+	found, err := p.scanner.Scan(p.cfg.PIDs)
 	if err != nil {
 		p.cfg.Logf("scan processes: %v", err)
 		return
