@@ -134,6 +134,41 @@ var (
 	budgetExceeded  = newMetric(TensorBudgetExceededName, prometheus.CounterValue, nil, "On-demand tensor views switched off because they cost their process more than the budget (--tensor-budget).")
 )
 
+// Inspektor Gadget's GPU observability dashboard (the AKS GPU profiling
+// guide's) queries the metrics of IG's top_cuda_memory gadget under the
+// names IG's metrics exporter gives them: per process and memory class
+// (host_raw "0": on the GPU, "1": in host memory), bytes allocated, freed
+// and released implicitly. gpu-mem sends the same names and labels from the
+// driver view (GPUObservability), the three always together, so that the
+// dashboard's subtraction of one from the others keeps every row.
+const (
+	IGAllocBytesName        = "mem_alloc_bytes_total"
+	IGFreeBytesName         = "mem_free_bytes_total"
+	IGImplicitFreeBytesName = "mem_implicit_free_bytes_total"
+	// Labels as IG names its fields: host_raw is the key the dashboard
+	// filters on, host its name (DEVICE, HOST).
+	LabelHostRaw     = "host_raw"
+	LabelHost        = "host"
+	LabelIGNamespace = "k8s_namespace"
+	LabelIGPod       = "k8s_podname"
+	LabelIGContainer = "k8s_containername"
+)
+
+var igLabels = []string{schema.PID, schema.Comm, LabelHost, LabelHostRaw, LabelIGNamespace, LabelIGPod, LabelIGContainer}
+
+var (
+	igAllocBytes = newMetric(IGAllocBytesName, prometheus.CounterValue, igLabels, "Driver view, as Inspektor Gadget's top_cuda_memory counts it: bytes allocated, "+
+		"per process and memory class (host_raw 0: on the GPU: device, VMM and managed memory; 1: in host memory: host-pinned, and VMM memory placed on the host).")
+	igFreeBytes = newMetric(IGFreeBytesName, prometheus.CounterValue, igLabels, "Driver view, as Inspektor Gadget's top_cuda_memory counts it: bytes freed by a free call, "+
+		"per process and memory class.")
+	igImplicitFreeBytes = newMetric(IGImplicitFreeBytesName, prometheus.CounterValue, igLabels, "Driver view, as Inspektor Gadget's top_cuda_memory counts it: bytes released without a free call "+
+		"(the process's exit, its context's destruction), per process and memory class.")
+)
+
+// igMetrics are the metrics of Inspektor Gadget's GPU observability
+// dashboard, sent with Collector.GPUObservability.
+var igMetrics = []*Metric{igAllocBytes, igFreeBytes, igImplicitFreeBytes}
+
 // bookMetrics are Collector's metrics but the peaks, in the reference's
 // order.
 var bookMetrics = slices.Concat(views[memory.ViewDriver].series(), views[memory.ViewTensor].series(),
@@ -146,7 +181,7 @@ var peakMetrics = []*Metric{views[memory.ViewDriver].peakBytes, views[memory.Vie
 // books, read at each scrape, and the peak gauges) and PushCollector's.
 // The caller must not change them.
 func Reference() (books, pushes []*Metric) {
-	return slices.Concat(bookMetrics, peakMetrics), pushMetrics
+	return slices.Concat(bookMetrics, peakMetrics, igMetrics), pushMetrics
 }
 
 // Collector is a prometheus.Collector over a Source and, if any, a
@@ -154,6 +189,10 @@ func Reference() (books, pushes []*Metric) {
 type Collector struct {
 	Source Source
 	Peaks  PeakSource
+	// GPUObservability adds the metrics Inspektor Gadget's GPU
+	// observability dashboard queries (mem_alloc_bytes_total and its two
+	// companions).
+	GPUObservability bool
 }
 
 // Describe sends the metrics' descriptions.
@@ -161,6 +200,9 @@ func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 	describe(ch, bookMetrics)
 	if c.Peaks != nil {
 		describe(ch, peakMetrics)
+	}
+	if c.GPUObservability {
+		describe(ch, igMetrics)
 	}
 }
 
@@ -203,6 +245,47 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- budgetExceeded.sample(float64(t.BudgetExceeded))
 	if c.Peaks != nil {
 		collectPeaks(ch, c.Peaks.Peaks())
+	}
+	if c.GPUObservability {
+		collectIG(ch, t.Series)
+	}
+}
+
+// igClass is a process's memory of one class, in IG's words.
+type igClass struct {
+	pid     uint32
+	hostRaw bool
+}
+
+// collectIG sends, per process and memory class, the driver view's bytes
+// allocated, freed and released implicitly: three samples with the same
+// labels, each class of a process with any driver memory.
+func collectIG(ch chan<- prometheus.Metric, series []snapshot.Series) {
+	sums := map[igClass]*snapshot.Series{}
+	var order []igClass
+	for _, s := range series {
+		if s.Kind.View() != memory.ViewDriver {
+			continue
+		}
+		k := igClass{s.PID, s.GPU() == "host"}
+		sum := sums[k]
+		if sum == nil {
+			sum = &snapshot.Series{SeriesKey: s.SeriesKey, Comm: s.Comm, Container: s.Container}
+			sums[k] = sum
+			order = append(order, k)
+		}
+		sum.Counters.Add(s.Counters)
+	}
+	for _, k := range order {
+		s := sums[k]
+		host, hostRaw := "DEVICE", "0"
+		if k.hostRaw {
+			host, hostRaw = "HOST", "1"
+		}
+		values := []string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, host, hostRaw, s.Container.Namespace, s.Container.Pod, s.Container.Name}
+		ch <- igAllocBytes.sample(float64(s.AllocBytes), values...)
+		ch <- igFreeBytes.sample(float64(s.FreeBytes), values...)
+		ch <- igImplicitFreeBytes.sample(float64(s.ImplicitFreeBytes), values...)
 	}
 }
 

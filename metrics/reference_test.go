@@ -48,7 +48,7 @@ func TestReferenceIsWhatIsSent(t *testing.T) {
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 1}},
 	})
 	registry := prometheus.NewPedanticRegistry()
-	registry.MustRegister(Collector{Source: everyTotal{}, Peaks: &peaks}, PushCollector{Source: someStats{}})
+	registry.MustRegister(Collector{Source: everyTotal{}, Peaks: &peaks, GPUObservability: true}, PushCollector{Source: someStats{}})
 	families, err := registry.Gather()
 	if err != nil {
 		t.Fatal(err)

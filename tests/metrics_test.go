@@ -1,12 +1,14 @@
 package tests
 
 import (
+	"fmt"
 	"maps"
 	"strconv"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
@@ -39,6 +41,12 @@ func TestMetrics(t *testing.T) {
 		if l := metricstest.Labels(m); l["comm"] != "simwork" {
 			t.Errorf("comm %q", l["comm"])
 		}
+	}
+	// Inspektor Gadget's dashboard's "GPU Active Memory": alloc - free -
+	// implicit free per process and memory class, the driver view.
+	active := map[string]float64{"0": (18+30+10+19)*MiB + 8192, "1": 6*MiB + 4096}
+	if got := igActive(t, families, w.pid); !maps.Equal(got, active) {
+		t.Errorf("mem_alloc_bytes_total - mem_free_bytes_total - mem_implicit_free_bytes_total %v, want %v", got, active)
 	}
 	if n := outOfMemoryFailures(families, oom.pid); n != 1 {
 		t.Errorf("out-of-memory failures %v, want 1: %v", n, families["gpumem_failures_total"])
@@ -78,6 +86,38 @@ func liveByKindGPU(families map[string]*dto.MetricFamily, pid int) map[string]fl
 		}
 	}
 	return live
+}
+
+// igActive is what Inspektor Gadget's dashboard computes from a process's
+// three counters, by host_raw; each counter's series must be there with
+// the same labels, as its PromQL subtraction needs.
+func igActive(t *testing.T, families map[string]*dto.MetricFamily, pid int) map[string]float64 {
+	t.Helper()
+	type series struct {
+		hostRaw string
+		bytes   float64
+	}
+	byLabels := func(name string) map[string]series { // by all labels
+		out := map[string]series{}
+		for _, m := range families[name].GetMetric() {
+			if l := metricstest.Labels(m); l["pid"] == strconv.Itoa(pid) {
+				out[fmt.Sprint(l)] = series{l[metrics.LabelHostRaw], m.GetCounter().GetValue()}
+			}
+		}
+		return out
+	}
+	alloc, free, implicit := byLabels(metrics.IGAllocBytesName), byLabels(metrics.IGFreeBytesName), byLabels(metrics.IGImplicitFreeBytesName)
+	active := map[string]float64{}
+	for labels, a := range alloc {
+		f, okF := free[labels]
+		i, okI := implicit[labels]
+		if !okF || !okI {
+			t.Errorf("%s: not in all three counters", labels)
+			continue
+		}
+		active[a.hostRaw] = a.bytes - f.bytes - i.bytes
+	}
+	return active
 }
 
 // outOfMemoryFailures is a process's gpumem_failures_total of code 2.

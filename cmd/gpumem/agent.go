@@ -34,6 +34,7 @@ const defaultPairCost = 4 * time.Microsecond
 type agentOptions struct {
 	target       targetFlags
 	metricsAddr  string
+	igMetrics    bool
 	kubeconfig   string
 	nodeName     string
 	interval     time.Duration
@@ -101,6 +102,8 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	fs.StringVar(&o.tokenFile, "pyroscope-token-file", "", "file holding a bearer token (or GPUMEM_PYROSCOPE_TOKEN)")
 	fs.StringVar(&o.pyroscope.TenantID, "pyroscope-tenant", "", "tenant, sent as X-Scope-OrgID")
 	fs.StringVar(&o.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9464")
+	fs.BoolVar(&o.igMetrics, "gpu-observability-metrics", true, "serve, with the metrics, those Inspektor Gadget's GPU observability dashboard queries "+
+		"(mem_alloc_bytes_total, mem_free_bytes_total, mem_implicit_free_bytes_total: the driver view per process)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "name pods from this API server (default: the in-cluster one, if any)")
 	fs.StringVar(&o.nodeName, "node-name", "", "the node whose pods are watched (default: $NODE_NAME, else the host name)")
 	fs.IntSliceVar(&o.tensorPIDs, "tensor-pid", nil, "switch the tensor view of these processes on from the start (--tensors=on-demand)")
@@ -219,7 +222,7 @@ func (o *agentOptions) run(ctx context.Context) error {
 		logf("exporting to %s every %v", o.pyroscope.URL, o.interval)
 	}
 	if o.metricsAddr != "" {
-		if err := serveMetrics(ctx, o.metricsAddr, metrics.Collector{Source: p, Peaks: &o.peaks}, exp); err != nil {
+		if err := serveMetrics(ctx, o.metricsAddr, metrics.Collector{Source: p, Peaks: &o.peaks, GPUObservability: o.igMetrics}, exp); err != nil {
 			return err
 		}
 	}
