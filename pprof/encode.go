@@ -74,8 +74,12 @@ const (
 // profile encodes only the values; no Profile of every sample is built.
 // pprof's own reader reads the result (encode_test).
 type Encoder struct {
-	intervals   bool
-	column      map[memory.View]int // where a view's values start
+	intervals bool
+	column    map[memory.View]int // where a view's values start
+	// picks, when set, are the Values each sample type takes, for a
+	// profile of other sample types than the views' (NewMallocEncoder).
+	picks       []int
+	noPeriod    bool // no period type: Pyroscope's profile type ends in "::"
 	types       []*profile.ValueType
 	defaultType string
 	strings     map[string]uint64
@@ -129,6 +133,32 @@ type locationKey struct {
 // profile's allocations are those since the previous profile (a series
 // pushed every interval); else since tracing began.
 func NewEncoder(intervals bool, views ...memory.View) *Encoder {
+	e := newEncoder(intervals)
+	for _, v := range views {
+		e.column[v] = len(e.types)
+		e.types = append(e.types, SampleTypes(v)...)
+	}
+	e.defaultType = DefaultSampleType(views[0])
+	return e
+}
+
+// Malloc is the sample type of the profiles Inspektor Gadget's profile_cuda
+// gadget pushes to Pyroscope (process_cpu:malloc:bytes::), which its GPU
+// observability dashboard's flame graph reads.
+var Malloc = &profile.ValueType{Type: "malloc", Unit: "bytes"}
+
+// NewMallocEncoder makes an encoder of profiles of one sample type, Malloc,
+// without a period type: the driver view's bytes allocated since the
+// previous profile, each interval's.
+func NewMallocEncoder() *Encoder {
+	e := newEncoder(true)
+	e.column[memory.ViewDriver] = 0
+	e.types, e.picks, e.noPeriod = []*profile.ValueType{Malloc}, []int{AllocSpace}, true
+	e.defaultType = Malloc.Type
+	return e
+}
+
+func newEncoder(intervals bool) *Encoder {
 	e := &Encoder{
 		intervals: intervals,
 		column:    map[memory.View]int{},
@@ -141,11 +171,6 @@ func NewEncoder(intervals bool, views ...memory.View) *Encoder {
 		profile:   1,
 	}
 	e.str("")
-	for _, v := range views {
-		e.column[v] = len(e.types)
-		e.types = append(e.types, SampleTypes(v)...)
-	}
-	e.defaultType = DefaultSampleType(views[0])
 	return e
 }
 
@@ -309,6 +334,9 @@ func (e *Encoder) Add(row *snapshot.Row, peak accounting.Amount) {
 	if e.intervals {
 		rs.prev = allocated
 	}
+	if e.picks != nil {
+		v = e.picked(v)
+	}
 	if v == (Values{}) {
 		return
 	}
@@ -332,6 +360,15 @@ func (e *Encoder) Add(row *snapshot.Row, peak accounting.Amount) {
 	e.samples = append(b, labels...)
 }
 
+// picked are the values of the encoder's sample types, in order, from v.
+func (e *Encoder) picked(v Values) Values {
+	var out Values
+	for i, at := range e.picks {
+		out[i] = v[at]
+	}
+	return out
+}
+
 // Len is the number of samples in the profile being written.
 func (e *Encoder) Len() int { return e.n }
 
@@ -346,8 +383,10 @@ func (e *Encoder) WriteTo(w io.Writer, t time.Time, duration time.Duration, comm
 	raw = append(raw, e.tables...)
 	raw = varintField(raw, profTimeNanos, uint64(t.UnixNano()))
 	raw = varintField(raw, profDurationNanos, uint64(duration.Nanoseconds()))
-	raw = appendValueType(raw, profPeriodType, e.str(PeriodType), e.str(PeriodUnit))
-	raw = varintField(raw, profPeriod, 1)
+	if !e.noPeriod {
+		raw = appendValueType(raw, profPeriodType, e.str(PeriodType), e.str(PeriodUnit))
+		raw = varintField(raw, profPeriod, 1)
+	}
 	for _, c := range comments {
 		raw = varintField(raw, profComment, e.str(c))
 	}

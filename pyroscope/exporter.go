@@ -38,6 +38,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/schema"
@@ -55,7 +56,18 @@ const (
 	// LabelTensorViewSince is on a tensor series of a process whose tensor
 	// view was switched on on demand: from when it holds (RFC 3339).
 	LabelTensorViewSince = "tensor_view_since"
+	// MallocProfileName names the series of Config.Malloc, as Inspektor
+	// Gadget's profile_cuda gadget pushes them: Pyroscope files them as
+	// process_cpu:malloc:bytes:: (no period type), and the dashboard
+	// selects them by k8s_namespace and k8s_podName.
+	MallocProfileName = "process_cpu"
+	LabelIGNamespace  = "k8s_namespace"
+	LabelIGPod        = "k8s_podName"
+	LabelIGContainer  = "k8s_containerName"
 )
+
+// MallocProfileTypeID is the profile type of the Malloc series.
+const MallocProfileTypeID = MallocProfileName + ":malloc:bytes::"
 
 // ProfileTypeID is the profile type Pyroscope files sample type st of a
 // pushed series under, by which queries name it (ProfileName, then st's
@@ -79,6 +91,11 @@ type Config struct {
 	Password string // basic auth password (read from a file or the environment)
 	Token    string // bearer token (read from a file or the environment)
 	TenantID string // X-Scope-OrgID
+
+	// Malloc adds, per process, the series Inspektor Gadget's GPU
+	// observability dashboard reads (MallocProfileName): the driver view's
+	// bytes allocated during each interval.
+	Malloc bool
 }
 
 // Stats are the exporter's counts, for the agent's status line.
@@ -270,10 +287,13 @@ func (e *Exporter) export(end time.Time, each func(func(*snapshot.Row)), peaks [
 	}
 }
 
+// seriesKey names a series: a process's memory of one kind on one GPU,
+// or (malloc) its Malloc series.
 type seriesKey struct {
-	pid  uint32
-	kind memory.Kind
-	gpu  string
+	pid    uint32
+	kind   memory.Kind
+	gpu    string
+	malloc bool
 }
 
 // request builds the push of the interval ending at t.
@@ -281,17 +301,10 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 	e.interval++
 	shares := pprof.PeakShares(peaks)
 	each(func(row *snapshot.Row) {
-		k := seriesKey{row.PID, row.Kind, row.GPU()}
-		s := e.series[k]
-		if s == nil {
-			s = &series{enc: pprof.NewEncoder(true, row.Kind.View())}
-			e.series[k] = s
+		e.add(seriesKey{pid: row.PID, kind: row.Kind, gpu: row.GPU()}, row).Add(row, shares[row.Key])
+		if e.cfg.Malloc && row.Kind.View() == memory.ViewDriver {
+			e.add(seriesKey{pid: row.PID, malloc: true}, row).Add(row, accounting.Amount{})
 		}
-		if s.seen != e.interval {
-			s.seen = e.interval
-			s.labels = e.labels(*row)
-		}
-		s.enc.Add(row, shares[row.Key])
 	})
 	start := e.last
 	e.last = t
@@ -307,6 +320,9 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 		a, b := keys[i], keys[j]
 		if a.pid != b.pid {
 			return a.pid < b.pid
+		}
+		if a.malloc != b.malloc {
+			return b.malloc
 		}
 		if a.kind != b.kind {
 			return a.kind < b.kind
@@ -328,6 +344,29 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 	return req
 }
 
+// add returns the encoder of series k, of which row is a row this
+// interval.
+func (e *Exporter) add(k seriesKey, row *snapshot.Row) *pprof.Encoder {
+	s := e.series[k]
+	if s == nil {
+		enc := pprof.NewMallocEncoder()
+		if !k.malloc {
+			enc = pprof.NewEncoder(true, row.Kind.View())
+		}
+		s = &series{enc: enc}
+		e.series[k] = s
+	}
+	if s.seen != e.interval {
+		s.seen = e.interval
+		if k.malloc {
+			s.labels = e.mallocLabels(row)
+		} else {
+			s.labels = e.labels(*row)
+		}
+	}
+	return s.enc
+}
+
 // compress writes a series' profile of the interval, gzipped, with one
 // gzip writer for all.
 func (e *Exporter) compress(enc *pprof.Encoder, t time.Time, duration time.Duration) []byte {
@@ -345,19 +384,47 @@ func (e *Exporter) compress(enc *pprof.Encoder, t time.Time, duration time.Durat
 	return slices.Clone(e.gz.Bytes())
 }
 
-func (e *Exporter) labels(row snapshot.Row) []*typesv1.LabelPair {
-	service := e.cfg.Service
+// service is a row's service_name.
+func (e *Exporter) service(row *snapshot.Row) string {
 	switch c := row.Container; {
-	case service != "":
+	case e.cfg.Service != "":
+		return e.cfg.Service
 	case c.Namespace != "":
-		service = c.Namespace + "/" + c.Workload
+		return c.Namespace + "/" + c.Workload
 	default:
-		service = row.Comm
+		return row.Comm
 	}
+}
+
+// mallocLabels are the labels of a process's Malloc series: Inspektor
+// Gadget's names for its pod.
+func (e *Exporter) mallocLabels(row *snapshot.Row) []*typesv1.LabelPair {
+	pairs := []*typesv1.LabelPair{
+		{Name: LabelName, Value: MallocProfileName},
+		{Name: LabelDelta, Value: "false"},
+		{Name: LabelService, Value: e.service(row)},
+		{Name: schema.PID, Value: strconv.FormatUint(uint64(row.PID), 10)},
+		{Name: schema.Comm, Value: row.Comm},
+	}
+	if e.cfg.Node != "" {
+		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})
+	}
+	c := row.Container
+	for _, l := range []struct{ name, value string }{
+		{LabelIGNamespace, c.Namespace}, {LabelIGPod, c.Pod}, {LabelIGContainer, c.Name},
+	} {
+		if l.value != "" {
+			pairs = append(pairs, &typesv1.LabelPair{Name: l.name, Value: l.value})
+		}
+	}
+	return validUTF8(pairs)
+}
+
+func (e *Exporter) labels(row snapshot.Row) []*typesv1.LabelPair {
 	pairs := []*typesv1.LabelPair{
 		{Name: LabelName, Value: ProfileName},
 		{Name: LabelDelta, Value: "false"},
-		{Name: LabelService, Value: service},
+		{Name: LabelService, Value: e.service(&row)},
 		{Name: schema.PID, Value: strconv.FormatUint(uint64(row.PID), 10)},
 		{Name: schema.Comm, Value: row.Comm},
 		{Name: schema.Kind, Value: row.Kind.String()},
@@ -382,10 +449,15 @@ func (e *Exporter) labels(row snapshot.Row) []*typesv1.LabelPair {
 			pairs = append(pairs, &typesv1.LabelPair{Name: l.name, Value: l.value})
 		}
 	}
+	return validUTF8(pairs)
+}
+
+// validUTF8 has every label value valid UTF-8. A label is a protobuf
+// string: gRPC cannot even send one that is not (a process name cut at 15
+// bytes inside a character), and would fail the push every time it is
+// tried.
+func validUTF8(pairs []*typesv1.LabelPair) []*typesv1.LabelPair {
 	for _, p := range pairs {
-		// A label is a protobuf string: gRPC cannot even send one that is
-		// not UTF-8 (a process name cut at 15 bytes inside a character),
-		// and would fail the push every time it is tried.
 		p.Value = strings.ToValidUTF8(p.Value, "\uFFFD")
 	}
 	return pairs

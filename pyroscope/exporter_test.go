@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"maps"
 	"math/big"
 	"net"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/schema"
@@ -391,4 +393,79 @@ func parseRaw(t *testing.T, s *pushv1.RawProfileSeries) *profile.Profile {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestMallocSeries: with Config.Malloc, each process also has the series
+// Inspektor Gadget's GPU observability dashboard reads: process_cpu,
+// labelled with IG's pod names, one sample type (malloc, bytes) and no
+// period type, holding the driver view's bytes allocated in each interval,
+// all kinds together, the tensor view left out; an interval in which the
+// process allocated nothing has none.
+func TestMallocSeries(t *testing.T) {
+	lis := listen(t)
+	r := &receiver{}
+	serve(t, r, lis)
+	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4, Malloc: true})
+	pod := container.Identity{Namespace: "ml", Pod: "vllm-0", Name: "server", Workload: "vllm"}
+	inPod := func(row snapshot.Row) snapshot.Row { row.Container = pod; return row }
+	t0 := time.Now()
+	for i, allocated := range []uint64{1 << 30, 1 << 30, 1<<30 + 4096} {
+		e.Export(snapshot.Snapshot{Time: t0.Add(time.Duration(i) * time.Second)}.With(
+			inPod(row(10, 1, memory.KindDevice, "_allocate_kv_cache_tensors", accounting.Counters{AllocBytes: allocated, AllocCount: 1})),
+			inPod(row(10, 2, memory.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1})),
+			inPod(row(10, 3, memory.KindTensor, "forward", accounting.Counters{AllocBytes: uint64(i+1) << 20, AllocCount: 1})),
+		))
+	}
+	waitFor(t, "three pushes", func() bool { return len(r.Received()) == 3 })
+	for i, want := range []map[string]int64{
+		{"_allocate_kv_cache_tensors": 1 << 30, "pin": 8},
+		nil, // nothing allocated
+		{"_allocate_kv_cache_tensors": 4096},
+	} {
+		var malloc []*pushv1.RawProfileSeries
+		for _, s := range r.Received()[i].Series {
+			if pyroscopetest.Labels(s)["__name__"] == MallocProfileName {
+				malloc = append(malloc, s)
+			}
+		}
+		if want == nil {
+			if len(malloc) != 0 {
+				t.Errorf("interval %d: %d malloc series, want none", i, len(malloc))
+			}
+			continue
+		}
+		if len(malloc) != 1 {
+			t.Fatalf("interval %d: %d malloc series, want one for the process", i, len(malloc))
+		}
+		labels := pyroscopetest.Labels(malloc[0])
+		wantLabels := map[string]string{"__name__": "process_cpu", "__delta__": "false", "service_name": "ml/vllm", "pid": "10", "comm": "train",
+			LabelIGNamespace: "ml", LabelIGPod: "vllm-0", LabelIGContainer: "server"}
+		if !maps.Equal(labels, wantLabels) {
+			t.Errorf("interval %d: labels %v, want %v", i, labels, wantLabels)
+		}
+		p, err := profile.ParseData(malloc[0].Samples[0].RawProfile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.SampleType) != 1 || pprofTypeID(p) != MallocProfileTypeID {
+			t.Fatalf("interval %d: profile type %s", i, pprofTypeID(p))
+		}
+		got := map[string]int64{}
+		for _, s := range p.Sample {
+			got[s.Location[1].Line[0].Function.Name] += s.Value[0]
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("interval %d: %v, want %v", i, got, want)
+		}
+	}
+}
+
+// pprofTypeID is the profile type Pyroscope files a one-type profile under,
+// from its sample and period types.
+func pprofTypeID(p *profile.Profile) string {
+	period := ":"
+	if p.PeriodType != nil {
+		period = p.PeriodType.Type + ":" + p.PeriodType.Unit
+	}
+	return MallocProfileName + ":" + p.SampleType[0].Type + ":" + p.SampleType[0].Unit + ":" + period
 }

@@ -101,6 +101,8 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	fs.StringVar(&o.passwordFile, "pyroscope-password-file", "", "file holding the basic auth password (or GPUMEM_PYROSCOPE_PASSWORD)")
 	fs.StringVar(&o.tokenFile, "pyroscope-token-file", "", "file holding a bearer token (or GPUMEM_PYROSCOPE_TOKEN)")
 	fs.StringVar(&o.pyroscope.TenantID, "pyroscope-tenant", "", "tenant, sent as X-Scope-OrgID")
+	fs.BoolVar(&o.pyroscope.Malloc, "gpu-observability-profiles", true, "also push, per process, the profile Inspektor Gadget's GPU observability dashboard reads "+
+		"(process_cpu:malloc:bytes: the driver view's bytes allocated each interval, labelled k8s_namespace and k8s_podName)")
 	fs.StringVar(&o.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9464")
 	fs.BoolVar(&o.igMetrics, "gpu-observability-metrics", true, "serve, with the metrics, those Inspektor Gadget's GPU observability dashboard queries "+
 		"(mem_alloc_bytes_total, mem_free_bytes_total, mem_implicit_free_bytes_total: the driver view per process)")
