@@ -8,19 +8,16 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/inspektor-gadget/inspektor-gadget/pkg/datasource"
 	gadgetcontext "github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-context"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api"
 	apihelpers "github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-service/api-helpers"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/logger"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators"
 	ocihandler "github.com/inspektor-gadget/inspektor-gadget/pkg/operators/oci-handler"
-	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators/simple"
 
 	"github.com/gpu-mem/gpu-mem/operators/gpumem"
 	"github.com/gpu-mem/gpu-mem/operators/k8smeta"
@@ -28,8 +25,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/profiledata"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
-	"github.com/gpu-mem/gpu-mem/schema"
-	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 type runOptions struct {
@@ -82,11 +77,11 @@ func (o *runOptions) run(ctx context.Context, image string) error {
 	}
 	// The one operator for eBPF layers: gpumem's, not IG's.
 	operators.RegisterOperatorForMediaType(gpumem.MediaType, gpumem.Operator{Logf: logf})
-	out := &lastReport{}
+	out := &profiledata.Last{}
 	ctx, stop := untilStopped(ctx, o.record.duration)
 	defer stop()
 	gadgetCtx := gadgetcontext.New(ctx, image,
-		gadgetcontext.WithDataOperators(ocihandler.OciHandler, k8smeta.Operator{}, pyroscope.Operator{}, out.operator()),
+		gadgetcontext.WithDataOperators(ocihandler.OciHandler, k8smeta.Operator{}, pyroscope.Operator{}, out.Operator(pyroscope.Priority+1)),
 		gadgetcontext.WithLogger(logger.DefaultLogger()))
 	if err := o.initOCIHandler(); err != nil {
 		return err
@@ -104,7 +99,7 @@ func (o *runOptions) run(ctx context.Context, image string) error {
 	if err := gadgetCtx.Run(params); err != nil {
 		return fmt.Errorf("run %s: %w", image, err)
 	}
-	r, ok := out.get()
+	r, ok := out.Get()
 	if !ok {
 		return fmt.Errorf("%s produced no gpu-mem profile: is it a gpu-mem image?", image)
 	}
@@ -141,60 +136,4 @@ func joinInts(list []int) string {
 		s[i] = strconv.Itoa(n)
 	}
 	return strings.Join(s, ",")
-}
-
-// lastReport keeps the latest books the gadget emitted: its rows and the
-// totals sent just before them.
-type lastReport struct {
-	mu     sync.Mutex
-	report *snapshot.Snapshot
-	stats  snapshot.Snapshot // totals only
-	seen   bool
-}
-
-func (l *lastReport) operator() operators.DataOperator {
-	return simple.New("gpumem-output", simple.WithPriority(pyroscope.Priority+1),
-		simple.OnInit(func(gadgetCtx operators.GadgetContext) error {
-			for _, ds := range gadgetCtx.GetDataSources() {
-				var err error
-				switch {
-				case ds.Annotations()[schema.Annotation] == "true":
-					err = l.subscribeRows(ds)
-				case ds.Annotations()[schema.StatsAnnotation] == "true":
-					err = l.subscribeStats(ds)
-				}
-				if err != nil {
-					return err
-				}
-			}
-			return nil
-		}))
-}
-
-func (l *lastReport) subscribeRows(ds datasource.DataSource) error {
-	return profiledata.SubscribeReports(ds, pyroscope.Priority+1, func(r *snapshot.Snapshot) error {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		r.Events, r.Losses, r.Ledger, r.Libraries = l.stats.Events, l.stats.Losses, l.stats.Ledger, l.stats.Libraries
-		l.report, l.seen = r, true
-		return nil
-	})
-}
-
-func (l *lastReport) subscribeStats(ds datasource.DataSource) error {
-	stats, err := profiledata.NewStatsReader(ds)
-	if err != nil {
-		return err
-	}
-	return ds.Subscribe(func(ds datasource.DataSource, d datasource.Data) error {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return stats.Read(d, &l.stats)
-	}, pyroscope.Priority+1)
-}
-
-func (l *lastReport) get() (*snapshot.Snapshot, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.report, l.seen
 }
