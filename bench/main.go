@@ -51,6 +51,10 @@ func main() {
 			fatalf("%s missing: run make build sim first", f)
 		}
 	}
+	if os.Getenv(inNamespace) != "" {
+		fmt.Print(discoveryInNamespace())
+		return
+	}
 
 	var report strings.Builder
 	header(&report)
