@@ -1,6 +1,8 @@
 package profiler
 
 import (
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
@@ -140,4 +142,189 @@ func (b *books) close(losses schema.Losses) {
 	b.mu.Lock()
 	b.losses, b.closed = losses, true
 	b.mu.Unlock()
+}
+
+// lastLosses are the tracer's last loss counts, kept as it closed, and
+// whether it did.
+func (b *books) lastLosses() (schema.Losses, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.losses, b.closed
+}
+
+// pids are the processes the books keep anything for: those that hold or
+// did anything, and those that exited and are not dropped yet.
+func (b *books) pids() map[uint32]bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	pids := b.ledger.PIDs()
+	addKeys(pids, b.exitedAt)
+	return pids
+}
+
+// copyTo copies the books into s, the rows and failures that keep says,
+// with rows or not, and notes their processes in procs. It returns the
+// run's peaks and, with timeline, the timeline (whole), or the interval's
+// peaks as it ends, their rows in s.Shares.
+func (b *books) copyTo(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool,
+	whole, rows, timeline bool) ([]accounting.Peak, *accounting.Timeline) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s.Exits = b.exits
+	s.Ledger, s.Python, s.NativeTruncated, s.Events = b.ledger.Stats(), b.python, b.nativeTruncated, b.events
+	s.OOMs = slices.Clone(b.ooms)
+	if rows {
+		s.Entries = slices.Grow(s.Entries, b.ledger.Len())
+		b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
+			if keep(k) {
+				s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c})
+				procs[k.PID] = nil
+			}
+		})
+	}
+	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
+		if keep(k.Key) {
+			s.Failures = append(s.Failures, snapshot.Failure{FailureKey: k, Failures: f})
+			procs[k.PID] = nil
+		}
+	})
+	if whole {
+		var tl *accounting.Timeline
+		if timeline {
+			t := b.ledger.Timeline(bpfNow())
+			tl = &t
+		}
+		return b.ledger.Peaks(), tl
+	}
+	peaks := b.ledger.TakeIntervalPeaks(bpfNow())
+	for i := range peaks { // into s: the ledger reuses its buffer
+		start := len(s.Shares)
+		s.Shares = append(s.Shares, peaks[i].Rows...)
+		peaks[i].Rows = s.Shares[start:len(s.Shares):len(s.Shares)]
+	}
+	return peaks, nil
+}
+
+// sum sums the rows and failures that keep says per series.
+func (b *books) sum(keep func(accounting.Key) bool) snapshot.Totals {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	stats := b.ledger.Stats()
+	t := snapshot.Totals{UnknownFrees: stats.UnknownFrees, FreesBeforeView: stats.FreesBeforeView, Events: b.events}
+	series := map[snapshot.SeriesKey]int{}
+	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
+		if !keep(k) {
+			return
+		}
+		sk := snapshot.SeriesOf(k)
+		i, ok := series[sk]
+		if !ok {
+			i = len(t.Series)
+			series[sk] = i
+			t.Series = append(t.Series, snapshot.Series{SeriesKey: sk})
+		}
+		t.Series[i].Counters.Add(c)
+	})
+	type failureKey struct {
+		snapshot.SeriesKey
+		result int32
+	}
+	failures := map[failureKey]int{}
+	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
+		if !keep(k.Key) {
+			return
+		}
+		fk := failureKey{snapshot.SeriesOf(k.Key), k.Result}
+		i, ok := failures[fk]
+		if !ok {
+			i = len(t.Failures)
+			failures[fk] = i
+			t.Failures = append(t.Failures, snapshot.SeriesFailures{SeriesKey: fk.SeriesKey, Result: k.Result})
+		}
+		t.Failures[i].Count += f.Count
+	})
+	return t
+}
+
+// pendingOOMs are the out-of-memory snapshots taken and not delivered.
+func (b *books) pendingOOMs() []oomSnapshot {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.oomPending)
+}
+
+// delivered keeps the first len(ooms) pending snapshots, named, as
+// delivered: the latest snapshot.MaxOOMs.
+func (b *books) delivered(ooms []snapshot.OOM) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.oomPending = b.oomPending[len(ooms):]
+	b.ooms = append(b.ooms, ooms...)
+	if len(b.ooms) > snapshot.MaxOOMs {
+		b.ooms = b.ooms[len(b.ooms)-snapshot.MaxOOMs:]
+	}
+}
+
+// exitedBy are the processes that exited by the time the books had seen
+// exits exits, but those waiting, or with an out-of-memory snapshot not
+// yet delivered.
+func (b *books) exitedBy(exits uint64, waiting []uint32) []uint32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var pids []uint32
+	for pid, at := range b.exitedAt {
+		if at <= exits && !slices.Contains(waiting, pid) && !b.oomPendingFor(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// dropExited drops the books of candidates, but those of keep and those
+// whose PID a new process took since they were chosen, and returns the
+// processes dropped.
+func (b *books) dropExited(candidates, keep []uint32) []uint32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	drop := map[uint32]bool{}
+	for _, pid := range candidates {
+		if _, exited := b.exitedAt[pid]; exited {
+			drop[pid] = true
+		}
+	}
+	for _, pid := range keep {
+		delete(drop, pid)
+	}
+	if len(drop) == 0 {
+		return nil
+	}
+	dropped := make([]uint32, 0, len(drop))
+	for pid := range drop {
+		delete(b.exitedAt, pid)
+		delete(b.tensorAllocations, pid)
+		dropped = append(dropped, pid)
+	}
+	b.ledger.DropExited(func(pid uint32) bool { return !drop[pid] })
+	return dropped
+}
+
+// startTensorView has pid's tensor books begin while it runs.
+func (b *books) startTensorView(pid uint32) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ledger.StartView(pid, memory.SpaceTensor)
+}
+
+// endTensorView closes pid's tensor books at ts.
+func (b *books) endTensorView(pid uint32, ts uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ledger.EndView(pid, memory.SpaceTensor, ts)
+}
+
+// tensorAllocs returns each process's tensor allocations so far.
+func (b *books) tensorAllocs() map[uint32]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.tensorAllocations)
 }

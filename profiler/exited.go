@@ -1,10 +1,6 @@
 package profiler
 
-import (
-	"slices"
-
-	"github.com/gpu-mem/gpu-mem/snapshot"
-)
+import "github.com/gpu-mem/gpu-mem/snapshot"
 
 // Processes that exited are dropped when the loop that reads the profiler
 // says it has read them (DropExited), so that a long run's books, stacks
@@ -36,57 +32,11 @@ func (p *Profiler) DropExited(s *snapshot.Snapshot) {
 	}
 }
 
-// exitedBy are the processes that exited by the time the books had seen
-// exits exits, but those waiting, or with an out-of-memory snapshot not
-// yet delivered.
-func (b *books) exitedBy(exits uint64, waiting []uint32) []uint32 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var pids []uint32
-	for pid, at := range b.exitedAt {
-		if at <= exits && !slices.Contains(waiting, pid) && !b.oomPendingFor(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-// dropExited drops the books of candidates, but those of keep and those
-// whose PID a new process took since they were chosen, and returns the
-// processes dropped.
-func (b *books) dropExited(candidates, keep []uint32) []uint32 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	drop := map[uint32]bool{}
-	for _, pid := range candidates {
-		if _, exited := b.exitedAt[pid]; exited {
-			drop[pid] = true
-		}
-	}
-	for _, pid := range keep {
-		delete(drop, pid)
-	}
-	if len(drop) == 0 {
-		return nil
-	}
-	dropped := make([]uint32, 0, len(drop))
-	for pid := range drop {
-		delete(b.exitedAt, pid)
-		delete(b.tensorAllocations, pid)
-		dropped = append(dropped, pid)
-	}
-	b.ledger.DropExited(func(pid uint32) bool { return !drop[pid] })
-	return dropped
-}
-
 // Processes is how many processes the profiler keeps anything for, in its
 // books or its tables: those it traces, and those that exited and are not
 // dropped yet.
 func (p *Profiler) Processes() int {
-	p.books.mu.Lock()
-	pids := p.books.ledger.PIDs()
-	addKeys(pids, p.books.exitedAt)
-	p.books.mu.Unlock()
+	pids := p.books.pids()
 	p.stacks.addPIDs(pids)
 	p.procs.addPIDs(pids)
 	return len(pids)

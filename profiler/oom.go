@@ -55,10 +55,7 @@ func (b *books) oomPendingFor(pid uint32) bool {
 // snapshot stays pending until named, so that its process is not dropped
 // meanwhile. It is the job p.delivering.
 func (p *Profiler) deliverOOMs() {
-	b := p.books
-	b.mu.Lock()
-	pending := slices.Clone(b.oomPending)
-	b.mu.Unlock()
+	pending := p.books.pendingOOMs()
 	if len(pending) == 0 {
 		return
 	}
@@ -67,13 +64,7 @@ func (p *Profiler) deliverOOMs() {
 	for _, s := range pending {
 		ooms = append(ooms, p.oom(s))
 	}
-	b.mu.Lock()
-	b.oomPending = b.oomPending[len(pending):]
-	b.ooms = append(b.ooms, ooms...)
-	if len(b.ooms) > snapshot.MaxOOMs {
-		b.ooms = b.ooms[len(b.ooms)-snapshot.MaxOOMs:]
-	}
-	b.mu.Unlock()
+	p.books.delivered(ooms)
 	if p.cfg.OnOOM != nil {
 		for _, o := range ooms {
 			p.cfg.OnOOM(o)

@@ -109,48 +109,9 @@ func (p *Profiler) finish(s *snapshot.Snapshot, procs map[uint32]*process, peaks
 // snapshot of the run (whole), else the interval's peaks as it ends.
 func (p *Profiler) copyBooks(s *snapshot.Snapshot, procs map[uint32]*process, whole, rows bool) ([]accounting.Peak, *accounting.Timeline, error) {
 	losses, err := p.currentLosses()
-	b := p.books
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s.Time, s.Losses, s.Exits = time.Now(), losses, b.exits
-	s.Ledger, s.Python, s.NativeTruncated, s.Events = b.ledger.Stats(), b.python, b.nativeTruncated, b.events
-	s.OOMs = slices.Clone(b.ooms)
-	if rows {
-		p.copyRows(s, procs)
-	}
-	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
-		if p.onGPU(k.Key) {
-			s.Failures = append(s.Failures, snapshot.Failure{FailureKey: k, Failures: f})
-			procs[k.PID] = nil
-		}
-	})
-	if whole {
-		var timeline *accounting.Timeline
-		if p.cfg.Timeline {
-			tl := b.ledger.Timeline(bpfNow())
-			timeline = &tl
-		}
-		return b.ledger.Peaks(), timeline, err
-	}
-	peaks := b.ledger.TakeIntervalPeaks(bpfNow())
-	for i := range peaks { // into s: the ledger reuses its buffer
-		start := len(s.Shares)
-		s.Shares = append(s.Shares, peaks[i].Rows...)
-		peaks[i].Rows = s.Shares[start:len(s.Shares):len(s.Shares)]
-	}
-	return peaks, nil, err
-}
-
-// copyRows copies the books' rows into s. The caller holds p.books.mu.
-func (p *Profiler) copyRows(s *snapshot.Snapshot, procs map[uint32]*process) {
-	l := p.books.ledger
-	s.Entries = slices.Grow(s.Entries, l.Len())
-	l.Rows(func(k accounting.Key, c accounting.Counters) {
-		if p.onGPU(k) {
-			s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c})
-			procs[k.PID] = nil
-		}
-	})
+	s.Time, s.Losses = time.Now(), losses
+	peaks, timeline := p.books.copyTo(s, procs, p.onGPU, whole, rows, whole && p.cfg.Timeline)
+	return peaks, timeline, err
 }
 
 // nameRows names the snapshot's rows. Unless whole, the rows whose
@@ -181,11 +142,7 @@ func (p *Profiler) nameRows(s *snapshot.Snapshot, whole bool) {
 // currentLosses are the tracer's loss counts, or its last ones once closed.
 // The BPF maps are read without the books' lock: events keep flowing.
 func (p *Profiler) currentLosses() (schema.Losses, error) {
-	b := p.books
-	b.mu.Lock()
-	closed, losses := b.closed, b.losses
-	b.mu.Unlock()
-	if closed {
+	if losses, closed := p.books.lastLosses(); closed {
 		return losses, nil
 	}
 	return p.tr.Losses()

@@ -3,7 +3,6 @@ package profiler
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
-	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -382,25 +380,4 @@ func (p *Profiler) closeTensors() {
 		}
 		v.links = nil
 	}
-}
-
-// startTensorView has pid's tensor books begin while it runs.
-func (b *books) startTensorView(pid uint32) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.ledger.StartView(pid, memory.SpaceTensor)
-}
-
-// endTensorView closes pid's tensor books at ts.
-func (b *books) endTensorView(pid uint32, ts uint64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.ledger.EndView(pid, memory.SpaceTensor, ts)
-}
-
-// tensorAllocs returns each process's tensor allocations so far.
-func (b *books) tensorAllocs() map[uint32]uint64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return maps.Clone(b.tensorAllocations)
 }

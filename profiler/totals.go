@@ -1,7 +1,6 @@
 package profiler
 
 import (
-	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -33,42 +32,7 @@ func (p *Profiler) Totals() (snapshot.Totals, error) {
 // sumBooks sums the books' rows and failures per series.
 func (p *Profiler) sumBooks() (snapshot.Totals, error) {
 	losses, err := p.currentLosses()
-	b := p.books
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	stats := b.ledger.Stats()
-	t := snapshot.Totals{Losses: losses, UnknownFrees: stats.UnknownFrees, FreesBeforeView: stats.FreesBeforeView, Events: b.events}
-	series := map[snapshot.SeriesKey]int{}
-	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
-		if !p.onGPU(k) {
-			return
-		}
-		sk := snapshot.SeriesOf(k)
-		i, ok := series[sk]
-		if !ok {
-			i = len(t.Series)
-			series[sk] = i
-			t.Series = append(t.Series, snapshot.Series{SeriesKey: sk})
-		}
-		t.Series[i].Counters.Add(c)
-	})
-	type failureKey struct {
-		snapshot.SeriesKey
-		result int32
-	}
-	failures := map[failureKey]int{}
-	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
-		if !p.onGPU(k.Key) {
-			return
-		}
-		fk := failureKey{snapshot.SeriesOf(k.Key), k.Result}
-		i, ok := failures[fk]
-		if !ok {
-			i = len(t.Failures)
-			failures[fk] = i
-			t.Failures = append(t.Failures, snapshot.SeriesFailures{SeriesKey: fk.SeriesKey, Result: k.Result})
-		}
-		t.Failures[i].Count += f.Count
-	})
+	t := p.books.sum(p.onGPU)
+	t.Losses = losses
 	return t, err
 }
