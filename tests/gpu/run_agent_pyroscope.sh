@@ -59,21 +59,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # 1. The server.
 data=$(mktemp -d /tmp/pyroscope-agent.XXXXXX)
-"$PYRO" -target=all -architecture.storage=v2 -write-path=segment-writer \
-	-storage.backend=filesystem -storage.filesystem.dir="$data/local" \
-	-server.http-listen-address=127.0.0.1 -server.http-listen-port="$port" \
-	-server.grpc-listen-address=127.0.0.1 -server.grpc-listen-port="$grpc" \
-	-memberlist.bind-addr=127.0.0.1 -memberlist.advertise-addr=127.0.0.1 -memberlist.bind-port="$gossip" \
-	-distributor.ring.instance-addr=127.0.0.1 -query-frontend.instance-addr=127.0.0.1 \
-	-segment-writer.lifecycler.addr=127.0.0.1 -segment-writer.min-ready-duration=0s \
-	-segment-writer.heartbeat-period=1s -metastore.min-ready-duration=0s \
-	-metastore.address=127.0.0.1:"$grpc" -query-backend.address=127.0.0.1:"$grpc" \
-	-metastore.data-dir="$data/metastore/data" -metastore.raft.dir="$data/metastore/raft" \
-	-metastore.raft.snapshots-dir="$data/metastore/raft" -metastore.raft.bind-address=127.0.0.1:"$raft" \
-	-metastore.raft.advertise-address=127.0.0.1:"$raft" -metastore.raft.server-id=127.0.0.1:"$raft" \
-	-compaction-worker.temp-dir="$data/tmp" -embedded-grafana.data-path="$data/grafana" \
-	-self-profiling.disable-push=true -usage-stats.enabled=false >"$out/pyroscope.log" 2>&1 &
-pyro=$!
+. "$here/pyroscope_server.sh"
+start_pyroscope "$data" "$out/pyroscope.log" "$port" "$grpc" "$gossip" "$raft"
 start=$EPOCHREALTIME
 "$python" "$check" ready "$url" 60 || { tail -20 "$out/pyroscope.log"; fail "pyroscope not ready"; }
 echo "pyroscope ready at $url in $(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $start}") s (pid $pyro)"

@@ -10,21 +10,9 @@ set -u
 gpumem=$(realpath "$1"); mkdir -p "$2"; D=$(mktemp -d "$(realpath "$2")/malloc.XXXX")
 : "${PYRO:?PYRO: the pyroscope binary}"
 here=$(cd "$(dirname "$0")" && pwd)
-"$PYRO" -target=all -architecture.storage=v2 -write-path=segment-writer \
-  -storage.backend=filesystem -storage.filesystem.dir=$D/local \
-  -server.http-listen-address=127.0.0.1 -server.http-listen-port=4040 \
-  -server.grpc-listen-address=127.0.0.1 -server.grpc-listen-port=9095 \
-  -memberlist.bind-addr=127.0.0.1 -memberlist.advertise-addr=127.0.0.1 -memberlist.bind-port=7946 \
-  -distributor.ring.instance-addr=127.0.0.1 -query-frontend.instance-addr=127.0.0.1 \
-  -segment-writer.lifecycler.addr=127.0.0.1 -segment-writer.min-ready-duration=0s \
-  -segment-writer.heartbeat-period=1s -metastore.min-ready-duration=0s \
-  -metastore.address=127.0.0.1:9095 -query-backend.address=127.0.0.1:9095 \
-  -metastore.data-dir=$D/metastore/data -metastore.raft.dir=$D/metastore/raft \
-  -metastore.raft.snapshots-dir=$D/metastore/raft -metastore.raft.bind-address=127.0.0.1:9099 \
-  -metastore.raft.advertise-address=127.0.0.1:9099 -metastore.raft.server-id=127.0.0.1:9099 \
-  -compaction-worker.temp-dir=$D/tmp -embedded-grafana.data-path=$D/grafana \
-  -self-profiling.disable-push=true -usage-stats.enabled=false > $D/server.log 2>&1 &
-srv=$!
+. "$here/pyroscope_server.sh"
+start_pyroscope $D $D/server.log
+srv=$pyro
 until curl -s 127.0.0.1:4040/ready | grep -q ready; do sleep 0.5; done
 cd "$here/../.."
 start=$(($(date +%s) * 1000 - 60000))

@@ -1,0 +1,23 @@
+# Sourced by the scripts that check against a real Grafana Pyroscope (v2.2.1,
+# a test peer built outside the repository, shared/pyroscope-peer.md).
+# start_pyroscope DIR LOG [HTTP GRPC GOSSIP RAFT]: the server, all in one
+# process, its data under DIR, on 127.0.0.1 (ports 4040 9095 7946 9099 by
+# default); its pid in $pyro. The caller waits for it to be ready.
+start_pyroscope() {
+	local data=$1 log=$2 http=${3:-4040} grpc=${4:-9095} gossip=${5:-7946} raft=${6:-9099}
+	"$PYRO" -target=all -architecture.storage=v2 -write-path=segment-writer \
+		-storage.backend=filesystem -storage.filesystem.dir="$data/local" \
+		-server.http-listen-address=127.0.0.1 -server.http-listen-port="$http" \
+		-server.grpc-listen-address=127.0.0.1 -server.grpc-listen-port="$grpc" \
+		-memberlist.bind-addr=127.0.0.1 -memberlist.advertise-addr=127.0.0.1 -memberlist.bind-port="$gossip" \
+		-distributor.ring.instance-addr=127.0.0.1 -query-frontend.instance-addr=127.0.0.1 \
+		-segment-writer.lifecycler.addr=127.0.0.1 -segment-writer.min-ready-duration=0s \
+		-segment-writer.heartbeat-period=1s -metastore.min-ready-duration=0s \
+		-metastore.address=127.0.0.1:"$grpc" -query-backend.address=127.0.0.1:"$grpc" \
+		-metastore.data-dir="$data/metastore/data" -metastore.raft.dir="$data/metastore/raft" \
+		-metastore.raft.snapshots-dir="$data/metastore/raft" -metastore.raft.bind-address=127.0.0.1:"$raft" \
+		-metastore.raft.advertise-address=127.0.0.1:"$raft" -metastore.raft.server-id=127.0.0.1:"$raft" \
+		-compaction-worker.temp-dir="$data/tmp" -embedded-grafana.data-path="$data/grafana" \
+		-self-profiling.disable-push=true -usage-stats.enabled=false >"$log" 2>&1 &
+	pyro=$!
+}
