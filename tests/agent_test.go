@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
+	"github.com/gpu-mem/gpu-mem/pyroscope"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 )
 
@@ -130,8 +131,8 @@ func workloadBytes(t *testing.T, pushes []*pushv1.PushRequest, pid int) (allocat
 		inuse := map[string]int64{}
 		found := false
 		for _, series := range req.Series {
-			if pyroscopetest.Labels(series)["pid"] != strconv.Itoa(pid) {
-				continue
+			if l := pyroscopetest.Labels(series); l["pid"] != strconv.Itoa(pid) || l[pyroscope.LabelName] != pyroscope.ProfileName {
+				continue // another process's, or its malloc series
 			}
 			found = true
 			for _, s := range parseSeries(t, series).Sample {
@@ -161,7 +162,7 @@ func checkSeries(t *testing.T, pushes []*pushv1.PushRequest, pid int) {
 	for _, req := range pushes {
 		for _, series := range req.Series {
 			labels := pyroscopetest.Labels(series)
-			if labels["pid"] != strconv.Itoa(pid) {
+			if labels["pid"] != strconv.Itoa(pid) || labels[pyroscope.LabelName] != pyroscope.ProfileName {
 				continue
 			}
 			for k, v := range want {

@@ -16,6 +16,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
+	"github.com/gpu-mem/gpu-mem/pyroscope"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
@@ -222,6 +223,9 @@ func (t *pushTally) addSeries(series *pushv1.RawProfileSeries) error {
 	labels := pyroscopetest.Labels(series)
 	if labels[schema.Kind] == memory.KindTensor.String() {
 		return nil // no tensors in the soak
+	}
+	if labels[pyroscope.LabelName] != pyroscope.ProfileName {
+		return nil // a process's malloc series: the same bytes allocated again
 	}
 	pid, err := strconv.Atoi(labels[schema.PID])
 	if err != nil {
