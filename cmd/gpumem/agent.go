@@ -47,15 +47,7 @@ type agentOptions struct {
 	control      string            // the control socket's path
 	peaks        metrics.LastPeaks // the last interval's, for the gauges
 	snapshot     snapshot.Snapshot // the last interval's, its memory reused
-
-	// The exporter's rejections at the last status line, and the last
-	// reason logged: a reason is logged once, not on every line while
-	// the server keeps refusing for it.
-	rejections      uint64
-	rejectionLogged string
-	// The error being retried, said in full on the first line that has
-	// it; the lines after, while it lasts, say it is the same.
-	errorLogged string
+	pushes       pyroscope.StatusLine
 }
 
 func newAgentCommand() *cobra.Command {
@@ -262,7 +254,7 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees, symbol tables %d (%.1f MiB)",
 		len(pids), t.Events, t.Losses.Total(), t.UnknownFrees, sym.Tables, float64(sym.IndexBytes+sym.NameBytes)/(1<<20))
 	if exp != nil {
-		line += o.pushStatus(exp.Stats())
+		line += o.pushes.Say(exp.Stats())
 	}
 	logf("%s", line)
 	parts := profiler.PeaksOnly // for the gauges alone: no row copied
@@ -275,31 +267,6 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 		exp.Export(&o.snapshot)
 	}
 	p.DropExited(&o.snapshot)
-}
-
-// pushStatus is the exporter's part of the status line: its counts, the
-// error being retried (in full once, while it lasts), and a new
-// rejection's reason (once).
-func (o *agentOptions) pushStatus(s pyroscope.Stats) string {
-	line := fmt.Sprintf(", pushes %d done %d failed %d rejected %d dropped %d queued", s.Pushed, s.Failed, s.Rejected, s.Dropped, s.Queued)
-	if s.Expired > 0 {
-		line += fmt.Sprintf(", %d expired", s.Expired)
-	}
-	switch {
-	case s.LastError == "":
-		o.errorLogged = "" // delivered since: a new failure is said again
-	case s.LastError == o.errorLogged:
-		line += ", last error: the same"
-	default:
-		line += ", last error: " + s.LastError
-		o.errorLogged = s.LastError
-	}
-	if s.Rejected > o.rejections && s.LastRejection != o.rejectionLogged {
-		line += ", last rejection: " + s.LastRejection
-		o.rejectionLogged = s.LastRejection
-	}
-	o.rejections = s.Rejected
-	return line
 }
 
 // serveMetrics serves /metrics until ctx is done. A busy address is an error
