@@ -42,7 +42,7 @@ func (l *Last) Operator(priority int) operators.DataOperator {
 }
 
 func (l *Last) subscribeRows(ds datasource.DataSource, priority int) error {
-	return SubscribeReports(ds, priority, func(r *snapshot.Snapshot) error {
+	return SubscribeSnapshots(ds, priority, func(r *snapshot.Snapshot) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		r.Events, r.Losses, r.Ledger, r.Libraries = l.stats.Events, l.stats.Losses, l.stats.Ledger, l.stats.Libraries

@@ -136,15 +136,15 @@ func NewReader(ds datasource.DataSource) (*Reader, error) {
 	return r, nil
 }
 
-// SubscribeReports calls f with each array of the profile data source ds,
-// read as a report stamped with the time it arrived.
-func SubscribeReports(ds datasource.DataSource, priority int, f func(*snapshot.Snapshot) error) error {
+// SubscribeSnapshots calls f with each array of the profile data source ds,
+// read as a snapshot stamped with the time it arrived.
+func SubscribeSnapshots(ds datasource.DataSource, priority int, f func(*snapshot.Snapshot) error) error {
 	rows, err := NewReader(ds)
 	if err != nil {
 		return err
 	}
 	return ds.SubscribeArray(func(ds datasource.DataSource, arr datasource.DataArray) error {
-		r, err := rows.Report(arr)
+		r, err := rows.Snapshot(arr)
 		if err != nil {
 			return fmt.Errorf("data source %s: %w", ds.Name(), err)
 		}
@@ -153,8 +153,8 @@ func SubscribeReports(ds datasource.DataSource, priority int, f func(*snapshot.S
 	}, priority)
 }
 
-// Report reads one array. Its frames carry function names only.
-func (r *Reader) Report(arr datasource.DataArray) (*snapshot.Snapshot, error) {
+// Snapshot reads one array. Its frames carry function names only.
+func (r *Reader) Snapshot(arr datasource.DataArray) (*snapshot.Snapshot, error) {
 	r.array++
 	rep := &snapshot.Snapshot{}
 	for n := range arr.Len() {

@@ -74,7 +74,7 @@ type Config struct {
 	// reads events); Sync and reports wait for those taken before them.
 	OnOOM func(snapshot.OOM)
 	// Timeline keeps each process's live bytes per GPU and view over time,
-	// for Report.Timeline (gpumem record's HTML report): bounded memory
+	// for Snapshot.Timeline (gpumem record's HTML report): bounded memory
 	// (accounting.TimelineBuckets), a few comparisons per event.
 	Timeline bool
 }

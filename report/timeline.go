@@ -44,7 +44,7 @@ type timelineSeries struct {
 	GPU     string           `json:"gpu"`
 	View    string           `json:"view"`
 	Buckets []timelineBucket `json:"buckets"`
-	Peak    *timelineMoment  `json:"peak"` // the run's, from Report.Peaks
+	Peak    *timelineMoment  `json:"peak"` // the run's, from Snapshot.Peaks
 }
 
 // timelineBucket is a snapshot.TimelineBucket; Top as [stack, bytes]

@@ -128,7 +128,7 @@ type instance struct {
 func (i *instance) Name() string { return Name }
 
 func (i *instance) subscribe(ds datasource.DataSource) error {
-	return profiledata.SubscribeReports(ds, Priority, func(r *snapshot.Snapshot) error {
+	return profiledata.SubscribeSnapshots(ds, Priority, func(r *snapshot.Snapshot) error {
 		i.exporter.Export(r)
 		return nil
 	})
