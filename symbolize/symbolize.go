@@ -158,8 +158,13 @@ func (s *Symbolizer) Track(pid uint32) {
 	s.mu.Lock()
 	_, cached := s.procs[pid]
 	s.mu.Unlock()
-	if !cached {
-		s.reloadMaps(pid)
+	if cached {
+		return
+	}
+	if maps, ok := s.readMaps(pid); ok {
+		s.mu.Lock()
+		s.install(pid, maps)
+		s.mu.Unlock()
 	}
 }
 
@@ -186,13 +191,17 @@ func (s *Symbolizer) Forget(pid uint32) {
 // (libraries loaded since, by dlopen).
 func (s *Symbolizer) mappingsOf(pid uint32, addrs []uint64, pinned []*table) ([]*mapping, []*table) {
 	s.mu.Lock()
-	stale := slices.ContainsFunc(addrs, func(addr uint64) bool { return s.lookupMapping(pid, addr-1) == nil })
-	s.mu.Unlock()
-	if stale {
-		s.reloadMaps(pid)
-	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
+	if slices.ContainsFunc(addrs, func(addr uint64) bool { return s.lookupMapping(pid, addr-1) == nil }) {
+		// Read without the lock; installed under it, with the lookups
+		// that use them.
+		s.mu.Unlock()
+		fresh, ok := s.readMaps(pid)
+		s.mu.Lock()
+		if ok {
+			s.install(pid, fresh)
+		}
+	}
 	maps := make([]*mapping, 0, len(addrs))
 	for _, addr := range addrs {
 		m := s.lookupMapping(pid, addr-1)
@@ -246,14 +255,14 @@ func (s *Symbolizer) lookupMapping(pid uint32, addr uint64) *mapping {
 	return nil
 }
 
-// reloadMaps reads a process's executable mappings, without the lock: the
-// file is read while events and other readers go on. A process gone keeps
-// what was cached: its frames resolve from it. The tables it holds stay
-// held: stacks taken before a library was unloaded may still name it.
-func (s *Symbolizer) reloadMaps(pid uint32) {
+// readMaps reads a process's executable mappings, without the lock: the
+// file is read while events and other readers go on. False when it cannot
+// be read (the process gone: what was cached stays, its frames resolve
+// from it).
+func (s *Symbolizer) readMaps(pid uint32) ([]mapping, bool) {
 	data, err := os.ReadFile(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
 	if err != nil {
-		return
+		return nil, false
 	}
 	var maps []mapping
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -262,8 +271,13 @@ func (s *Symbolizer) reloadMaps(pid uint32) {
 			maps = append(maps, mapping{Mapping: m})
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	return maps, true
+}
+
+// install makes maps the process's mappings. The tables it holds stay
+// held: stacks taken before a library was unloaded may still name it. The
+// caller holds s.mu.
+func (s *Symbolizer) install(pid uint32, maps []mapping) {
 	p := s.procs[pid]
 	if p == nil {
 		p = &process{tables: map[*table]bool{}}
