@@ -65,10 +65,10 @@ func agentFootprint() string {
 	return b.String()
 }
 
-// underAgent runs work with an agent tracing it, and returns the agent's
-// CPU percentage over the run and its peak RSS in MiB.
-func underAgent(work func(), args ...string) (float64, float64) {
-	agent := exec.Command(lean, append([]string{"agent", "--library", simLib, "--pyroscope-interval", "1s"}, args...)...)
+// startAgent starts the lean agent on the simulated driver with args, and
+// returns once it has attached; its log is read and dropped.
+func startAgent(args ...string) *exec.Cmd {
+	agent := exec.Command(lean, append([]string{"agent", "--library", simLib}, args...)...)
 	stderr, err := agent.StderrPipe()
 	check(err)
 	check(agent.Start())
@@ -79,6 +79,13 @@ func underAgent(work func(), args ...string) (float64, float64) {
 		for sc.Scan() {
 		}
 	}()
+	return agent
+}
+
+// underAgent runs work with an agent tracing it, and returns the agent's
+// CPU percentage over the run and its peak RSS in MiB.
+func underAgent(work func(), args ...string) (float64, float64) {
+	agent := startAgent(append([]string{"--pyroscope-interval", "1s"}, args...)...)
 	cpu0 := cpuTicks(agent.Process.Pid)
 	start := time.Now()
 	work()

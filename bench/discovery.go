@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -178,17 +177,7 @@ type idleAgent struct {
 // returns once its first scan (every process new) is over: settle after
 // its attach.
 func startIdleAgent(settle time.Duration) idleAgent {
-	agent := exec.Command(lean, "agent", "--library", simLib)
-	stderr, err := agent.StderrPipe()
-	check(err)
-	check(agent.Start())
-	sc := bufio.NewScanner(stderr)
-	for sc.Scan() && !strings.Contains(sc.Text(), "attached to") {
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
+	agent := startAgent()
 	time.Sleep(settle)
 	return idleAgent{pid: agent.Process.Pid, stop: func() {
 		agent.Process.Signal(os.Interrupt)

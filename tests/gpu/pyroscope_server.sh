@@ -2,7 +2,8 @@
 # a test peer built outside the repository, shared/pyroscope-peer.md).
 # start_pyroscope DIR LOG [HTTP GRPC GOSSIP RAFT]: the server, all in one
 # process, its data under DIR, on 127.0.0.1 (ports 4040 9095 7946 9099 by
-# default); its pid in $pyro. The caller waits for it to be ready.
+# default); its pid in $pyro. Returns once it answers ready, or fails after
+# 60 s with its log's end.
 start_pyroscope() {
 	local data=$1 log=$2 http=${3:-4040} grpc=${4:-9095} gossip=${5:-7946} raft=${6:-9099}
 	"$PYRO" -target=all -architecture.storage=v2 -write-path=segment-writer \
@@ -20,4 +21,11 @@ start_pyroscope() {
 		-compaction-worker.temp-dir="$data/tmp" -embedded-grafana.data-path="$data/grafana" \
 		-self-profiling.disable-push=true -usage-stats.enabled=false >"$log" 2>&1 &
 	pyro=$!
+	for _ in $(seq 600); do
+		curl -s "127.0.0.1:$http/ready" | grep -q ready && return 0
+		sleep 0.1
+	done
+	tail -20 "$log"
+	echo "pyroscope not ready after 60 s" >&2
+	return 1
 }

@@ -12,9 +12,8 @@ gpumem=$(realpath "$1"); mkdir -p "$2"; D=$(mktemp -d "$(realpath "$2")/ondemand
 : "${PYRO:?PYRO: the pyroscope binary}"
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/pyroscope_server.sh"
-start_pyroscope $D $D/server.log
+start_pyroscope $D $D/server.log || exit 1
 srv=$pyro
-until curl -s 127.0.0.1:4040/ready | grep -q ready; do sleep 0.5; done
 cd "$here/../.."
 "$gpumem" agent --library build/sim/libcuda.so.1 --pyroscope-url http://127.0.0.1:4040 --pyroscope-interval 1s --control-socket $D/ctl.sock 2>$D/agent.err &
 ag=$!
