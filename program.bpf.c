@@ -61,6 +61,16 @@ struct {
 	__type(value, __u8);
 } target_pids SEC(".maps");
 
+/* Processes whose driver view user space switched off (over its budget):
+ * their driver calls are not traced, only counted here, and their exit
+ * drops them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, __u64); /* calls not traced since */
+} driver_off SEC(".maps");
+
 /* Python processes and how to walk their interpreter, set by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -1108,6 +1118,7 @@ int gpumem_exit(void *ctx)
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;
 	forget_contexts(pid); /* whether it allocated or not */
+	bpf_map_delete_elem(&driver_off, &pid);
 	if (bpf_map_delete_elem(&traced_pids, &pid))
 		return 0;
 
@@ -1173,9 +1184,23 @@ static __always_inline int enter_op(struct pt_regs *ctx, __u16 op, bool stock_ig
  * attach cookie is the function's enum gpumem_op. One link per library
  * keeps attach and detach to one RCU grace period each, where a perf-event
  * uprobe per function costs 0.1s apiece to detach. */
+/* driver_view_off says whether process pid's driver view is switched off,
+ * and counts the call as not traced if so: each call is either reported or
+ * counted, once. */
+static __always_inline bool driver_view_off(__u32 pid)
+{
+	__u64 *skipped = bpf_map_lookup_elem(&driver_off, &pid);
+	if (!skipped)
+		return false;
+	__sync_fetch_and_add(skipped, 1);
+	return true;
+}
+
 SEC("uprobe.multi/libcuda")
 int gpumem_enter(struct pt_regs *ctx)
 {
+	if (driver_view_off(bpf_get_current_pid_tgid() >> 32))
+		return 0;
 	return enter_op(ctx, bpf_get_attach_cookie(ctx), false);
 }
 
@@ -1188,6 +1213,10 @@ int gpumem_leave(struct pt_regs *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	struct gpumem_call *call = pop_call(id);
 	if (!call)
+		return 0;
+	/* Entered before the switch-off: not reported after it, so that the
+	 * books user space closed then stay closed; counted instead. */
+	if (driver_view_off(id >> 32))
 		return 0;
 	if (gpumem_op_is_context(call->op))
 		return leave_context(ctx, call, id);

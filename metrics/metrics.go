@@ -70,6 +70,10 @@ const (
 	TensorViewSinceName      = "gpumem_tensor_view_since_seconds"
 	FreesBeforeViewName      = "gpumem_tensor_frees_before_view_total"
 	TensorBudgetExceededName = "gpumem_tensor_view_budget_exceeded_total"
+	// The driver view's budget.
+	DriverViewOffSinceName   = "gpumem_driver_view_off_since_seconds"
+	DriverCallsNotTracedName = "gpumem_driver_calls_not_traced_total"
+	DriverBudgetExceededName = "gpumem_driver_view_budget_exceeded_total"
 )
 
 // Metric is one metric gpu-mem exports. The collectors describe and send
@@ -132,6 +136,11 @@ var (
 		"absent while off.")
 	freesBeforeView = newMetric(FreesBeforeViewName, prometheus.CounterValue, nil, "Frees of tensors made before their process's tensor view began: neither unknown frees nor subtracted from anything.")
 	budgetExceeded  = newMetric(TensorBudgetExceededName, prometheus.CounterValue, nil, "On-demand tensor views switched off because they cost their process more than the budget (--tensor-budget).")
+	// A process whose driver view its budget switched off.
+	driverViewOffSince = newMetric(DriverViewOffSinceName, prometheus.GaugeValue, []string{schema.PID}, "When the process's driver view was switched off by its budget "+
+		"(--driver-budget; Unix seconds): its gpumem_* driver series are partial from then on.")
+	driverCallsNotTraced = newMetric(DriverCallsNotTracedName, prometheus.CounterValue, []string{schema.PID}, "Driver calls of the process not traced since its driver view was switched off.")
+	driverBudgetExceeded = newMetric(DriverBudgetExceededName, prometheus.CounterValue, nil, "Driver views switched off because they cost their process more than the budget (--driver-budget).")
 )
 
 // Inspektor Gadget's GPU observability dashboard (the AKS GPU profiling
@@ -172,7 +181,8 @@ var igMetrics = []*Metric{igAllocBytes, igFreeBytes, igImplicitFreeBytes}
 // bookMetrics are Collector's metrics but the peaks, in the reference's
 // order.
 var bookMetrics = slices.Concat(views[memory.ViewDriver].series(), views[memory.ViewTensor].series(),
-	[]*Metric{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded})
+	[]*Metric{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded,
+		driverViewOffSince, driverCallsNotTraced, driverBudgetExceeded})
 
 // peakMetrics are the peak gauges, sent with a PeakSource.
 var peakMetrics = []*Metric{views[memory.ViewDriver].peakBytes, views[memory.ViewTensor].peakBytes}
@@ -243,6 +253,12 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- freesBeforeView.sample(float64(t.FreesBeforeView))
 	ch <- budgetExceeded.sample(float64(t.BudgetExceeded))
+	for _, v := range t.DriverViewsOff {
+		pid := strconv.FormatUint(uint64(v.PID), 10)
+		ch <- driverViewOffSince.sample(float64(v.Ended.UnixNano())/1e9, pid)
+		ch <- driverCallsNotTraced.sample(float64(v.Calls), pid)
+	}
+	ch <- driverBudgetExceeded.sample(float64(t.DriverBudgetExceeded))
 	if c.Peaks != nil {
 		collectPeaks(ch, c.Peaks.Peaks())
 	}

@@ -25,9 +25,10 @@ func (everyTotal) Totals() (snapshot.Totals, error) {
 			{SeriesKey: snapshot.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3"},
 			{SeriesKey: snapshot.SeriesKey{PID: 7, Kind: memory.KindTensor}, Comm: "python3"},
 		},
-		Failures:    []snapshot.SeriesFailures{{SeriesKey: snapshot.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3", Result: 2, Count: 1}},
-		Losses:      schema.Losses{schema.RingBufferFull: 1},
-		TensorViews: []snapshot.TensorView{{PID: 7, Since: time.Unix(1, 0)}},
+		Failures:       []snapshot.SeriesFailures{{SeriesKey: snapshot.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3", Result: 2, Count: 1}},
+		Losses:         schema.Losses{schema.RingBufferFull: 1},
+		TensorViews:    []snapshot.TensorView{{PID: 7, Since: time.Unix(1, 0)}},
+		DriverViewsOff: []snapshot.DriverViewOff{{PID: 8, Ended: time.Unix(2, 0), Calls: 3}},
 	}, nil
 }
 

@@ -121,6 +121,9 @@ func Comment(r *snapshot.Snapshot) []string {
 	for _, v := range r.TensorViews {
 		lines = append(lines, v.String())
 	}
+	for _, v := range r.DriverViewsOff {
+		lines = append(lines, v.String())
+	}
 	for _, pk := range r.Peaks {
 		lines = append(lines, fmt.Sprintf("peak of pid %d (%s) on gpu %s, %s view: %d bytes in %d allocations at %s",
 			pk.PID, pk.Comm, pk.GPU, pk.View, pk.Bytes, pk.Count, pk.Time.Format(time.RFC3339Nano)))

@@ -22,6 +22,9 @@ type books struct {
 	// tensorAllocations counts each process's tensor allocations, for the
 	// tensor view's budget.
 	tensorAllocations map[uint32]uint64
+	// driverAllocations counts each process's driver allocations, for
+	// the driver view's budget.
+	driverAllocations map[uint32]uint64
 	python            snapshot.PythonStats // but Processes, which the process table counts
 	nativeTruncated   uint64               // allocations whose native stack was cut at the depth limit
 	// Out of memory (oom.go): snapshots taken, not yet delivered; the
@@ -39,7 +42,7 @@ type books struct {
 
 func newBooks() *books {
 	return &books{ledger: accounting.New(), lastOOM: map[uint32]oomMark{}, exitedAt: map[uint32]uint64{},
-		tensorAllocations: map[uint32]uint64{}}
+		tensorAllocations: map[uint32]uint64{}, driverAllocations: map[uint32]uint64{}}
 }
 
 // account enters one event, its stack interned as id; python says its
@@ -65,6 +68,8 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	case ev.Result == memory.CUDASuccess:
 		if ev.Op == memory.OpTensorAlloc {
 			b.tensorAllocations[ev.PID]++
+		} else {
+			b.driverAllocations[ev.PID]++
 		}
 		b.countStacks(ev, python)
 		b.ledger.Alloc(key(ev, id), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)
@@ -302,6 +307,7 @@ func (b *books) dropExited(candidates, keep []uint32) []uint32 {
 	for pid := range drop {
 		delete(b.exitedAt, pid)
 		delete(b.tensorAllocations, pid)
+		delete(b.driverAllocations, pid)
 		dropped = append(dropped, pid)
 	}
 	b.ledger.DropExited(func(pid uint32) bool { return !drop[pid] })
@@ -327,4 +333,22 @@ func (b *books) tensorAllocs() map[uint32]uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return maps.Clone(b.tensorAllocations)
+}
+
+// endDriverView closes pid's driver books at ts (its driver view switched
+// off): what it held there is released implicitly.
+func (b *books) endDriverView(pid uint32, ts uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, space := range []memory.Space{memory.SpacePointer, memory.SpaceHandle} {
+		b.ledger.EndView(pid, space, ts)
+	}
+	delete(b.driverAllocations, pid)
+}
+
+// driverAllocs returns each process's driver allocations so far.
+func (b *books) driverAllocs() map[uint32]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.driverAllocations)
 }

@@ -26,10 +26,12 @@ func (p *Profiler) DropExited(s *snapshot.Snapshot) {
 			naming = append(naming, pid)
 		}
 	}
-	for _, pid := range p.books.dropExited(candidates, naming) {
+	dropped := p.books.dropExited(candidates, naming)
+	for _, pid := range dropped {
 		p.stacks.dropProcess(pid)
 		p.procs.drop(pid)
 	}
+	p.driver.forget(dropped)
 }
 
 // Processes is how many processes the profiler keeps anything for, in its

@@ -37,7 +37,11 @@ type Config struct {
 	// TensorPIDs have their tensor view on from the start (TensorsOnDemand).
 	TensorPIDs []int
 	// TensorBudget bounds an on-demand tensor view's cost.
-	TensorBudget TensorBudget
+	TensorBudget Budget
+	// DriverBudget bounds a process's driver view's cost: where every
+	// tensor reaches the driver (PyTorch without its cache, JAX's platform
+	// allocator), a process over it has its driver view switched off.
+	DriverBudget Budget
 	// TensorNativeStacks walks the whole native stack of every tensor, where
 	// by default a tensor with Python frames keeps the allocator's frame.
 	TensorNativeStacks bool
@@ -109,6 +113,7 @@ type Profiler struct {
 	stacks   *stackStore
 	books    *books
 	tensors  *tensorSwitch
+	driver   *driverSwitch
 	// scanner finds the libraries and Python processes: of the processes
 	// that map Config.Library's file only, when it is set.
 	scanner    *discover.Scanner
@@ -206,6 +211,7 @@ func newProfiler(cfg Config, tr Source) *Profiler {
 		stacks:   newStackStore(sym, py, func(pid uint32) { tr.RemovePython(pid) }, stop),
 		books:    newBooks(),
 		tensors:  newTensorSwitch(cfg.TensorBudget),
+		driver:   newDriverSwitch(cfg.DriverBudget),
 		scanner:  discover.NewScanner(cfg.ProcRoot, ""),
 		stop:     stop,
 	}
@@ -380,6 +386,7 @@ func (p *Profiler) scan(first bool) {
 	p.procs.reading.await() // walked from their first allocation through a library attached now
 	drivers := p.attacher.attachFound(found.Libraries)
 	p.updateTensors(time.Now())
+	p.updateDriverViews(time.Now())
 	if first && drivers == 0 && p.cfg.Library == "" {
 		p.cfg.Logf("waiting for a process to load libcuda.so (scanning every %v)", p.cfg.ScanInterval)
 	}

@@ -88,6 +88,7 @@ func (p *Profiler) reset(s *snapshot.Snapshot) map[uint32]*process {
 func (p *Profiler) finish(s *snapshot.Snapshot, procs map[uint32]*process, peaks []accounting.Peak, timeline *accounting.Timeline, withRows bool) {
 	s.Python.Processes = p.procs.registeredPython()
 	s.TensorViews = p.tensors.list()
+	s.DriverViewsOff = p.DriverViewsOff()
 	for _, pk := range peaks {
 		procs[pk.PID] = nil // the timeline's processes are the run's peaks'
 	}

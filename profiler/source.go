@@ -27,6 +27,10 @@ type Source interface {
 	AttachAllocator(path string, pid uint32) (link.Link, int, error)
 	AddPython(pid uint32, walk tracer.PythonWalk) error
 	RemovePython(pid uint32)
+	// SwitchDriverOff stops tracing process pid's driver calls, which
+	// DriverCallsOff then counts.
+	SwitchDriverOff(pid uint32) error
+	DriverCallsOff(pid uint32) (uint64, bool)
 	// TensorProbeStats are the tensor probes' runs and run time.
 	TensorProbeStats() (runs uint64, runtime time.Duration, err error)
 	Close() error

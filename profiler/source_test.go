@@ -26,6 +26,9 @@ type script struct {
 	queue  []*tracer.Event // nil: a flush
 	losses schema.Losses
 	closed bool
+	// driverOff are the processes whose driver view is off: the calls
+	// sent for them since are counted, not read.
+	driverOff map[uint32]uint64
 }
 
 func newScript() *script {
@@ -38,6 +41,10 @@ func (s *script) send(evs ...tracer.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range evs {
+		if _, off := s.driverOff[evs[i].PID]; off && evs[i].Op != memory.OpTensorAlloc && evs[i].Op != memory.OpTensorFree {
+			s.driverOff[evs[i].PID]++
+			continue
+		}
 		s.queue = append(s.queue, &evs[i])
 	}
 	s.more.Broadcast()
@@ -92,6 +99,21 @@ func (s *script) AttachAllocator(string, uint32) (link.Link, int, error) {
 }
 func (s *script) AddPython(uint32, tracer.PythonWalk) error { return nil }
 func (s *script) RemovePython(uint32)                       {}
+func (s *script) SwitchDriverOff(pid uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.driverOff == nil {
+		s.driverOff = map[uint32]uint64{}
+	}
+	s.driverOff[pid] = 0
+	return nil
+}
+func (s *script) DriverCallsOff(pid uint32) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, ok := s.driverOff[pid]
+	return n, ok
+}
 func (s *script) TensorProbeStats() (uint64, time.Duration, error) {
 	return 0, 0, nil
 }

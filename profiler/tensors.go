@@ -37,25 +37,11 @@ type TensorPolicy interface {
 	TensorsWanted(container.Identity) (until time.Time, ok bool)
 }
 
-// TensorBudget bounds what the tensor view may cost a process: past it,
-// the view is switched off (said once, counted, marked OverBudget).
-type TensorBudget struct {
-	// Share is the most of a process's time its tensor view may take (0:
-	// no budget), its allocating threads counted as one thread's wall
-	// time: an upper bound of the share.
-	Share float64
-	// PairCost is what one tensor allocation and its free cost the thread
-	// that makes them: the two traps and the programs (BENCHMARKS.md).
-	PairCost time.Duration
-	// Window is how long rates are measured over.
-	Window time.Duration
-}
-
 // tensorSwitch keeps the on-demand tensor views and their probes.
 type tensorSwitch struct {
 	mu       sync.Mutex
 	views    map[uint32]*tensorView // on, waiting for their allocator, or ended (kept for the outputs)
-	budget   TensorBudget
+	budget   Budget
 	exceeded uint64 // views ended by the budget
 }
 
@@ -63,18 +49,13 @@ type tensorView struct {
 	snapshot.TensorView
 	links    []link.Link
 	attached map[string]bool // library IDs
-	// The budget's window: when it began and the allocations counted then.
-	windowStart  time.Time
-	windowAllocs uint64
+	window   rateWindow      // the budget's
 }
 
 // maxEndedViews bounds the ended views kept for the outputs.
 const maxEndedViews = 256
 
-func newTensorSwitch(b TensorBudget) *tensorSwitch {
-	if b.Window == 0 {
-		b.Window = 5 * time.Second
-	}
+func newTensorSwitch(b Budget) *tensorSwitch {
 	return &tensorSwitch{views: map[uint32]*tensorView{}, budget: b}
 }
 
@@ -344,27 +325,13 @@ func (s *tensorSwitch) end(pid uint32, why string, overBudget bool) ([]link.Link
 func (s *tensorSwitch) overBudget(now time.Time, allocs map[uint32]uint64) []endingView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b := s.budget
 	var over []endingView
 	for pid, v := range s.views {
 		if !v.Ended.IsZero() || v.Since.IsZero() {
 			continue
 		}
-		if v.windowStart.IsZero() {
-			v.windowStart, v.windowAllocs = now, allocs[pid]
-			continue
-		}
-		elapsed := now.Sub(v.windowStart)
-		if elapsed < b.Window {
-			continue
-		}
-		pairs := allocs[pid] - v.windowAllocs
-		cost := time.Duration(pairs) * b.PairCost
-		share := cost.Seconds() / elapsed.Seconds()
-		v.windowStart, v.windowAllocs = now, allocs[pid]
-		if b.Share > 0 && share > b.Share {
-			over = append(over, endingView{pid, fmt.Sprintf("over budget: %.0f tensors a second at %v a tensor cost %.1f%% of a thread, more than %.1f%%",
-				float64(pairs)/elapsed.Seconds(), b.PairCost, 100*share, 100*b.Share)})
+		if why, ok := v.window.check(s.budget, now, allocs[pid], "tensor"); ok {
+			over = append(over, endingView{pid, why})
 		}
 	}
 	return over

@@ -11,7 +11,7 @@ import (
 // budget's share stays on; one tensor more a window switches it off, said
 // with the numbers.
 func TestTensorBudgetTripsAtItsRate(t *testing.T) {
-	s := newTensorSwitch(TensorBudget{Share: 0.02, PairCost: 2 * time.Microsecond, Window: 5 * time.Second})
+	s := newTensorSwitch(Budget{Share: 0.02, PairCost: 2 * time.Microsecond, Window: 5 * time.Second})
 	t0 := time.Unix(1000, 0)
 	s.views[7] = &tensorView{TensorView: snapshot.TensorView{PID: 7, Since: t0}}
 	s.views[8] = &tensorView{TensorView: snapshot.TensorView{PID: 8}} // waiting for its allocator: not measured

@@ -18,6 +18,7 @@ func (p *Profiler) Totals() (snapshot.Totals, error) {
 	}
 	p.procs.lookup(procs)
 	t.TensorViews, t.BudgetExceeded = p.tensors.list(), p.BudgetExceeded()
+	t.DriverViewsOff, t.DriverBudgetExceeded = p.DriverViewsOff(), p.DriverBudgetExceeded()
 	for i := range t.Series {
 		s := &t.Series[i]
 		s.Comm, s.Container = procs[s.PID].Comm, procs[s.PID].Container

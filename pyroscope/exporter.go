@@ -56,6 +56,9 @@ const (
 	// LabelTensorViewSince is on a tensor series of a process whose tensor
 	// view was switched on on demand: from when it holds (RFC 3339).
 	LabelTensorViewSince = "tensor_view_since"
+	// LabelDriverViewOffSince marks the series of a process whose driver
+	// view its budget switched off: partial from then on.
+	LabelDriverViewOffSince = "driver_view_off_since"
 	// MallocProfileName names the series of Config.Malloc, as Inspektor
 	// Gadget's profile_cuda gadget pushes them: Pyroscope files them as
 	// process_cpu:malloc:bytes:: (no period type), and the dashboard
@@ -144,6 +147,8 @@ type Exporter struct {
 	zw       *gzip.Writer
 	// tensorsSince are the snapshot's on-demand tensor views that hold.
 	tensorsSince []snapshot.TensorView
+	// driverOff are the snapshot's driver views switched off.
+	driverOff []snapshot.DriverViewOff
 }
 
 // series is what one series keeps between intervals.
@@ -259,7 +264,9 @@ func (e *Exporter) Export(s *snapshot.Snapshot) {
 			e.tensorsSince = append(e.tensorsSince, v)
 		}
 	}
+	e.driverOff = s.DriverViewsOff
 	e.export(s.Time, s.EachRow, s.Peaks)
+	e.driverOff = nil // the snapshot's: not kept
 }
 
 // export queues the interval ending at end, whose rows each hands to its
@@ -406,6 +413,7 @@ func (e *Exporter) mallocLabels(row *snapshot.Row) []*typesv1.LabelPair {
 		{Name: schema.PID, Value: strconv.FormatUint(uint64(row.PID), 10)},
 		{Name: schema.Comm, Value: row.Comm},
 	}
+	pairs = e.appendDriverOff(pairs, row.PID)
 	if e.cfg.Node != "" {
 		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})
 	}
@@ -437,6 +445,7 @@ func (e *Exporter) labels(row snapshot.Row) []*typesv1.LabelPair {
 			}
 		}
 	}
+	pairs = e.appendDriverOff(pairs, row.PID)
 	if e.cfg.Node != "" {
 		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})
 	}
@@ -450,6 +459,17 @@ func (e *Exporter) labels(row snapshot.Row) []*typesv1.LabelPair {
 		}
 	}
 	return validUTF8(pairs)
+}
+
+// appendDriverOff labels a series of process pid if its driver view was
+// switched off: partial from then on.
+func (e *Exporter) appendDriverOff(pairs []*typesv1.LabelPair, pid uint32) []*typesv1.LabelPair {
+	for _, v := range e.driverOff {
+		if v.PID == pid {
+			pairs = append(pairs, &typesv1.LabelPair{Name: LabelDriverViewOffSince, Value: v.Ended.UTC().Format(time.RFC3339)})
+		}
+	}
+	return pairs
 }
 
 // validUTF8 has every label value valid UTF-8. A label is a protobuf

@@ -469,3 +469,32 @@ func pprofTypeID(p *profile.Profile) string {
 	}
 	return MallocProfileName + ":" + p.SampleType[0].Type + ":" + p.SampleType[0].Unit + ":" + period
 }
+
+// TestDriverViewOffLabelsTheProcess: every series of a process whose
+// driver view its budget switched off says since when; another process's
+// do not.
+func TestDriverViewOffLabelsTheProcess(t *testing.T) {
+	lis := listen(t)
+	r := &receiver{}
+	serve(t, r, lis)
+	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
+	ended := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	s := snapshot.Snapshot{Time: time.Now(), Counts: snapshot.Counts{DriverViewsOff: []snapshot.DriverViewOff{{PID: 10, Ended: ended, Why: "over budget"}}}}
+	e.Export(s.With([]snapshot.Row{
+		row(10, 1, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 100, AllocCount: 1, ImplicitFreeBytes: 100, ImplicitFreeCount: 1}),
+		row(10, 2, memory.KindTensor, "forward", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
+		row(11, 3, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 4, AllocCount: 1}),
+	}...))
+	waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
+	labelled := map[string]string{}
+	for _, series := range r.Received()[0].Series {
+		l := pyroscopetest.Labels(series)
+		if l[LabelName] == ProfileName {
+			labelled[l["pid"]+" "+l["kind"]] = l[LabelDriverViewOffSince]
+		}
+	}
+	want := map[string]string{"10 device": "2026-12-03T08:00:00Z", "10 tensor": "2026-12-03T08:00:00Z", "11 device": ""}
+	if !maps.Equal(labelled, want) {
+		t.Errorf("%s by series %v, want %v", LabelDriverViewOffSince, labelled, want)
+	}
+}

@@ -76,6 +76,9 @@ type summaryRow struct {
 	// TensorsSince says from when the process's on-demand tensor view
 	// holds; empty for one on from the start.
 	TensorsSince string `json:"tensors_since,omitempty"`
+	// DriverOff says since when and why the process's driver view is off
+	// (its budget): its held bytes are partial.
+	DriverOff string `json:"driver_off,omitempty"`
 }
 
 // WriteHTML writes a self-contained flame graph page (no network access
@@ -96,9 +99,13 @@ func WriteHTML(w io.Writer, r *snapshot.Snapshot) error {
 	for _, v := range r.TensorViews {
 		views[v.PID] = v.String()
 	}
+	driverOff := map[uint32]string{}
+	for _, v := range r.DriverViewsOff {
+		driverOff[v.PID] = v.String()
+	}
 	for _, p := range ByProcessGPU(rows) {
 		row := summaryRow{Process: processName(p.Comm, p.PID), PID: p.PID, GPU: p.GPU, Held: p.Held, Tensors: p.Tensors, Segments: p.Segments,
-			TensorsSince: views[p.PID]}
+			TensorsSince: views[p.PID], DriverOff: driverOff[p.PID]}
 		if cache, ok := p.Cache(); ok {
 			row.Cache = &cache
 		}

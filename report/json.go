@@ -28,6 +28,9 @@ type jsonReport struct {
 	Libraries       []string `json:"libraries"`
 	// The on-demand tensor views: from when each process's holds.
 	TensorViews []snapshot.TensorView `json:"tensor_views,omitempty"`
+	// DriverViewsOff: the processes whose driver view the budget switched
+	// off, their driver rows partial from then on.
+	DriverViewsOff []snapshot.DriverViewOff `json:"driver_views_off,omitempty"`
 }
 
 type jsonFrame struct {
@@ -141,7 +144,7 @@ func jsonFrames(frames []*symbolize.Frame) []jsonFrame {
 func WriteJSON(w io.Writer, r *snapshot.Snapshot) error {
 	out := jsonReport{
 		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Python: r.Python, Events: r.Events, Libraries: r.Libraries,
-		NativeTruncated: r.NativeTruncated, TensorViews: r.TensorViews, Stacks: []jsonStack{}, Failures: []jsonFailure{},
+		NativeTruncated: r.NativeTruncated, TensorViews: r.TensorViews, DriverViewsOff: r.DriverViewsOff, Stacks: []jsonStack{}, Failures: []jsonFailure{},
 	}
 	for _, row := range r.Rows() {
 		out.Stacks = append(out.Stacks, newJSONStack(row))

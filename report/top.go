@@ -105,6 +105,9 @@ func WriteTop(w io.Writer, r *snapshot.Snapshot, limit int, g *Growth) error {
 	for _, v := range r.TensorViews {
 		fmt.Fprintln(w, v.String())
 	}
+	for _, v := range r.DriverViewsOff {
+		fmt.Fprintln(w, v.String())
+	}
 	named := r.Rows()
 	writeViewTotals(w, named)
 	grew := g.Observe(r)

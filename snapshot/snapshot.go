@@ -61,6 +61,9 @@ type Counts struct {
 	// TensorViews are the processes' tensor views switched on on demand:
 	// from when each holds.
 	TensorViews []TensorView
+	// DriverViewsOff are the processes whose driver view the budget
+	// switched off: their driver rows are partial from then on.
+	DriverViewsOff []DriverViewOff
 }
 
 // PythonStats count how the Python frames of allocation events were read.

@@ -21,6 +21,10 @@ type Totals struct {
 	TensorViews     []TensorView
 	FreesBeforeView uint64
 	BudgetExceeded  uint64
+	// The driver views the budget switched off: those of processes not
+	// dropped yet, and how many in all.
+	DriverViewsOff       []DriverViewOff
+	DriverBudgetExceeded uint64
 }
 
 // SeriesKey names a process's memory of one kind on one device: the key

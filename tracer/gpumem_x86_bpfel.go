@@ -332,6 +332,7 @@ type gpumemStackWindow struct {
 const (
 	gpumemMapAllocations                             = "allocations"
 	gpumemMapContextDevices                          = "context_devices"
+	gpumemMapDriverOff                               = "driver_off"
 	gpumemMapEvents                                  = "events"
 	gpumemMapEventsLostSamples                       = "events_lost_samples"
 	gpumemMapFinishAllocations                       = "finish_allocations"
@@ -539,6 +540,7 @@ type gpumemProgramSpecs struct {
 type gpumemMapSpecs struct {
 	Allocations          *ebpf.MapSpec `ebpf:"allocations"`
 	ContextDevices       *ebpf.MapSpec `ebpf:"context_devices"`
+	DriverOff            *ebpf.MapSpec `ebpf:"driver_off"`
 	Events               *ebpf.MapSpec `ebpf:"events"`
 	EventsLostSamples    *ebpf.MapSpec `ebpf:"events_lost_samples"`
 	FinishAllocations    *ebpf.MapSpec `ebpf:"finish_allocations"`
@@ -632,6 +634,7 @@ func (o *gpumemObjects) Close() error {
 type gpumemMaps struct {
 	Allocations          *ebpf.Map `ebpf:"allocations"`
 	ContextDevices       *ebpf.Map `ebpf:"context_devices"`
+	DriverOff            *ebpf.Map `ebpf:"driver_off"`
 	Events               *ebpf.Map `ebpf:"events"`
 	EventsLostSamples    *ebpf.Map `ebpf:"events_lost_samples"`
 	FinishAllocations    *ebpf.Map `ebpf:"finish_allocations"`
@@ -665,6 +668,7 @@ func (m *gpumemMaps) Close() error {
 	return _GpumemClose(
 		m.Allocations,
 		m.ContextDevices,
+		m.DriverOff,
 		m.Events,
 		m.EventsLostSamples,
 		m.FinishAllocations,

@@ -81,6 +81,7 @@ type objects struct {
 	GpumemTensor *ebpf.Program `ebpf:"gpumem_tensor"`
 
 	Events            *ebpf.Map `ebpf:"events"`
+	DriverOff         *ebpf.Map `ebpf:"driver_off"`
 	EventsLostSamples *ebpf.Map `ebpf:"events_lost_samples"`
 	Inflight          *ebpf.Map `ebpf:"inflight"`
 	Losses            *ebpf.Map `ebpf:"losses"`
@@ -92,7 +93,7 @@ type objects struct {
 func (o *objects) Close() error {
 	var errs []error
 	for _, c := range []interface{ Close() error }{o.GpumemEnter, o.GpumemLeave, o.GpumemExit, o.GpumemTensor,
-		o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.TargetPids, o.UsdtSites} {
+		o.DriverOff, o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.TargetPids, o.UsdtSites} {
 		errs = append(errs, c.Close()) // nil when not loaded: a no-op
 	}
 	return errors.Join(errs...)
@@ -390,6 +391,26 @@ func (t *Tracer) AddPython(pid uint32, walk PythonWalk) error {
 // RemovePython forgets an exited Python process.
 func (t *Tracer) RemovePython(pid uint32) {
 	t.objs.PythonProcs.Delete(pid)
+}
+
+// SwitchDriverOff stops tracing process pid's driver calls: they are
+// counted (DriverCallsOff) and not reported, whether entered before or
+// after, until the process exits. Events sent before are still to be read.
+func (t *Tracer) SwitchDriverOff(pid uint32) error {
+	if err := t.objs.DriverOff.Update(pid, uint64(0), ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("switch pid %d's driver view off: %w", pid, err)
+	}
+	return nil
+}
+
+// DriverCallsOff counts process pid's driver calls not traced since its
+// driver view was switched off; false when it is not off (or exited).
+func (t *Tracer) DriverCallsOff(pid uint32) (uint64, bool) {
+	var n uint64
+	if err := t.objs.DriverOff.Lookup(pid, &n); err != nil {
+		return 0, false
+	}
+	return n, true
 }
 
 // TensorProbeStats are how often the tensor probes' program ran and for how

@@ -14,9 +14,13 @@
 # all (--tensors=all: the tensor view for every process, the default before),
 # tensors (the tensor view switched on for the model's process), native
 # (the same with --tensor-native-stacks), base (BASE_GPUMEM agent with its
-# defaults: another build, e.g. the one before a change, side by side).
+# defaults: another build, e.g. the one before a change, side by side),
+# nobudget (the default with --driver-budget=0: the driver view never
+# switched off, whatever it costs; against default where every tensor
+# reaches the driver, PYTORCH_NO_CUDA_MEMORY_CACHING=1).
 # Usage: bench/gpu/model.sh GPUMEM USDTFLOOR OUTDIR
-# Environment: ROUNDS (default 5), MODES (default "none default tensors native"),
+# Environment: MODEL_SCRIPT (default model_cost.py; jax_cost.py for JAX's
+# platform allocator), ROUNDS (default 5), MODES (default "none default tensors native"),
 # BASE_GPUMEM (for mode base), PYTORCH_NO_CUDA_MEMORY_CACHING and
 # PYTORCH_CUDA_ALLOC_CONF (passed to the model, as MODEL_STEPS, MODEL_TOKENS
 # and MODEL_EMPTIES are), TENSORS_FLAGS (how the tensors mode switches the view on; default
@@ -65,7 +69,7 @@ cpu_ms() {
 export MODEL_CPU=$(($(nproc) - 1))
 agent_cpus=0-$((MODEL_CPU - 1))
 fifo=$(mktemp -u) && mkfifo "$fifo"
-python3 "$here/model_cost.py" "${windows[@]}" <"$fifo" >"$out/model.stdout" 2>"$out/model.stderr" &
+python3 "${MODEL_SCRIPT:-$here/model_cost.py}" "${windows[@]}" <"$fifo" >"$out/model.stdout" 2>"$out/model.stderr" &
 py=$!
 exec 3>"$fifo"
 until grep -q ready "$out/model.stdout"; do
@@ -82,6 +86,7 @@ for mode in "${windows[@]}"; do
 	case $mode in
 	default) ;;
 	driver) flags=(--tensors=off) ;;
+	nobudget) flags=(--driver-budget=0) ;;
 	all) flags=(--tensors=all) ;;
 	tensors) read -ra flags <<<"${tensor_flags//PID/$py}" ;;
 	native) read -ra flags <<<"${tensor_flags//PID/$py} --tensor-native-stacks" ;;
@@ -116,6 +121,8 @@ for mode in "${windows[@]}"; do
 	if [ -n "$agent" ]; then
 		read -r runs ns <<<"$(bpf_stats $agent)"
 		extra="bpf_runs=$runs bpf_ns=$ns agent_cpu_ms=$(($(cpu_ms $agent) - cpu0))"
+		# The driver view switched off by its budget during the window.
+		grep -q "driver view off: over budget" "$out/agent.stderr" && extra="$extra driver_off=1"
 		kill -INT $agent && wait $agent || true
 	fi
 	echo "round=$round $(grep '^result' "$out/model.stdout" | sed -n "${n}p") $extra"

@@ -31,6 +31,12 @@ import (
 // agent (bench/gpu/model.sh, BENCHMARKS.md): the two traps and the programs.
 const defaultPairCost = 4 * time.Microsecond
 
+// defaultDriverPairCost is what a driver allocation and its free cost the
+// thread making them with the driver view on (three traps, the stack
+// walks), measured on an H200 where every tensor reaches the driver
+// (bench/gpu/model.sh's caching-off rounds, BENCHMARKS.md).
+const defaultDriverPairCost = 5 * time.Microsecond
+
 type agentOptions struct {
 	target       targetFlags
 	metricsAddr  string
@@ -43,7 +49,8 @@ type agentOptions struct {
 	passwordFile string
 	tokenFile    string
 	tensorPIDs   []int
-	tensorBudget profiler.TensorBudget
+	tensorBudget profiler.Budget
+	driverBudget profiler.Budget
 	control      string            // the control socket's path
 	peaks        metrics.LastPeaks // the last interval's, for the gauges
 	snapshot     snapshot.Snapshot // the last interval's, its memory reused
@@ -104,6 +111,9 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	fs.StringVar(&o.control, "control-socket", control.DefaultSocket, "serve the control socket of gpumem tensors here, for root alone (--tensors=on-demand); empty: none")
 	fs.Float64Var(&o.tensorBudget.Share, "tensor-budget", 0.02, "switch a process's on-demand tensor view off when it costs more than this share of the process's time (0: never)")
 	fs.DurationVar(&o.tensorBudget.PairCost, "tensor-pair-cost", defaultPairCost, "what one tensor allocation and its free cost their thread with the tensor view on, for --tensor-budget (measured on an H200: BENCHMARKS.md)")
+	fs.Float64Var(&o.driverBudget.Share, "driver-budget", 0.02, "switch a process's driver view off when it costs more than this share of the process's time, "+
+		"as where every tensor reaches the driver (PyTorch without its cache, JAX's platform allocator) (0: never)")
+	fs.DurationVar(&o.driverBudget.PairCost, "driver-pair-cost", defaultDriverPairCost, "what one driver allocation and its free cost their thread with the driver view on, for --driver-budget (measured on an H200: BENCHMARKS.md)")
 	return cmd
 }
 
@@ -190,7 +200,7 @@ func (o *agentOptions) run(ctx context.Context) error {
 	ctx, stop := untilStopped(ctx, o.duration)
 	defer stop()
 	cfg := o.target.config()
-	cfg.TensorPIDs, cfg.TensorBudget = o.tensorPIDs, o.tensorBudget
+	cfg.TensorPIDs, cfg.TensorBudget, cfg.DriverBudget = o.tensorPIDs, o.tensorBudget, o.driverBudget
 	if len(cfg.TensorPIDs) > 0 && cfg.Tensors != profiler.TensorsOnDemand {
 		return usageError{fmt.Errorf("--tensor-pid needs --tensors=on-demand")}
 	}

@@ -592,7 +592,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N|stacks N [FIRST]|deep N|devices|retain|spike|demo|train\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N [ROUNDS]|stacks N [FIRST]|deep N|devices|retain|spike|demo|train\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -612,8 +612,14 @@ int main(int argc, char **argv)
 		allocate_too_much(strtoull(argv[2], NULL, 0));
 	else if (!strcmp(scenario, "hold") && argc == 3)
 		hold(strtoull(argv[2], NULL, 0));
-	else if (!strcmp(scenario, "pairs") && argc == 3)
-		pairs(atol(argv[2]));
+	else if (!strcmp(scenario, "pairs") && (argc == 3 || argc == 4)) {
+		/* ROUNDS of N pairs, a line awaited before each round but the first */
+		for (int round = 0, rounds = argc == 4 ? atoi(argv[3]) : 1; round < rounds; round++) {
+			if (round > 0)
+				wait_line();
+			pairs(atol(argv[2]));
+		}
+	}
 	else if (!strcmp(scenario, "stacks") && (argc == 3 || argc == 4))
 		distinct_stacks(atol(argv[2]), argc == 4 ? atol(argv[3]) : 0);
 	else if (!strcmp(scenario, "deep") && argc == 3) {
