@@ -1,7 +1,7 @@
 """Writes MODEL.md, the real model's section of BENCHMARKS.md, from the lines
 bench/gpu/model.sh printed (kept in bench/gpu/h200/).
 
-Usage: model_report.py NOCACHE_TXT MODEL_MD MODEL_TXT...
+Usage: model_report.py [--jax JAX_TXT] NOCACHE_TXT MODEL_MD MODEL_TXT...
 Each MODEL_TXT is one run (one process), reported on its own: each figure is
 the median of its rounds, with the spread (lowest-highest); ratios are
 against no agent in the same process. A target is met when every run meets
@@ -40,7 +40,11 @@ def med(xs, key):
 
 
 def main():
-    nocache, out, runs = read(sys.argv[1]), sys.argv[2], [(path, read(path)) for path in sys.argv[3:]]
+    args = sys.argv[1:]
+    jax = {}
+    if args[0] == "--jax":
+        jax, args = read(args[1]), args[2:]
+    nocache, out, runs = read(args[0]), args[1], [(path, read(path)) for path in args[2:]]
     f = open(out, "w")
     f.write("\n## A real model on the GPU\n\n")
     first = runs[0][1]["none"][0]
@@ -57,6 +61,7 @@ def main():
             f"the tensor view at most 1.2x the floor at depth 5 ({'met' if t5 <= 1.2 else 'missed'}: at most {t5:.2f}x) "
             f"and 1.5x at depth 40 ({'met' if t40 <= 1.5 else 'missed'}: at most {t40:.2f}x).\n")
     write_nocache(f, nocache)
+    write_jax(f, jax)
     f.close()
 
 
@@ -100,24 +105,65 @@ def run(f, path, rows):
     return ((med(rows["tensors"], "us_d5")[0] - d5_0) / fl5, (med(rows["tensors"], "us_d40")[0] - d40_0) / fl40)
 
 
+def switched_off(rows):
+    """In how many windows the default's driver view was switched off by its budget."""
+    return sum(1 for x in rows.get("default", []) if x.get("driver_off"))
+
+
+def bpf_per_run(r):
+    runs, ns = sum(x["bpf_runs"] for x in r), sum(x["bpf_ns"] for x in r)
+    return f"{ns / runs:.0f} ns" if runs else "-"
+
+
+def driver_table(f, rows, columns):
+    """One row per driver-view mode present: columns are (heading, cell of the mode's rows)."""
+    f.write("| agent | " + " | ".join(h for h, _ in columns) + " | BPF run time per program run |\n")
+    f.write("| --- |" + " ---: |" * (len(columns) + 1) + "\n")
+    for mode in ("none", "nobudget", "default"):
+        if mode in rows:
+            r = rows[mode]
+            f.write(f"| {NOCACHE_NAMES[mode]} | " + " | ".join(cell(r) for _, cell in columns) + f" | {bpf_per_run(r)} |\n")
+    if "default" in rows:
+        f.write(f"\nThe default's driver view was switched off by its budget in {switched_off(rows)} of "
+                f"{len(rows['default'])} windows, within the window's first seconds; what it adds after is the "
+                "probes' traps, which a library-wide attach cannot leave out of one process.\n")
+
+
+def spread(r, key, fmt):
+    m, lo, hi = med(r, key)
+    return f"{m:{fmt}} [{lo:{fmt}}-{hi:{fmt}}]"
+
+
 def write_nocache(f, nocache):
     if not nocache:
         return
-    n0 = nocache["none"]
+    d0 = med(nocache["none"], "us_d5")[0]
     f.write("\nWith `PYTORCH_NO_CUDA_MEMORY_CACHING=1` every tensor reaches the driver (the driver view's worst "
-            f"case; {len(n0)} rounds of a shorter window):\n\n| agent | training step, ms | decode, tokens/s | "
-            "BPF run time per program run |\n| --- | ---: | ---: | ---: |\n")
-    for mode in ("none", "default"):
-        r = nocache[mode]
-        s, slo, shi = med(r, "step_ms")
-        t, tlo, thi = med(r, "tok_s")
-        runs, ns = sum(x["bpf_runs"] for x in r), sum(x["bpf_ns"] for x in r)
-        per = f"{ns / runs:.0f} ns" if runs else "-"
-        f.write(f"| {NAMES[mode]} | {s:.1f} [{slo:.0f}-{shi:.0f}] | {t:.1f} [{tlo:.0f}-{thi:.0f}] | {per} |\n")
-    f.write("\nEach driver call costs 80-150 us there; these three rounds do not resolve the agent's share "
-            "(the spread of no agent's own windows is wider than the difference of the medians). The tensor "
-            "view's budget covers the tensor view only: a budget for the driver view of such a process is not "
-            "built (bench/NOTES.md).\n")
+            f"case; {len(nocache['none'])} rounds of a shorter window). One `torch.empty` + `del` is then one cuMemAlloc "
+            f"and one cuMemFree ({d0:.1f} us with no agent): what a mode adds to it is what a driver allocation and its "
+            "free cost with that mode (`--driver-pair-cost`):\n\n")
+    driver_table(f, nocache, [("training step, ms", lambda r: spread(r, "step_ms", ".1f")),
+                              ("decode, tokens/s", lambda r: spread(r, "tok_s", ".1f")),
+                              ("torch.empty + del, us added", lambda r: f"{med(r, 'us_d5')[0] - d0:+.2f}")])
+
+
+NOCACHE_NAMES = {
+    "none": "no agent",
+    "nobudget": "the driver view, never switched off (`--driver-budget=0`)",
+    "default": "**the default** (`--driver-budget=0.02`: switched off when over it)",
+}
+
+
+def write_jax(f, jax):
+    if not jax:
+        return
+    s0, o0 = med(jax["none"], "step_ms")[0], med(jax["none"], "us_op")[0]
+    f.write("\nJAX with `XLA_PYTHON_CLIENT_ALLOCATOR=platform` (bench/gpu/jax_cost.py: every buffer is its own "
+            f"cuMemCreate and cuMemRelease; a jitted 4-layer MLP's training step, {len(jax['none'])} rounds), and one "
+            f"`jnp.ones` + `del` of 1 MiB ({o0:.1f} us with no agent):\n\n")
+    driver_table(f, jax, [("training step, ms", lambda r: spread(r, "step_ms", ".2f")),
+                          ("vs none", lambda r: f"{med(r, 'step_ms')[0] / s0:.3f}x"),
+                          ("jnp.ones + del, us added", lambda r: f"{med(r, 'us_op')[0] - o0:+.2f}")])
 
 
 if __name__ == "__main__":
