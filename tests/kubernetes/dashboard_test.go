@@ -77,7 +77,7 @@ func TestGuideDashboard(t *testing.T) {
 	agent, driver := startAgentFirst(t, 1, func(args ...string) *process {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, "--tensors=false", "--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
-		"--pyroscope-interval", "3s")
+		"--pyroscope-interval", "5s")
 	prom := startPrometheus(t, agent.saidValue(t, "serving metrics at "))
 
 	const first = 4096
@@ -105,7 +105,7 @@ func TestGuideDashboard(t *testing.T) {
 		prom.waitLast(t, `mem_free_bytes_total{pid="`+pid+`",host_raw="0"}`, freed[app])
 	}
 	// The trainer exits just after an interval ended: the agent drops it at
-	// the next one's end, 3 s later, after Prometheus scraped its exit.
+	// the next one's end, 5 s later, after Prometheus scraped its exit.
 	agent.waitLine(t, "status: ")
 	fmt.Fprintln(work["trainer"].stdin)
 	work["trainer"].cmd.Wait()
