@@ -80,8 +80,11 @@ image: setup build
 # The packages whose parts run on goroutines of their own are tested
 # again under the race detector.
 RACE_PACKAGES = ./profiler/ ./symbolize/ ./accounting/ ./control/ ./metrics/ ./pystack/
+# tests/promql is a module of its own (Prometheus's module cannot join the
+# product's: tests/promql/main.go says why); TestGuideDashboard builds it.
 test: setup check-generated build sim
 	$(GO) vet ./...
+	cd tests/promql && $(GO) vet ./...
 	$(MAKE) -s bench-smoke
 	GPUMEM_K8S_BIN=$$(./scripts/k8s-binaries.sh) $(GO) test -count=1 -timeout 30m ./...
 	$(GO) test -race -count=1 -timeout 15m $(RACE_PACKAGES)

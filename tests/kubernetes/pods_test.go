@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -35,30 +36,43 @@ var root, _ = filepath.Abs("../..")
 
 const containerID = "7c0ffee07c0ffee07c0ffee07c0ffee07c0ffee07c0ffee07c0ffee07c0ffee0"
 
-// trainerPod creates a pod of a Deployment's ReplicaSet on node-1, with its
-// container running, as kubelet would report it.
+// trainerPod creates namespace ml and in it a pod of a Deployment's
+// ReplicaSet on node-1, with its container running, as kubelet would
+// report it.
 func trainerPod(t *testing.T, c *cluster) *corev1.Pod {
+	namespace(t, c, "ml")
+	return replicaPod(t, c, "ml", "trainer", "5d9f8", "x2x7z", containerID)
+}
+
+// namespace creates a namespace with its default service account.
+func namespace(t *testing.T, c *cluster, name string) {
 	ctx := context.Background()
-	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// No controller manager runs to make the namespace's default account.
-	if _, err := c.client.CoreV1().ServiceAccounts("ml").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := c.client.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// replicaPod creates pod APP-HASH-SUFFIX of Deployment app's ReplicaSet
+// APP-HASH on node-1, its one container (named app) running as cid.
+func replicaPod(t *testing.T, c *cluster, ns, app, hash, suffix, cid string) *corev1.Pod {
+	ctx := context.Background()
 	yes := true
-	pod, err := c.client.CoreV1().Pods("ml").Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "trainer-5d9f8-x2x7z", Labels: map[string]string{"app": "trainer", "pod-template-hash": "5d9f8"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "trainer-5d9f8", UID: "0f0f0f0f-0000-4000-8000-000000000001", Controller: &yes}}},
-		Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "trainer", Image: "trainer:1"}}},
+	pod, err := c.client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: app + "-" + hash + "-" + suffix, Labels: map[string]string{"app": app, "pod-template-hash": hash},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: app + "-" + hash, UID: types.UID("0f0f0f0f-0000-4000-8000-" + cid[:12]), Controller: &yes}}},
+		Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: app, Image: app + ":1"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pod.Status.Phase = corev1.PodRunning
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "trainer", Image: "trainer:1", ImageID: "trainer@sha256:00", Ready: true,
-		ContainerID: "containerd://" + containerID, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
-	if pod, err = c.client.CoreV1().Pods("ml").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: app, Image: app + ":1", ImageID: app + "@sha256:00", Ready: true,
+		ContainerID: "containerd://" + cid, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	if pod, err = c.client.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return pod

@@ -13,6 +13,12 @@
  *                  at most RATE allocations per second (default: no limit)
  *   oom BYTES      one allocation of BYTES (over SIMCUDA_CAPACITY: fails)
  *   hold BYTES     one device allocation kept until exit
+ *   grow FIRST SECOND FREED
+ *                  one device allocation of FIRST bytes and 4 KiB pinned,
+ *                  then prints "first"; after a second line, SECOND bytes
+ *                  kept and FREED bytes allocated and freed (one call each):
+ *                  a counter scraped between the two steps starts at FIRST
+ *                  or at 0, which Prometheus's rate() extrapolates exactly
  *   pairs N        N cuMemAlloc_v2 + cuMemFree_v2 pairs of 4 KiB from one
  *                  thread; expects ns_per_pair (the benchmark's probe cost)
  *   stacks N [FIRST]
@@ -244,6 +250,22 @@ NOINLINE static void hold(size_t bytes)
 {
 	CUdeviceptr p;
 	CHECK(cuMemAlloc_v2(&p, bytes));
+	printf("done\nexpect\n");
+}
+
+/* ---- grow ---- */
+
+NOINLINE static void grow(size_t first, size_t second, size_t freed)
+{
+	CUdeviceptr a, b, c;
+	void *pinned;
+	CHECK(cuMemAlloc_v2(&a, first));
+	CHECK(cuMemAllocHost_v2(&pinned, 4096));
+	printf("first\n");
+	wait_line();
+	CHECK(cuMemAlloc_v2(&b, second));
+	CHECK(cuMemAlloc_v2(&c, freed));
+	CHECK(cuMemFree_v2(c));
 	printf("done\nexpect\n");
 }
 
@@ -592,7 +614,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|pairs N [ROUNDS]|stacks N [FIRST]|deep N|devices|retain|spike|demo|train\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|grow FIRST SECOND FREED|pairs N|stacks N [FIRST]|deep N|devices|retain|spike|demo|train\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -612,14 +634,10 @@ int main(int argc, char **argv)
 		allocate_too_much(strtoull(argv[2], NULL, 0));
 	else if (!strcmp(scenario, "hold") && argc == 3)
 		hold(strtoull(argv[2], NULL, 0));
-	else if (!strcmp(scenario, "pairs") && (argc == 3 || argc == 4)) {
-		/* ROUNDS of N pairs, a line awaited before each round but the first */
-		for (int round = 0, rounds = argc == 4 ? atoi(argv[3]) : 1; round < rounds; round++) {
-			if (round > 0)
-				wait_line();
-			pairs(atol(argv[2]));
-		}
-	}
+	else if (!strcmp(scenario, "grow") && argc == 5)
+		grow(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0));
+	else if (!strcmp(scenario, "pairs") && argc == 3)
+		pairs(atol(argv[2]));
 	else if (!strcmp(scenario, "stacks") && (argc == 3 || argc == 4))
 		distinct_stacks(atol(argv[2]), argc == 4 ? atol(argv[3]) : 0);
 	else if (!strcmp(scenario, "deep") && argc == 3) {
