@@ -122,7 +122,9 @@ for mode in "${windows[@]}"; do
 		read -r runs ns <<<"$(bpf_stats $agent)"
 		extra="bpf_runs=$runs bpf_ns=$ns agent_cpu_ms=$(($(cpu_ms $agent) - cpu0))"
 		# The driver view switched off by its budget during the window.
-		grep -q "driver view off: over budget" "$out/agent.stderr" && extra="$extra driver_off=1"
+		if grep "driver view off: over budget" "$out/agent.stderr" >>"$out/driver-off.log"; then
+			extra="$extra driver_off=1"
+		fi
 		kill -INT $agent && wait $agent || true
 	fi
 	echo "round=$round $(grep '^result' "$out/model.stdout" | sed -n "${n}p") $extra"
