@@ -49,6 +49,15 @@ const (
 	KindManaged                 // unified memory
 	KindVMM                     // physical memory of the virtual memory management API
 	KindTensor                  // tensors of PyTorch's caching allocator, inside device memory it holds
+	// KindDriverInternal is what NVML says a process uses on a GPU beyond
+	// the memory gpu-mem traced there: its CUDA contexts, kernel images
+	// and the driver's internal buffers.
+	KindDriverInternal
+	// KindUntraced is what NVML says a process gpu-mem does not trace
+	// uses on a GPU (one in another container, out of the agent's reach).
+	KindUntraced
+
+	lastKind = KindUntraced
 )
 
 func (k Kind) String() string {
@@ -63,12 +72,20 @@ func (k Kind) String() string {
 		return "vmm"
 	case KindTensor:
 		return "tensor"
+	case KindDriverInternal:
+		return "driver-internal"
+	case KindUntraced:
+		return "untraced"
 	}
 	return "unknown"
 }
 
 // OnDevice says whether memory of kind k lives on one GPU.
-func (k Kind) OnDevice() bool { return k == KindDevice || k == KindVMM || k == KindTensor }
+func (k Kind) OnDevice() bool { return k != KindHost && k != KindManaged }
+
+// FromNVML says whether memory of kind k is known from NVML's numbers
+// rather than from traced calls: it has no allocations of its own.
+func (k Kind) FromNVML() bool { return k == KindDriverInternal || k == KindUntraced }
 
 // View is one of the two accounts gpu-mem keeps of a process's memory. They
 // overlap, so no total ever adds them: a tensor lies inside a segment that
@@ -116,7 +133,7 @@ func ParseView(s string) (View, bool) {
 
 // ParseKind is the inverse of Kind.String.
 func ParseKind(s string) (Kind, bool) {
-	for k := KindDevice; k <= KindTensor; k++ {
+	for k := KindDevice; k <= lastKind; k++ {
 		if k.String() == s {
 			return k, true
 		}

@@ -205,6 +205,27 @@ func (b *books) copyTo(s *snapshot.Snapshot, procs map[uint32]*process, keep fun
 	return peaks, nil
 }
 
+// processDevice is a process's memory on one CUDA ordinal.
+type processDevice struct {
+	pid    uint32
+	device int32
+}
+
+// liveOnDevices sums the driver view's live bytes on GPUs per process and
+// device (memory.DeviceUnknown where the context was not seen created):
+// what NVML's per-process numbers hold of the traced memory.
+func (b *books) liveOnDevices() map[processDevice]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	live := map[processDevice]uint64{}
+	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
+		if k.Kind.View() == memory.ViewDriver && k.Kind.OnDevice() && k.Device != memory.DeviceHost {
+			live[processDevice{k.PID, k.Device}] += c.LiveBytes()
+		}
+	})
+	return live
+}
+
 // sum sums the rows and failures that keep says per series.
 func (b *books) sum(keep func(accounting.Key) bool) snapshot.Totals {
 	b.mu.Lock()

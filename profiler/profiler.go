@@ -73,6 +73,10 @@ type Config struct {
 	// is taken, in order, from a goroutine of its own (never the one that
 	// reads events); Sync and reports wait for those taken before them.
 	OnOOM func(snapshot.OOM)
+	// NVML is the NVIDIA management library (nvml.Library: where the
+	// dynamic loader finds it) read for what nvidia-smi shows per GPU and
+	// process, reconciled with the traced memory; none when empty.
+	NVML string
 	// Timeline keeps each process's live bytes per GPU and view over time,
 	// for Snapshot.Timeline (gpumem record's HTML report): bounded memory
 	// (accounting.TimelineBuckets), a few comparisons per event.
@@ -113,6 +117,7 @@ type Profiler struct {
 	// that map Config.Library's file only, when it is set.
 	scanner    *discover.Scanner
 	delivering *job // OOMs delivered, in order (oom.go)
+	gpus       *gpuMemory
 	// naming is held to read by snapshots being named and to write by
 	// DropExited: a drop frees frame indices that a snapshot being named
 	// holds until it copies the frame table.
@@ -210,14 +215,17 @@ func newProfiler(cfg Config, tr Source) *Profiler {
 		stop:     stop,
 	}
 	p.delivering = newJob(p.deliverOOMs, stop)
+	p.gpus = p.openGPUMemory(cfg.NVML)
 	p.flushed = sync.NewCond(&p.flushMu)
 	return p
 }
 
 // startJobs starts the parts' jobs, each on its goroutine, until Close.
 func (p *Profiler) startJobs() {
-	for _, j := range []*job{p.stacks.resolving, p.stacks.reading, p.procs.reading, p.delivering} {
-		go j.loop()
+	for _, j := range []*job{p.stacks.resolving, p.stacks.reading, p.procs.reading, p.delivering, p.gpus.sampling} {
+		if j != nil {
+			go j.loop()
+		}
 	}
 }
 
@@ -231,6 +239,7 @@ func (p *Profiler) Close() error {
 		p.attacher.close()
 		err = p.tr.Close()
 		close(p.stop)
+		p.gpus.close()
 	})
 	return err
 }
@@ -258,6 +267,7 @@ func (p *Profiler) Run(ctx context.Context) error {
 		case <-ticker.C:
 			p.scan(false)
 			p.stacks.resolving.ask()
+			p.gpus.ask()
 		}
 	}
 }
@@ -331,6 +341,7 @@ func (p *Profiler) readEvents() error {
 		}
 		if p.handle(&ev) {
 			p.delivering.ask() // off the event path
+			p.gpus.ask()
 		}
 	}
 }

@@ -21,6 +21,8 @@ type Totals struct {
 	TensorViews     []TensorView
 	FreesBeforeView uint64
 	BudgetExceeded  uint64
+	// GPUMemory is what NVML says the GPUs hold (Snapshot.GPUMemory).
+	GPUMemory *GPUMemory
 }
 
 // SeriesKey names a process's memory of one kind on one device: the key

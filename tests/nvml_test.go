@@ -2,12 +2,16 @@ package tests
 
 import (
 	"errors"
+	"maps"
 	"path/filepath"
-	"strconv"
 	"slices"
+	"strconv"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/nvml"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // simNVML is the simulated libnvidia-ml.so.1, in a folder of its own.
@@ -71,4 +75,60 @@ func TestNVMLMissing(t *testing.T) {
 	if !errors.As(err, &nerr) || nerr.Func != "nvmlInit_v2" || nerr.Code != 9 {
 		t.Fatalf("error %v, want nvmlInit_v2: Driver Not Loaded (9)", err)
 	}
+}
+
+// TestReconciledWithNVML: what NVML says each process uses on the GPU is
+// in the books: a traced process's memory as traced (a 1000-byte
+// allocation), the rest of NVML's number (its 7 MiB context, the
+// allocation's rounding) a row of its own; an untraced process's whole
+// number a row of its own. The context was made before gpu-mem attached:
+// the allocation's GPU is unknown, but NVML lists the process on one GPU
+// only, where it is reconciled. The view says each number, and the GPU's
+// memory.used is the rows' sum.
+func TestReconciledWithNVML(t *testing.T) {
+	env := nvmlState(t, 7*MiB)
+	traced := startWorkload(t, env, simwork, "hold", "1000")
+	other := startWorkload(t, env, simwork, "hold", strconv.Itoa(3*MiB))
+	other.run()
+	s := startProfiler(t, profiler.Config{Library: simLib, NVML: simNVML()}, traced)
+	s.waitLog("NVML: driver simulated")
+	traced.run()
+	r := s.report()
+	type where struct {
+		pid  int
+		kind memory.Kind
+		gpu  string
+	}
+	live := map[where]uint64{}
+	frames := map[where]string{}
+	for _, row := range r.Rows() {
+		k := where{int(row.PID), row.Kind, row.GPU()}
+		live[k] += row.LiveBytes()
+		frames[k] = row.Frames[0].Name()
+	}
+	want := map[where]uint64{
+		{traced.pid, memory.KindDevice, "unknown"}:   1000,
+		{traced.pid, memory.KindDriverInternal, "0"}: 7*MiB + 24,
+		{other.pid, memory.KindUntraced, "0"}:        10 * MiB,
+	}
+	if !maps.Equal(live, want) {
+		t.Errorf("live %v, want %v", live, want)
+	}
+	if f := frames[where{other.pid, memory.KindUntraced, "0"}]; f != "[process gpu-mem does not trace]" {
+		t.Errorf("untraced frame %q", f)
+	}
+	if r.GPUMemory == nil || len(r.GPUMemory.GPUs) != 1 {
+		t.Fatalf("GPU memory %+v, want one GPU", r.GPUMemory)
+	}
+	gpu := r.GPUMemory.GPUs[0]
+	wantProcs := []snapshot.ProcessMemory{
+		{PID: uint32(traced.pid), Comm: "simwork", GPU: "0", NVML: 7*MiB + 1024, Traced: true, Driver: 1000, DriverInternal: 7*MiB + 24},
+		{PID: uint32(other.pid), Comm: "simwork", GPU: "0", NVML: 10 * MiB},
+	}
+	slices.SortFunc(wantProcs, func(a, b snapshot.ProcessMemory) int { return int(a.PID) - int(b.PID) })
+	if gpu.Used != 17*MiB+1024 || gpu.NotOfProcesses != 0 || !slices.Equal(gpu.Processes, wantProcs) {
+		t.Errorf("GPU %+v, want used %d, processes %+v", gpu, 17*MiB+1024, wantProcs)
+	}
+	traced.exit()
+	other.exit()
 }
