@@ -70,6 +70,9 @@ const (
 	TensorViewSinceName      = "gpumem_tensor_view_since_seconds"
 	FreesBeforeViewName      = "gpumem_tensor_frees_before_view_total"
 	TensorBudgetExceededName = "gpumem_tensor_view_budget_exceeded_total"
+	// NVML's, per GPU.
+	GPUUsedName  = "gpumem_gpu_used_bytes"
+	GPUTotalName = "gpumem_gpu_total_bytes"
 )
 
 // Metric is one metric gpu-mem exports. The collectors describe and send
@@ -132,6 +135,12 @@ var (
 		"absent while off.")
 	freesBeforeView = newMetric(FreesBeforeViewName, prometheus.CounterValue, nil, "Frees of tensors made before their process's tensor view began: neither unknown frees nor subtracted from anything.")
 	budgetExceeded  = newMetric(TensorBudgetExceededName, prometheus.CounterValue, nil, "On-demand tensor views switched off because they cost their process more than the budget (--tensor-budget).")
+	// NVML's numbers per GPU (gpu: NVML's index, nvidia-smi's); absent
+	// without NVML. Each process's share is in gpumem_live_bytes, its
+	// parts beyond the traced memory of kinds driver-internal and untraced.
+	gpuUsed = newMetric(GPUUsedName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID}, "Memory in use on the GPU, as NVML says (nvidia-smi's memory.used): "+
+		"its processes' (sum(gpumem_live_bytes) over the GPU, the kinds driver-internal and untraced included) and what is of no process.")
+	gpuTotal = newMetric(GPUTotalName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID}, "The GPU's memory, as NVML says (nvidia-smi's memory.total).")
 )
 
 // Inspektor Gadget's GPU observability dashboard (the AKS GPU profiling
@@ -172,7 +181,7 @@ var igMetrics = []*Metric{igAllocBytes, igFreeBytes, igImplicitFreeBytes}
 // bookMetrics are Collector's metrics but the peaks, in the reference's
 // order.
 var bookMetrics = slices.Concat(views[memory.ViewDriver].series(), views[memory.ViewTensor].series(),
-	[]*Metric{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded})
+	[]*Metric{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded, gpuUsed, gpuTotal})
 
 // peakMetrics are the peak gauges, sent with a PeakSource.
 var peakMetrics = []*Metric{views[memory.ViewDriver].peakBytes, views[memory.ViewTensor].peakBytes}
@@ -243,6 +252,12 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- freesBeforeView.sample(float64(t.FreesBeforeView))
 	ch <- budgetExceeded.sample(float64(t.BudgetExceeded))
+	if t.GPUMemory != nil {
+		for _, g := range t.GPUMemory.GPUs {
+			ch <- gpuUsed.sample(float64(g.Used), strconv.Itoa(g.Index), g.UUID)
+			ch <- gpuTotal.sample(float64(g.Total), strconv.Itoa(g.Index), g.UUID)
+		}
+	}
 	if c.Peaks != nil {
 		collectPeaks(ch, c.Peaks.Peaks())
 	}
@@ -264,7 +279,7 @@ func collectIG(ch chan<- prometheus.Metric, series []snapshot.Series) {
 	sums := map[igClass]*snapshot.Series{}
 	var order []igClass
 	for _, s := range series {
-		if s.Kind.View() != memory.ViewDriver {
+		if s.Kind.View() != memory.ViewDriver || s.Kind.FromNVML() { // not what IG's gadget counts
 			continue
 		}
 		k := igClass{s.PID, s.GPU() == "host"}

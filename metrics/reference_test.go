@@ -28,6 +28,7 @@ func (everyTotal) Totals() (snapshot.Totals, error) {
 		Failures:    []snapshot.SeriesFailures{{SeriesKey: snapshot.SeriesKey{PID: 7, Kind: memory.KindDevice}, Comm: "python3", Result: 2, Count: 1}},
 		Losses:      schema.Losses{schema.RingBufferFull: 1},
 		TensorViews: []snapshot.TensorView{{PID: 7, Since: time.Unix(1, 0)}},
+		GPUMemory:   &snapshot.GPUMemory{GPUs: []snapshot.GPU{{UUID: "GPU-1", Total: 2, Used: 1}}},
 	}, nil
 }
 

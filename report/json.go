@@ -28,6 +28,9 @@ type jsonReport struct {
 	Libraries       []string `json:"libraries"`
 	// The on-demand tensor views: from when each process's holds.
 	TensorViews []snapshot.TensorView `json:"tensor_views,omitempty"`
+	// What NVML (nvidia-smi) says each GPU and process holds; null
+	// (unknown) without NVML.
+	GPUs []jsonGPU `json:"gpus"`
 }
 
 type jsonFrame struct {
@@ -142,6 +145,7 @@ func WriteJSON(w io.Writer, r *snapshot.Snapshot) error {
 	out := jsonReport{
 		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Python: r.Python, Events: r.Events, Libraries: r.Libraries,
 		NativeTruncated: r.NativeTruncated, TensorViews: r.TensorViews, Stacks: []jsonStack{}, Failures: []jsonFailure{},
+		GPUs: newJSONGPUs(r.GPUMemory),
 	}
 	for _, row := range r.Rows() {
 		out.Stacks = append(out.Stacks, newJSONStack(row))
