@@ -19,6 +19,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -353,6 +354,14 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	switch {
 	case ev.Exit:
 		p.pythonExited(ev.PID)
+		p.gpus.exited(ev.PID)
+	case ev.Op.MakesContext():
+		python = p.procs.note(ev.PID, ev.Comm, true)
+		id = p.stacks.intern(ev)
+		p.gpus.contextEvent(ev, id)
+	case ev.Op == memory.OpCtxDestroy:
+		p.procs.note(ev.PID, ev.Comm, false)
+		p.gpus.contextEvent(ev, 0)
 	case ev.Op.IsFree() || ev.Op.IsRetain():
 		p.procs.note(ev.PID, ev.Comm, false)
 	default:

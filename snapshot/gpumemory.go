@@ -39,9 +39,13 @@ type ProcessMemory struct {
 	// is the process's, unexplained.
 	Traced bool
 	Driver uint64 // traced: its driver view's live bytes on the GPU
-	// DriverInternal is NVML less Driver: its CUDA contexts, kernel images
-	// and the driver's internal buffers. Negative where gpu-mem counted
-	// more than NVML did (memory NVML had not seen yet).
+	// Contexts are the CUDA contexts gpu-mem saw the process make on the
+	// GPU: each NVML's growth across its creation.
+	Contexts uint64
+	// DriverInternal is NVML less Driver and Contexts: kernel images, the
+	// driver's internal buffers, contexts made before gpu-mem attached.
+	// Negative where gpu-mem counted more than NVML did (memory NVML had
+	// not seen yet).
 	DriverInternal int64
 }
 

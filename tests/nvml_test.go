@@ -24,6 +24,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
 // simNVML is the simulated libnvidia-ml.so.1, in a folder of its own.
@@ -372,6 +373,50 @@ func TestWithoutNVML(t *testing.T) {
 	rows := r.Rows()
 	if said != 1 || r.GPUMemory != nil || len(rows) != 1 || rows[0].Kind != memory.KindDevice || rows[0].LiveBytes() != 1000 {
 		t.Errorf("said %d times, GPU memory %v, rows %v; want once, none, 1000 device bytes", said, r.GPUMemory, rowsText(rows))
+	}
+	w.exit()
+}
+
+// TestContextChargedToItsStack: a process that makes its context while
+// traced has the context's bytes (NVML's growth across its creation, 7
+// MiB) charged to the stack that made it (cuDevicePrimaryCtxRetain,
+// called from main), its allocation on the context's GPU, and the
+// allocation's rounding (24 bytes) left to the driver's internals. The
+// context is sized before the allocation (the reader reads NVML again as
+// it sees the context made, within the tracer's poll, 10 ms: here, a
+// report waits for that read).
+func TestContextChargedToItsStack(t *testing.T) {
+	env := nvmlState(t, 7*MiB)
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libcuda.so.1") // this test's own: no other process on it
+	copyFile(t, simLib, lib)
+	s := startProfiler(t, profiler.Config{Library: lib, NVML: simNVML()})
+	s.waitLog("attached to " + lib)
+	w := startWorkload(t, append(env, "LD_LIBRARY_PATH="+dir), simwork, "hold", "1000")
+	s.report()
+	w.run()
+	r := s.report()
+	var got []string
+	for _, row := range r.Rows() {
+		if row.PID == uint32(w.pid) {
+			got = append(got, fmt.Sprintf("%s gpu %s %d %s", row.Kind, row.GPU(), row.LiveBytes(), row.Frames[0].Name()))
+			if row.Kind == memory.KindContext && !slices.ContainsFunc(row.Frames, func(f *symbolize.Frame) bool { return f.Function == "main" }) {
+				t.Errorf("context's stack %v, want main in it", rowsText([]snapshot.Row{row}))
+			}
+		}
+	}
+	want := []string{
+		"context gpu 0 7340032 cuDevicePrimaryCtxRetain",
+		"device gpu 0 1000 cuMemAlloc_v2",
+		"driver-internal gpu 0 24 [CUDA context, kernel images and driver internals]",
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("rows %q, want %q", got, want)
+	}
+	pm := r.GPUMemory.GPUs[0].Processes
+	if len(pm) != 1 || pm[0].NVML != 7*MiB+1024 || pm[0].Driver != 1000 || pm[0].Contexts != 7*MiB || pm[0].DriverInternal != 24 {
+		t.Errorf("view %+v", pm)
 	}
 	w.exit()
 }
