@@ -21,8 +21,8 @@ func writeGPUMemory(w io.Writer, m *snapshot.GPUMemory) {
 				fmt.Fprintf(w, "  pid %d (%s): %s, not traced\n", p.PID, Printable(p.Comm), HumanBytes(p.NVML))
 				continue
 			}
-			fmt.Fprintf(w, "  pid %d (%s), gpu %s: %s = %s traced %s contexts, kernel images and driver internals\n", p.PID, Printable(p.Comm), p.GPU,
-				HumanBytes(p.NVML), HumanBytes(p.Driver), signedTerm(p.DriverInternal))
+			fmt.Fprintf(w, "  pid %d (%s), gpu %s: %s = %s traced + %s in contexts seen made %s kernel images and driver internals\n",
+				p.PID, Printable(p.Comm), p.GPU, HumanBytes(p.NVML), HumanBytes(p.Driver), HumanBytes(p.Contexts), signedTerm(p.DriverInternal))
 		}
 		if g.NotOfProcesses > 0 {
 			fmt.Fprintf(w, "  of no process: %s\n", HumanBytes(g.NotOfProcesses))
@@ -58,7 +58,9 @@ type jsonGPUProcess struct {
 	NVMLBytes   uint64 `json:"nvml_bytes"`
 	Traced      bool   `json:"traced"`
 	DriverBytes uint64 `json:"driver_bytes"`
-	// contexts, kernel images and driver internals: nvml_bytes - driver_bytes
+	// the contexts gpu-mem saw it make, each NVML's growth across its creation
+	ContextBytes uint64 `json:"context_bytes"`
+	// kernel images and driver internals: nvml_bytes - driver_bytes - context_bytes
 	DriverInternalBytes int64 `json:"driver_internal_bytes"`
 }
 
@@ -73,7 +75,7 @@ func newJSONGPUs(m *snapshot.GPUMemory) []jsonGPU {
 			NotOfProcesses: g.NotOfProcesses, Processes: []jsonGPUProcess{}}
 		for _, p := range g.Processes {
 			j.Processes = append(j.Processes, jsonGPUProcess{PID: p.PID, Comm: p.Comm, GPU: p.GPU, NVMLBytes: p.NVML,
-				Traced: p.Traced, DriverBytes: p.Driver, DriverInternalBytes: p.DriverInternal})
+				Traced: p.Traced, DriverBytes: p.Driver, ContextBytes: p.Contexts, DriverInternalBytes: p.DriverInternal})
 		}
 		gpus = append(gpus, j)
 	}

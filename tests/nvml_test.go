@@ -148,7 +148,8 @@ func TestReconciledWithNVML(t *testing.T) {
 
 // TestNVMLInEveryOutput: a traced process holding 1000 bytes in a 7 MiB
 // context, beside an untraced one holding 3 MiB in its own, recorded by
-// every output at once. Each shows nvidia-smi's number for the traced
+// every output at once; the agent, there first, saw the context made, the
+// recorders did not (it is in their driver-internal part). Each shows nvidia-smi's number for the traced
 // process (7 MiB + 1024: the context and the allocation rounded up) as its
 // driver view, and the untraced one's 10 MiB: pprof's inuse_space per pid
 // and its total, nvidia-smi's memory.used (go tool pprof), folded's total,
@@ -190,7 +191,7 @@ func TestNVMLInEveryOutput(t *testing.T) {
 	checkNVMLMetrics(t, agent.waitStderrValue("serving metrics at "), w.pid, other.pid)
 	checkNVMLPyroscope(t, r, w.pid)
 	clis["top"].waitStdout(`^GPU 0 \(GPU-00000000-0000-4000-8000-000000000000\): 17\.0 MiB used of 80\.0 GiB \(nvidia-smi\)$`)
-	clis["top"].waitStdout(`^  pid ` + pid + ` \(simwork\), gpu 0: 7\.0 MiB = 1000 B traced \+ 7\.0 MiB contexts, kernel images and driver internals$`)
+	clis["top"].waitStdout(`^  pid ` + pid + ` \(simwork\), gpu 0: 7\.0 MiB = 1000 B traced \+ 0 B in contexts seen made \+ 7\.0 MiB kernel images and driver internals$`)
 	clis["top"].waitStdout(`^  pid ` + strconv.Itoa(other.pid) + ` \(simwork\): 10\.0 MiB, not traced$`)
 	for _, c := range clis {
 		c.interrupt()
@@ -244,6 +245,7 @@ func checkNVMLJSON(t *testing.T, path string, pid, other int) {
 				NVML           uint64 `json:"nvml_bytes"`
 				Traced         bool   `json:"traced"`
 				Driver         uint64 `json:"driver_bytes"`
+				Contexts       uint64 `json:"context_bytes"`
 				DriverInternal int64  `json:"driver_internal_bytes"`
 			} `json:"processes"`
 		} `json:"gpus"`
@@ -268,7 +270,7 @@ func checkNVMLJSON(t *testing.T, path string, pid, other int) {
 	for _, p := range r.GPUs[0].Processes {
 		switch p.PID {
 		case pid:
-			if p.NVML != 7*MiB+1024 || !p.Traced || p.Driver != 1000 || p.DriverInternal != 7*MiB+24 {
+			if p.NVML != 7*MiB+1024 || !p.Traced || p.Driver != 1000 || p.Contexts != 0 || p.DriverInternal != 7*MiB+24 {
 				t.Errorf("JSON traced process %+v", p)
 			}
 		case other:
@@ -280,8 +282,9 @@ func checkNVMLJSON(t *testing.T, path string, pid, other int) {
 }
 
 // checkNVMLMetrics scrapes the agent until the traced process's
-// gpumem_live_bytes sum to its NVML number, and the untraced one's is
-// there; gpumem_gpu_used_bytes is the GPU's memory.used.
+// gpumem_live_bytes sum to its NVML number (its 7 MiB context, seen made,
+// apart), and the untraced one's is there; gpumem_gpu_used_bytes is the
+// GPU's memory.used.
 func checkNVMLMetrics(t *testing.T, url string, pid, other int) {
 	t.Helper()
 	sum := func(f map[string]*dto.MetricFamily, pid int, kind string) uint64 {
@@ -303,12 +306,12 @@ func checkNVMLMetrics(t *testing.T, url string, pid, other int) {
 		return 0
 	}
 	exact := func(f map[string]*dto.MetricFamily) bool {
-		return sum(f, pid, "") == 7*MiB+1024 && sum(f, pid, "driver-internal") == 7*MiB+24 &&
+		return sum(f, pid, "") == 7*MiB+1024 && sum(f, pid, "context") == 7*MiB && sum(f, pid, "driver-internal") == 24 &&
 			sum(f, other, "untraced") == 10*MiB && used(f) == 17*MiB+1024
 	}
 	if f := metricstest.ScrapeUntil(t, url, hangLimit, exact); !exact(f) {
-		t.Errorf("gpumem_live_bytes: pid %d %d (driver-internal %d), untraced pid %d %d; gpumem_gpu_used_bytes %d",
-			pid, sum(f, pid, ""), sum(f, pid, "driver-internal"), other, sum(f, other, "untraced"), used(f))
+		t.Errorf("gpumem_live_bytes: pid %d %d (context %d, driver-internal %d), untraced pid %d %d; gpumem_gpu_used_bytes %d",
+			pid, sum(f, pid, ""), sum(f, pid, "context"), sum(f, pid, "driver-internal"), other, sum(f, other, "untraced"), used(f))
 	}
 }
 
