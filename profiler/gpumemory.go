@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -40,9 +41,12 @@ var (
 // become rows of their own (KindContext, KindDriverInternal, KindUntraced),
 // so that every output shows them.
 type gpuMemory struct {
-	sampling *job // nil without NVML
+	path     string
+	sampling *job        // nil without a library to read
+	none     atomic.Bool // the library could not be loaded: nothing to keep
 
 	libMu  sync.Mutex
+	loaded bool       // once tried
 	lib    *nvml.NVML // nil without NVML, and once closed
 	sample nvml.Sample
 
@@ -66,28 +70,36 @@ type cudaContext struct {
 	sized   bool
 }
 
-// openGPUMemory loads NVML from path; without it (no path, no driver) the
-// parts beyond the traced memory are unknown, which it says once. Its job
-// is p's to start.
-func (p *Profiler) openGPUMemory(path string) *gpuMemory {
-	g := &gpuMemory{rows: map[accounting.Key]accounting.Counters{}, residual: map[processDevice]int64{}}
-	if path == "" {
-		return g
+// newGPUMemory is the part that reads NVML from path (none when empty).
+// Its job, p's to start, loads the library at its first run, not here: a
+// command's own errors come first.
+func (p *Profiler) newGPUMemory(path string) *gpuMemory {
+	g := &gpuMemory{path: path, rows: map[accounting.Key]accounting.Counters{}, residual: map[processDevice]int64{}}
+	if path != "" {
+		g.sampling = newJob(p.sampleGPUs, p.stop)
 	}
-	lib, err := nvml.Open(path)
-	if err != nil {
-		p.cfg.Logf("NVML: %v: the memory nvidia-smi shows beyond what is traced (contexts, kernel images, driver internals) is unknown", err)
-		return g
-	}
-	p.cfg.Logf("NVML: driver %s (%s)", lib.DriverVersion, path)
-	g.lib, g.sampling = lib, newJob(p.sampleGPUs, p.stop)
 	return g
+}
+
+// load loads NVML once; without it (no driver, no library) the parts
+// beyond the traced memory are unknown, which it says once. libMu is held.
+func (p *Profiler) loadNVML(g *gpuMemory) {
+	g.loaded = true
+	lib, err := nvml.Open(g.path)
+	if err != nil {
+		g.none.Store(true)
+		p.cfg.Logf("NVML: %v: the memory nvidia-smi shows beyond what is traced (contexts, kernel images, driver internals) is unknown", err)
+		return
+	}
+	p.cfg.Logf("NVML: driver %s (%s)", lib.DriverVersion, g.path)
+	g.lib = lib
 }
 
 // close unloads NVML, once no read is under way.
 func (g *gpuMemory) close() {
 	g.libMu.Lock()
 	defer g.libMu.Unlock()
+	g.loaded = true // not loaded after
 	if g.lib != nil {
 		g.lib.Close()
 		g.lib = nil
@@ -117,6 +129,9 @@ func (p *Profiler) sampleGPUs() {
 	_ = p.flush() // an error: the tracer is closed, nothing comes any more
 	live := p.books.liveOnDevices()
 	g.libMu.Lock()
+	if !g.loaded {
+		p.loadNVML(g)
+	}
 	if g.lib == nil {
 		g.libMu.Unlock()
 		return
@@ -296,7 +311,7 @@ func (g *gpuMemory) setRows(live map[accounting.Key]uint64) {
 // contextEvent notes a context made (with the stack id that made it) or
 // destroyed, and has NVML read: the read sizes it. Without NVML, nothing.
 func (g *gpuMemory) contextEvent(ev *tracer.Event, id accounting.StackID) {
-	if g.sampling == nil {
+	if g.sampling == nil || g.none.Load() {
 		return
 	}
 	g.mu.Lock()

@@ -17,8 +17,7 @@ import (
 // longer lists; the rest is the driver's internals. Each row's growth
 // counts as an allocation, its shrinking as a free.
 func TestContextsSizedByNVMLsGrowth(t *testing.T) {
-	g := &gpuMemory{rows: map[accounting.Key]accounting.Counters{}, residual: map[processDevice]int64{},
-		sampling: newJob(func() {}, make(chan struct{}))}
+	g := (&Profiler{}).newGPUMemory("libnvidia-ml.so.1") // never loaded: its job is not started
 	made := func(pid uint32, stack accounting.StackID, device int32, address uint64) {
 		g.contextEvent(&tracer.Event{PID: pid, Op: memory.OpCtxCreate, Device: device, Address: address}, stack)
 	}

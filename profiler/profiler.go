@@ -216,7 +216,7 @@ func newProfiler(cfg Config, tr Source) *Profiler {
 		stop:     stop,
 	}
 	p.delivering = newJob(p.deliverOOMs, stop)
-	p.gpus = p.openGPUMemory(cfg.NVML)
+	p.gpus = p.newGPUMemory(cfg.NVML)
 	p.flushed = sync.NewCond(&p.flushMu)
 	return p
 }
