@@ -49,11 +49,18 @@ check-generated:
 
 # The simulated driver and its workloads. simwork finds libcuda.so.1 beside
 # itself (RUNPATH $ORIGIN), so LD_LIBRARY_PATH can point it at another copy.
-sim: $(SIM)/libcuda.so.1 $(SIM)/simwork $(SIM)/libc10_cuda.so
+sim: $(SIM)/libcuda.so.1 $(SIM)/simwork $(SIM)/libc10_cuda.so $(SIM)/nvml/libnvidia-ml.so.1
 
 $(SIM)/libcuda.so.1: tests/simcuda/libcuda.c tests/simcuda/cuda.h
 	@mkdir -p $(SIM)
 	cc $(SIM_CFLAGS) -O1 -shared -fPIC -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+
+# The simulated NVML, which answers from what the simulated driver publishes
+# (SIMNVML_DIR); in a folder of its own, so that a test chooses whether a
+# program finds it.
+$(SIM)/nvml/libnvidia-ml.so.1: tests/simnvml/nvml.c tests/simnvml/nvml.h
+	@mkdir -p $(SIM)/nvml
+	cc $(SIM_CFLAGS) -O1 -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o $@ $<
 
 # The simulated PyTorch caching allocator, with torch's USDT probes; it
 # finds libcuda.so.1 beside itself.

@@ -1042,20 +1042,57 @@ static __always_inline int leave_context(struct pt_regs *ctx, const struct gpume
 	return 0;
 }
 
+/* ---- CUDA contexts made and destroyed, for the reconciliation with NVML
+ * (profiler/gpumemory.go): a context's device memory is NVML's growth across
+ * its creation, charged to the stack that made it. Reported by gpumem's own
+ * attach only; stock IG's per-function programs follow contexts as before. */
+
+/* context_made is the context a successful creation returned, when the
+ * process had not made it before (a primary context is retained again and
+ * again); 0 otherwise. Read before track_context remembers it. */
+static __always_inline __u64 context_made(const struct gpumem_call *call)
+{
+	if (call->op != GPUMEM_OP_DEVICE_PRIMARY_CTX_RETAIN && call->op != GPUMEM_OP_CTX_CREATE &&
+	    call->op != GPUMEM_OP_CTX_CREATE_V3 && call->op != GPUMEM_OP_CTX_CREATE_V4)
+		return 0;
+	struct gpumem_context_key key = {.pid = bpf_get_current_pid_tgid() >> 32, .ctx = read_ptr(call->target)};
+	if (!key.ctx || bpf_map_lookup_elem(&context_devices, &key))
+		return 0;
+	return key.ctx;
+}
+
+/* begin_context begins the event of a context made: its pointer, its
+ * device; report_allocation adds the stacks that made it. */
+static __always_inline void begin_context(struct gpumem_event *e, const struct gpumem_call *call, __u64 context)
+{
+	begin_event(e, call->op, 0, false);
+	e->timestamp = bpf_ktime_get_ns();
+	e->address = context;
+	e->bytes = 0;
+	e->device = (__s32)call->bytes; /* the device argument */
+}
+
+/* ---- end of CUDA contexts made and destroyed */
+
 /* report_allocation turns a returning allocation into an event, stamped at
  * its return, when the pointer became valid; e is the scratch, held. With
  * stock_ig (IG's per-function programs) it also keeps the in-kernel
- * totals. */
+ * totals. With context, it reports that context made instead: one path to
+ * the stack capture, which the verifier then walks once. */
 static __always_inline void report_allocation(struct pt_regs *ctx, struct gpumem_event *e,
-					      const struct gpumem_call *call, bool stock_ig)
+					      const struct gpumem_call *call, bool stock_ig, __u64 context)
 {
-	begin_event(e, call->op, (__s32)PT_REGS_RC(ctx), stock_ig);
-	e->timestamp = bpf_ktime_get_ns();
-	e->address = 0;
-	e->bytes = call->bytes;
-	if (e->result == 0 && !finish_allocation(e, call))
-		return;
-	e->device = current_device(call, e->proc.tid);
+	if (context) {
+		begin_context(e, call, context);
+	} else {
+		begin_event(e, call->op, (__s32)PT_REGS_RC(ctx), stock_ig);
+		e->timestamp = bpf_ktime_get_ns();
+		e->address = 0;
+		e->bytes = call->bytes;
+		if (e->result == 0 && !finish_allocation(e, call))
+			return;
+		e->device = current_device(call, e->proc.tid);
+	}
 	capture_allocation(ctx, e, true);
 	if (stock_ig && aggregate)
 		aggregate_allocation(ctx, e);
@@ -1218,14 +1255,21 @@ int gpumem_leave(struct pt_regs *ctx)
 	 * books user space closed then stay closed; counted instead. */
 	if (driver_view_off(id >> 32))
 		return 0;
-	if (gpumem_op_is_context(call->op))
-		return leave_context(ctx, call, id);
+	__u64 made = 0; /* a context made: reported as an allocation is */
+	if (gpumem_op_is_context(call->op)) {
+		made = PT_REGS_RC(ctx) == 0 ? context_made(call) : 0;
+		if (call->op == GPUMEM_OP_CTX_DESTROY && PT_REGS_RC(ctx) == 0)
+			report_address(call->op, call->target, false);
+		leave_context(ctx, call, id);
+		if (!made)
+			return 0;
+	}
 	if (call->op == GPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE)
 		return report_retain(ctx, call);
 	struct gpumem_event *e = hold_scratch();
 	if (!e)
 		return 0;
-	report_allocation(ctx, e, call, false);
+	report_allocation(ctx, e, call, false, made);
 	release_scratch();
 	return 0;
 }
@@ -1366,7 +1410,7 @@ int gpumem_finish(struct pt_regs *ctx)
 	struct gpumem_call *call = bpf_map_lookup_elem(&finishing, &zero);
 	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
 	if (call && e)
-		report_allocation(ctx, e, call, true);
+		report_allocation(ctx, e, call, true, 0);
 	release_scratch();
 	return 0;
 }

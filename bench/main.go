@@ -22,7 +22,7 @@ var (
 	smoke   = flag.Bool("smoke", false, "a short run that checks the harness, not the figures")
 	out     = flag.String("o", "BENCHMARKS.md", "where to write the results")
 	repo    = flag.String("repo", ".", "the repository root (build/sim and bin/ built)")
-	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load, symbols or discovery")
+	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load, symbols, discovery or nvml")
 	runs    = 5
 	simLib  string
 	simwork string
@@ -69,6 +69,7 @@ func main() {
 		{"load", "Load time of the BPF object", func() string { return loadTimes(root) }},
 		{"symbols", "Naming the first stack through large C++ libraries", func() string { return symbolsFirstStack(root) }},
 		{"discovery", "Discovery against the processes on the node", discoveryCost},
+		{"nvml", "Reading NVML", func() string { return nvmlCost(root) }},
 	} {
 		if *only == "" || *only == s.name {
 			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)

@@ -49,6 +49,20 @@ const (
 	KindManaged                 // unified memory
 	KindVMM                     // physical memory of the virtual memory management API
 	KindTensor                  // tensors of PyTorch's caching allocator, inside device memory it holds
+	// KindContext is a CUDA context's device memory: what NVML says its
+	// process's use grew by across its creation (cuDevicePrimaryCtxRetain,
+	// cuCtxCreate), charged to the stack that made it.
+	KindContext
+	// KindDriverInternal is what NVML says a process uses on a GPU beyond
+	// the memory gpu-mem traced and the contexts it saw made there: kernel
+	// images, the driver's internal buffers, and contexts made before
+	// gpu-mem attached.
+	KindDriverInternal
+	// KindUntraced is what NVML says a process gpu-mem does not trace
+	// uses on a GPU (one in another container, out of the agent's reach).
+	KindUntraced
+
+	lastKind = KindUntraced
 )
 
 func (k Kind) String() string {
@@ -63,12 +77,22 @@ func (k Kind) String() string {
 		return "vmm"
 	case KindTensor:
 		return "tensor"
+	case KindContext:
+		return "context"
+	case KindDriverInternal:
+		return "driver-internal"
+	case KindUntraced:
+		return "untraced"
 	}
 	return "unknown"
 }
 
 // OnDevice says whether memory of kind k lives on one GPU.
-func (k Kind) OnDevice() bool { return k == KindDevice || k == KindVMM || k == KindTensor }
+func (k Kind) OnDevice() bool { return k != KindHost && k != KindManaged }
+
+// FromNVML says whether memory of kind k is known from NVML's numbers
+// rather than from traced allocations.
+func (k Kind) FromNVML() bool { return k == KindContext || k == KindDriverInternal || k == KindUntraced }
 
 // View is one of the two accounts gpu-mem keeps of a process's memory. They
 // overlap, so no total ever adds them: a tensor lies inside a segment that
@@ -116,7 +140,7 @@ func ParseView(s string) (View, bool) {
 
 // ParseKind is the inverse of Kind.String.
 func ParseKind(s string) (Kind, bool) {
-	for k := KindDevice; k <= KindTensor; k++ {
+	for k := KindDevice; k <= lastKind; k++ {
 		if k.String() == s {
 			return k, true
 		}
@@ -187,6 +211,12 @@ func (o Op) Symbol() string {
 func (o Op) IsFree() bool {
 	return o >= OpMemFree && o <= OpMemRelease ||
 		o == OpTensorFree
+}
+
+// MakesContext says whether the op's event is a context made: its
+// address the context, its device the context's.
+func (o Op) MakesContext() bool {
+	return o == OpDevicePrimaryCtxRetain || o == OpCtxCreate || o == OpCtxCreateV3 || o == OpCtxCreateV4
 }
 
 // IsRetain says whether the op adds a reference to a VMM handle.

@@ -5,7 +5,7 @@ import "testing"
 // TestViews: every driver kind is in the driver view, tensors alone in the
 // tensor view; views read back from their names.
 func TestViews(t *testing.T) {
-	for k := KindDevice; k <= KindTensor; k++ {
+	for k := KindDevice; k <= lastKind; k++ {
 		want := ViewDriver
 		if k == KindTensor {
 			want = ViewTensor

@@ -74,6 +74,9 @@ const (
 	DriverViewOffSinceName   = "gpumem_driver_view_off_since_seconds"
 	DriverCallsNotTracedName = "gpumem_driver_calls_not_traced_total"
 	DriverBudgetExceededName = "gpumem_driver_view_budget_exceeded_total"
+	// NVML's, per GPU.
+	GPUUsedName  = "gpumem_gpu_used_bytes"
+	GPUTotalName = "gpumem_gpu_total_bytes"
 )
 
 // Metric is one metric gpu-mem exports. The collectors describe and send
@@ -141,6 +144,12 @@ var (
 		"(--driver-budget; Unix seconds): its gpumem_* driver series are partial from then on.")
 	driverCallsNotTraced = newMetric(DriverCallsNotTracedName, prometheus.CounterValue, []string{schema.PID}, "Driver calls of the process not traced since its driver view was switched off.")
 	driverBudgetExceeded = newMetric(DriverBudgetExceededName, prometheus.CounterValue, nil, "Driver views switched off because they cost their process more than the budget (--driver-budget).")
+	// NVML's numbers per GPU (gpu: NVML's index, nvidia-smi's); absent
+	// without NVML. Each process's share is in gpumem_live_bytes, its
+	// parts beyond the traced memory of kinds driver-internal and untraced.
+	gpuUsed = newMetric(GPUUsedName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID}, "Memory in use on the GPU, as NVML says (nvidia-smi's memory.used): "+
+		"its processes' (sum(gpumem_live_bytes) over the GPU, the kinds driver-internal and untraced included) and what is of no process.")
+	gpuTotal = newMetric(GPUTotalName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID}, "The GPU's memory, as NVML says (nvidia-smi's memory.total).")
 )
 
 // Inspektor Gadget's GPU observability dashboard (the AKS GPU profiling
@@ -182,7 +191,7 @@ var igMetrics = []*Metric{igAllocBytes, igFreeBytes, igImplicitFreeBytes}
 // order.
 var bookMetrics = slices.Concat(views[memory.ViewDriver].series(), views[memory.ViewTensor].series(),
 	[]*Metric{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded,
-		driverViewOffSince, driverCallsNotTraced, driverBudgetExceeded})
+		driverViewOffSince, driverCallsNotTraced, driverBudgetExceeded, gpuUsed, gpuTotal})
 
 // peakMetrics are the peak gauges, sent with a PeakSource.
 var peakMetrics = []*Metric{views[memory.ViewDriver].peakBytes, views[memory.ViewTensor].peakBytes}
@@ -259,6 +268,12 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- driverCallsNotTraced.sample(float64(v.Calls), pid)
 	}
 	ch <- driverBudgetExceeded.sample(float64(t.DriverBudgetExceeded))
+	if t.GPUMemory != nil {
+		for _, g := range t.GPUMemory.GPUs {
+			ch <- gpuUsed.sample(float64(g.Used), strconv.Itoa(g.Index), g.UUID)
+			ch <- gpuTotal.sample(float64(g.Total), strconv.Itoa(g.Index), g.UUID)
+		}
+	}
 	if c.Peaks != nil {
 		collectPeaks(ch, c.Peaks.Peaks())
 	}
@@ -280,7 +295,7 @@ func collectIG(ch chan<- prometheus.Metric, series []snapshot.Series) {
 	sums := map[igClass]*snapshot.Series{}
 	var order []igClass
 	for _, s := range series {
-		if s.Kind.View() != memory.ViewDriver {
+		if s.Kind.View() != memory.ViewDriver || s.Kind.FromNVML() { // not what IG's gadget counts
 			continue
 		}
 		k := igClass{s.PID, s.GPU() == "host"}

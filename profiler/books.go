@@ -61,6 +61,8 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	switch {
 	case ev.Exit:
 		b.exitLocked(ev.PID, ev.Timestamp)
+	case ev.Op.MakesContext(), ev.Op == memory.OpCtxDestroy:
+		// sized by NVML, beside the ledger (gpumemory.go)
 	case ev.Op.IsFree():
 		b.ledger.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)
 	case ev.Op.IsRetain():
@@ -208,6 +210,27 @@ func (b *books) copyTo(s *snapshot.Snapshot, procs map[uint32]*process, keep fun
 		peaks[i].Rows = s.Shares[start:len(s.Shares):len(s.Shares)]
 	}
 	return peaks, nil
+}
+
+// processDevice is a process's memory on one CUDA ordinal.
+type processDevice struct {
+	pid    uint32
+	device int32
+}
+
+// liveOnDevices sums the driver view's live bytes on GPUs per process and
+// device (memory.DeviceUnknown where the context was not seen created):
+// what NVML's per-process numbers hold of the traced memory.
+func (b *books) liveOnDevices() map[processDevice]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	live := map[processDevice]uint64{}
+	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
+		if k.Kind.View() == memory.ViewDriver && k.Kind.OnDevice() && k.Device != memory.DeviceHost {
+			live[processDevice{k.PID, k.Device}] += c.LiveBytes()
+		}
+	})
+	return live
 }
 
 // sum sums the rows and failures that keep says per series.

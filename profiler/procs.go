@@ -238,6 +238,18 @@ func (t *processTable) lookup(pids map[uint32]*process) {
 	}
 }
 
+// known sets each of pids to its process, while it lives; unknown ones
+// stay nil.
+func (t *processTable) known(pids map[uint32]*process) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for pid := range pids {
+		if p := t.procs[pid]; p != nil && !p.exited {
+			pids[pid] = p
+		}
+	}
+}
+
 // containers returns the container of each live process the table knows.
 func (t *processTable) containers() map[uint32]container.Identity {
 	t.mu.Lock()

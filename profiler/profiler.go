@@ -19,6 +19,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -77,6 +78,10 @@ type Config struct {
 	// is taken, in order, from a goroutine of its own (never the one that
 	// reads events); Sync and reports wait for those taken before them.
 	OnOOM func(snapshot.OOM)
+	// NVML is the NVIDIA management library (nvml.Library: where the
+	// dynamic loader finds it) read for what nvidia-smi shows per GPU and
+	// process, reconciled with the traced memory; none when empty.
+	NVML string
 	// Timeline keeps each process's live bytes per GPU and view over time,
 	// for Snapshot.Timeline (gpumem record's HTML report): bounded memory
 	// (accounting.TimelineBuckets), a few comparisons per event.
@@ -118,6 +123,7 @@ type Profiler struct {
 	// that map Config.Library's file only, when it is set.
 	scanner    *discover.Scanner
 	delivering *job // OOMs delivered, in order (oom.go)
+	gpus       *gpuMemory
 	// naming is held to read by snapshots being named and to write by
 	// DropExited: a drop frees frame indices that a snapshot being named
 	// holds until it copies the frame table.
@@ -216,14 +222,17 @@ func newProfiler(cfg Config, tr Source) *Profiler {
 		stop:     stop,
 	}
 	p.delivering = newJob(p.deliverOOMs, stop)
+	p.gpus = p.newGPUMemory(cfg.NVML)
 	p.flushed = sync.NewCond(&p.flushMu)
 	return p
 }
 
 // startJobs starts the parts' jobs, each on its goroutine, until Close.
 func (p *Profiler) startJobs() {
-	for _, j := range []*job{p.stacks.resolving, p.stacks.reading, p.procs.reading, p.delivering} {
-		go j.loop()
+	for _, j := range []*job{p.stacks.resolving, p.stacks.reading, p.procs.reading, p.delivering, p.gpus.sampling} {
+		if j != nil {
+			go j.loop()
+		}
 	}
 }
 
@@ -237,6 +246,7 @@ func (p *Profiler) Close() error {
 		p.attacher.close()
 		err = p.tr.Close()
 		close(p.stop)
+		p.gpus.close()
 	})
 	return err
 }
@@ -264,6 +274,7 @@ func (p *Profiler) Run(ctx context.Context) error {
 		case <-ticker.C:
 			p.scan(false)
 			p.stacks.resolving.ask()
+			p.gpus.ask()
 		}
 	}
 }
@@ -337,6 +348,7 @@ func (p *Profiler) readEvents() error {
 		}
 		if p.handle(&ev) {
 			p.delivering.ask() // off the event path
+			p.gpus.ask()
 		}
 	}
 }
@@ -348,6 +360,14 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	switch {
 	case ev.Exit:
 		p.pythonExited(ev.PID)
+		p.gpus.exited(ev.PID)
+	case ev.Op.MakesContext():
+		python = p.procs.note(ev.PID, ev.Comm, true)
+		id = p.stacks.intern(ev)
+		p.gpus.contextEvent(ev, id)
+	case ev.Op == memory.OpCtxDestroy:
+		p.procs.note(ev.PID, ev.Comm, false)
+		p.gpus.contextEvent(ev, 0)
 	case ev.Op.IsFree() || ev.Op.IsRetain():
 		p.procs.note(ev.PID, ev.Comm, false)
 	default:

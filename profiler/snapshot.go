@@ -49,12 +49,15 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 	p.procs.reading.await()
 	p.stacks.resolving.await()
 	p.delivering.await()
+	p.gpus.await()
 	p.naming.RLock()
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
 	peaks, timeline, err := p.copyBooks(s, procs, true, true)
+	p.gpus.addContexts(s, procs, p.onGPU)
 	p.nameRows(s, true)
 	p.finish(s, procs, peaks, timeline, true)
+	p.gpus.addTo(s, procs, p.onGPU, true)
 	return err
 }
 
@@ -63,15 +66,20 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 // from the level at this moment. The agent calls it once an interval.
 func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error {
 	p.procs.reading.await()
+	p.gpus.await()
 	p.naming.RLock()
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
 	peaks, _, err := p.copyBooks(s, procs, false, parts == RowsAndPeaks)
+	if parts == RowsAndPeaks {
+		p.gpus.addContexts(s, procs, p.onGPU)
+	}
 	if !p.stacks.allNamed(s.Shares) {
 		p.stacks.resolving.await() // a row of a peak is in the snapshot
 	}
 	p.nameRows(s, false)
 	p.finish(s, procs, peaks, nil, false)
+	p.gpus.addTo(s, procs, p.onGPU, parts == RowsAndPeaks)
 	return err
 }
 

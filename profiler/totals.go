@@ -1,6 +1,7 @@
 package profiler
 
 import (
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -8,7 +9,9 @@ import (
 // metrics reads. Loss counters that cannot be read are an error.
 func (p *Profiler) Totals() (snapshot.Totals, error) {
 	p.procs.readNoted() // every row of a process read has its pod and GPUs
+	p.gpus.await()
 	t, err := p.sumBooks()
+	p.gpus.addSeries(&t, p.onGPU)
 	procs := map[uint32]*process{}
 	for _, s := range t.Series {
 		procs[s.PID] = nil
@@ -20,8 +23,9 @@ func (p *Profiler) Totals() (snapshot.Totals, error) {
 	t.TensorViews, t.BudgetExceeded = p.tensors.list(), p.BudgetExceeded()
 	t.DriverViewsOff, t.DriverBudgetExceeded = p.DriverViewsOff(), p.DriverBudgetExceeded()
 	for i := range t.Series {
-		s := &t.Series[i]
-		s.Comm, s.Container = procs[s.PID].Comm, procs[s.PID].Container
+		if s := &t.Series[i]; s.Kind != memory.KindUntraced {
+			s.Comm, s.Container = procs[s.PID].Comm, procs[s.PID].Container
+		}
 	}
 	for i := range t.Failures {
 		f := &t.Failures[i]

@@ -31,6 +31,9 @@ type jsonReport struct {
 	// DriverViewsOff: the processes whose driver view the budget switched
 	// off, their driver rows partial from then on.
 	DriverViewsOff []snapshot.DriverViewOff `json:"driver_views_off,omitempty"`
+	// What NVML (nvidia-smi) says each GPU and process holds; null
+	// (unknown) without NVML.
+	GPUs []jsonGPU `json:"gpus"`
 }
 
 type jsonFrame struct {
@@ -145,6 +148,7 @@ func WriteJSON(w io.Writer, r *snapshot.Snapshot) error {
 	out := jsonReport{
 		Time: r.Time, Losses: r.Losses, Ledger: r.Ledger, Python: r.Python, Events: r.Events, Libraries: r.Libraries,
 		NativeTruncated: r.NativeTruncated, TensorViews: r.TensorViews, DriverViewsOff: r.DriverViewsOff, Stacks: []jsonStack{}, Failures: []jsonFailure{},
+		GPUs: newJSONGPUs(r.GPUMemory),
 	}
 	for _, row := range r.Rows() {
 		out.Stacks = append(out.Stacks, newJSONStack(row))

@@ -110,6 +110,7 @@ func WriteTop(w io.Writer, r *snapshot.Snapshot, limit int, g *Growth) error {
 	}
 	named := r.Rows()
 	writeViewTotals(w, named)
+	writeGPUMemory(w, r.GPUMemory)
 	grew := g.Observe(r)
 	window := windowName(g.Window)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -200,6 +201,7 @@ func WriteStacks(w io.Writer, r *snapshot.Snapshot, n int) error {
 		writeViewPeaks(w, r, rows, v, n)
 	}
 	writeViewTotals(w, rows)
+	writeGPUMemory(w, r.GPUMemory)
 	_, err := fmt.Fprintf(w, "events %d, losses %d, unknown frees %d\n", r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
 	return err
 }

@@ -34,6 +34,10 @@ type Snapshot struct {
 	Timeline *Timeline // live bytes over time per process, GPU and view, when kept
 	Counts
 	Libraries []string // driver libraries attached
+	// GPUMemory is what NVML says the GPUs hold, reconciled with the rows;
+	// nil without NVML. Its parts are rows too (memory.KindDriverInternal,
+	// memory.KindUntraced).
+	GPUMemory *GPUMemory
 
 	Entries []Entry
 	Frames  []*symbolize.Frame // the entries' frames: shared, read-only

@@ -25,6 +25,8 @@ type Totals struct {
 	// dropped yet, and how many in all.
 	DriverViewsOff       []DriverViewOff
 	DriverBudgetExceeded uint64
+	// GPUMemory is what NVML says the GPUs hold (Snapshot.GPUMemory).
+	GPUMemory *GPUMemory
 }
 
 // SeriesKey names a process's memory of one kind on one device: the key

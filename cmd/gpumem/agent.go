@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/control"
 	"github.com/gpu-mem/gpu-mem/kube"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/pyroscope"
@@ -258,9 +259,11 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	if err != nil {
 		logf("reading loss counters: %v", err)
 	}
-	pids := map[uint32]bool{}
+	pids := map[uint32]bool{} // traced: not those NVML alone shows
 	for _, s := range t.Series {
-		pids[s.PID] = true
+		if s.Kind != memory.KindUntraced {
+			pids[s.PID] = true
+		}
 	}
 	sym := p.SymbolStats()
 	line := fmt.Sprintf("status: %d processes, %d events, %d losses, %d unknown frees, symbol tables %d (%.1f MiB)",

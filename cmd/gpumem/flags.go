@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpu-mem/gpu-mem/nvml"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
 
@@ -16,6 +17,7 @@ type targetFlags struct {
 	tensors tensorScope
 	// tensorNative walks tensors' whole native stacks.
 	tensorNative bool
+	nvml         string // the NVIDIA management library read
 }
 
 // register adds the flags; tensors is the command's default scope of the
@@ -28,11 +30,12 @@ func (t *targetFlags) register(fs *pflag.FlagSet, tensors profiler.TensorScope) 
 	fs.Var(&t.tensors, "tensors", "the tensor view (PyTorch's caching allocator, libc10_cuda.so): all (every process; --tensors alone), on-demand (the processes switched on; the agent), or off")
 	fs.Lookup("tensors").NoOptDefVal = "all"
 	fs.BoolVar(&t.tensorNative, "tensor-native-stacks", false, "walk the whole native stack (ATen, bindings) of tensors allocated from Python, not only the allocator's frame")
+	fs.StringVar(&t.nvml, "nvml-library", nvml.Library, "the NVIDIA driver's management library, read for what nvidia-smi shows per GPU and process (contexts, kernel images, driver internals, untraced processes): a path, or a name the dynamic loader finds; empty: not read")
 }
 
 func (t *targetFlags) config() profiler.Config {
 	return profiler.Config{PIDs: t.pids, GPUs: t.gpus, Library: t.library, Tensors: profiler.TensorScope(t.tensors),
-		TensorNativeStacks: t.tensorNative, Logf: logf}
+		TensorNativeStacks: t.tensorNative, NVML: t.nvml, Logf: logf}
 }
 
 // tensorScope is --tensors: all, on-demand or off (true and false are all

@@ -12,11 +12,20 @@
  * without one. Host allocations return real memory so
  * that callers may write to it. An allocation of exactly SIMCUDA_HANG_BYTES
  * never returns, so that tests can kill a thread inside the driver.
+ *
+ * With SIMNVML_DIR set, it publishes what NVML would say the process uses on
+ * each device to SIMNVML_DIR/PID, which the simulated libnvidia-ml.so.1
+ * (tests/simnvml) reads: SIMCUDA_CONTEXT_BYTES (default 518 MiB, an H200's
+ * bare context) for each context made (the primary one at its first
+ * retain), plus the device memory its allocations hold, rounded up as
+ * allocated (managed memory and VMM memory on the host count nowhere).
+ * Contexts and that file are not limited by SIMCUDA_CAPACITY.
  */
 #include "cuda.h"
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -29,6 +38,7 @@
 #define ALIGNMENT 512ULL
 #define BUCKETS 65536
 #define DEFAULT_CAPACITY (80ULL << 30)
+#define DEFAULT_CONTEXT_BYTES (518ULL << 20)
 
 enum space { SPACE_DEVICE, SPACE_HOST, SPACE_HANDLE };
 
@@ -39,6 +49,7 @@ struct block {
 	int device;
 	uint64_t mapped; /* a handle's address, once cuMemMap mapped it */
 	unsigned refs;   /* a handle's references beyond its creation's */
+	int resident;    /* held on its device's memory, as NVML counts it */
 	struct block *next;
 };
 
@@ -53,6 +64,8 @@ static struct block *reusable; /* freed device ranges, most recent first */
 static uint64_t device_top[MAX_DEVICES];
 static uint64_t next_handle = HANDLE_BASE;
 static size_t device_used[MAX_DEVICES];
+static size_t nvml_used[MAX_DEVICES]; /* what NVML says the process uses */
+static int nvml_listed[MAX_DEVICES];  /* a context was made on the device */
 static size_t capacity;
 static int devices;
 static struct CUctx_st primary[MAX_DEVICES];
@@ -82,6 +95,50 @@ static size_t device_capacity(void)
 		capacity = env ? strtoull(env, NULL, 0) : DEFAULT_CAPACITY;
 	}
 	return capacity;
+}
+
+/* publish writes what NVML says the process uses on each device to
+ * SIMNVML_DIR/PID, atomically (a rename), for the simulated NVML of other
+ * processes; the lock is held. */
+static void publish(void)
+{
+	const char *dir = getenv("SIMNVML_DIR");
+	if (!dir || !*dir)
+		return;
+	char path[4096], tmp[4096 + 8];
+	snprintf(path, sizeof(path), "%s/%d", dir, (int)getpid());
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (!f)
+		return;
+	for (int d = 0; d < device_count(); d++)
+		if (nvml_listed[d])
+			fprintf(f, "%d %zu\n", d, nvml_used[d]);
+	if (fclose(f) == 0)
+		rename(tmp, path);
+}
+
+/* charge_nvml adds bytes (or takes them away) on device in NVML's view;
+ * the lock is held. */
+static void charge_nvml(int device, long long bytes)
+{
+	nvml_listed[device] = 1;
+	nvml_used[device] += bytes;
+	publish();
+}
+
+/* charge_context adds a context's bytes on device, or with sign -1 takes
+ * them away. */
+static void charge_context(int device, int sign)
+{
+	static size_t bytes;
+	if (!bytes) {
+		const char *env = getenv("SIMCUDA_CONTEXT_BYTES");
+		bytes = env ? strtoull(env, NULL, 0) : DEFAULT_CONTEXT_BYTES;
+	}
+	pthread_mutex_lock(&lock);
+	charge_nvml(device, sign * (long long)bytes);
+	pthread_mutex_unlock(&lock);
 }
 
 static unsigned bucket(uint64_t addr)
@@ -138,8 +195,9 @@ static void hang_if_asked(size_t bytes)
 }
 
 /* reserve_device allocates on device, or on the current context's device
- * when device is negative. */
-static CUresult reserve_device(unsigned long long *out, size_t bytes, enum space space, int device)
+ * when device is negative; resident says whether NVML counts it there. */
+static CUresult reserve_device(unsigned long long *out, size_t bytes, enum space space, int device,
+			       int resident)
 {
 	hang_if_asked(bytes);
 	if (!out)
@@ -170,8 +228,11 @@ static CUresult reserve_device(unsigned long long *out, size_t bytes, enum space
 	b->device = device;
 	b->mapped = 0;
 	b->refs = 0;
+	b->resident = resident;
 	b->addr = space == SPACE_HANDLE ? next_handle++ : take_device_range(size, device);
 	insert(b);
+	if (resident)
+		charge_nvml(device, size);
 	pthread_mutex_unlock(&lock);
 	*out = b->addr;
 	return CUDA_SUCCESS;
@@ -186,6 +247,8 @@ static CUresult release_device(uint64_t addr, enum space space)
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	device_used[b->device] -= b->size;
+	if (b->resident)
+		charge_nvml(b->device, -(long long)b->size);
 	if (space == SPACE_DEVICE) {
 		b->next = reusable;
 		reusable = b;
@@ -266,6 +329,8 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (dev < 0 || dev >= device_count())
 		return CUDA_ERROR_INVALID_DEVICE;
+	if (!primary[dev].primary)
+		charge_context(dev, 1);
 	primary[dev] = (struct CUctx_st){.device = dev, .primary = 1};
 	*pctx = &primary[dev];
 	return CUDA_SUCCESS;
@@ -330,6 +395,7 @@ static CUresult create_context(CUcontext *pctx, CUdevice dev)
 		free(ctx);
 		return rc;
 	}
+	charge_context(dev, 1);
 	*pctx = ctx;
 	return CUDA_SUCCESS;
 }
@@ -364,6 +430,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 	for (int i = 0; i < ctx_depth; i++)
 		if (ctx_stack[i] == ctx)
 			ctx_stack[i] = NULL;
+	charge_context(ctx->device, -1);
 	free(ctx);
 	return CUDA_SUCCESS;
 }
@@ -383,7 +450,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1, 1);
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -394,7 +461,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 	if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
 		return CUDA_ERROR_INVALID_VALUE;
 	size_t pitch = (WidthInBytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1);
-	CUresult rc = reserve_device(dptr, pitch * Height, SPACE_DEVICE, -1);
+	CUresult rc = reserve_device(dptr, pitch * Height, SPACE_DEVICE, -1, 1);
 	if (rc == CUDA_SUCCESS)
 		*pPitch = pitch;
 	return rc;
@@ -403,7 +470,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
 	(void)flags;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1, 0);
 }
 
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
@@ -420,13 +487,13 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	(void)hStream;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1, 1);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	(void)hStream;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1, 1);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -434,7 +501,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
 {
 	(void)pool;
 	(void)hStream;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1, 1);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -442,7 +509,7 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
 {
 	(void)pool;
 	(void)hStream;
-	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1);
+	return reserve_device(dptr, bytesize, SPACE_DEVICE, -1, 1);
 }
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -452,9 +519,9 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		return CUDA_ERROR_INVALID_VALUE;
 	switch (prop->location.type) {
 	case CU_MEM_LOCATION_TYPE_DEVICE:
-		return reserve_device(handle, size, SPACE_HANDLE, prop->location.id);
+		return reserve_device(handle, size, SPACE_HANDLE, prop->location.id, 1);
 	case CU_MEM_LOCATION_TYPE_HOST: /* counted on device 0's capacity */
-		return reserve_device(handle, size, SPACE_HANDLE, 0);
+		return reserve_device(handle, size, SPACE_HANDLE, 0, 0);
 	}
 	return CUDA_ERROR_INVALID_VALUE;
 }

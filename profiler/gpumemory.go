@@ -1,0 +1,395 @@
+package profiler
+
+import (
+	"cmp"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/nvml"
+	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// Stacks of the rows NVML's numbers make, out of the range the stack store
+// hands out (from 1 up): the one frame each shows says what it is.
+const (
+	stackDriverInternal accounting.StackID = ^accounting.StackID(0) - iota
+	stackUntraced
+)
+
+// The frames of those rows, shared by every snapshot: read-only.
+var (
+	frameDriverInternal = &symbolize.Frame{Function: "[CUDA context, kernel images and driver internals]"}
+	frameUntraced       = &symbolize.Frame{Function: "[process gpu-mem does not trace]"}
+)
+
+// gpuMemory is what NVML says the GPUs hold, read by a job of its own
+// (sampling): at every scan, when a context is made or destroyed, after an
+// out-of-memory failure, and before every snapshot and totals, which wait
+// for it. Each read is reconciled with the books at that moment: what a
+// traced process uses beyond its traced memory is its contexts gpu-mem
+// saw made (each NVML's growth across its creation, charged to the stack
+// that made it) and the rest; that, and what an untraced process uses,
+// become rows of their own (KindContext, KindDriverInternal, KindUntraced),
+// so that every output shows them.
+type gpuMemory struct {
+	path     string
+	sampling *job        // nil without a library to read
+	none     atomic.Bool // the library could not be loaded: nothing to keep
+
+	libMu  sync.Mutex
+	loaded bool       // once tried
+	lib    *nvml.NVML // nil without NVML, and once closed
+	sample nvml.Sample
+
+	mu   sync.Mutex
+	view *snapshot.GPUMemory // the latest, never changed: shared by snapshots
+	// rows are NVML's rows: their live bytes are the latest read's, what
+	// they grew by counted as allocations, what they shrank by as frees.
+	rows map[accounting.Key]accounting.Counters
+	// contexts are the contexts seen made, sized by the first read after;
+	// residual is each traced process's NVML number less its traced
+	// memory on each GPU, at the last read: what a context grew it by.
+	contexts []*cudaContext
+	residual map[processDevice]int64
+}
+
+// cudaContext is a context seen made, until destroyed or its process gone.
+type cudaContext struct {
+	row     accounting.Key // its process, the stack that made it, KindContext, its device
+	address uint64
+	bytes   uint64
+	sized   bool
+}
+
+// newGPUMemory is the part that reads NVML from path (none when empty).
+// Its job, p's to start, loads the library at its first run, not here: a
+// command's own errors come first.
+func (p *Profiler) newGPUMemory(path string) *gpuMemory {
+	g := &gpuMemory{path: path, rows: map[accounting.Key]accounting.Counters{}, residual: map[processDevice]int64{}}
+	if path != "" {
+		g.sampling = newJob(p.sampleGPUs, p.stop)
+	}
+	return g
+}
+
+// load loads NVML once; without it (no driver, no library) the parts
+// beyond the traced memory are unknown, which it says once. libMu is held.
+func (p *Profiler) loadNVML(g *gpuMemory) {
+	g.loaded = true
+	lib, err := nvml.Open(g.path)
+	if err != nil {
+		g.none.Store(true)
+		p.cfg.Logf("NVML: %v: the memory nvidia-smi shows beyond what is traced (contexts, kernel images, driver internals) is unknown", err)
+		return
+	}
+	p.cfg.Logf("NVML: driver %s (%s)", lib.DriverVersion, g.path)
+	g.lib = lib
+}
+
+// close unloads NVML, once no read is under way.
+func (g *gpuMemory) close() {
+	g.libMu.Lock()
+	defer g.libMu.Unlock()
+	g.loaded = true // not loaded after
+	if g.lib != nil {
+		g.lib.Close()
+		g.lib = nil
+	}
+}
+
+// ask has NVML read soon, when there is NVML.
+func (g *gpuMemory) ask() {
+	if g.sampling != nil {
+		g.sampling.ask()
+	}
+}
+
+// await waits for a read of NVML begun after the call, when there is NVML.
+func (g *gpuMemory) await() {
+	if g.sampling != nil {
+		g.sampling.await()
+	}
+}
+
+// sampleGPUs reads NVML and reconciles it with the books: the job's run.
+// The books are summed first, every event sent before accounted, and NVML
+// read right after: what a context made just before grew NVML's number by
+// is its own, the allocations made after it in the books already.
+func (p *Profiler) sampleGPUs() {
+	g := p.gpus
+	_ = p.flush() // an error: the tracer is closed, nothing comes any more
+	live := p.books.liveOnDevices()
+	g.libMu.Lock()
+	if !g.loaded {
+		p.loadNVML(g)
+	}
+	if g.lib == nil {
+		g.libMu.Unlock()
+		return
+	}
+	err := g.lib.Read(&g.sample)
+	var r reconciled
+	if err == nil {
+		r = p.reconcile(&g.sample, live)
+	}
+	g.libMu.Unlock()
+	if err != nil {
+		p.cfg.Logf("NVML: read: %v", err)
+		return
+	}
+	g.update(r)
+}
+
+// reconciled is an NVML read joined with the books: the view (its
+// processes' contexts not yet parted out), each traced process's NVML
+// number less its traced memory per CUDA ordinal, and the rows of the
+// untraced processes.
+type reconciled struct {
+	view     *snapshot.GPUMemory
+	residual map[processDevice]int64
+	traced   map[processDevice]*snapshot.ProcessMemory // in view
+	untraced map[accounting.Key]uint64
+}
+
+// reconcile joins an NVML sample with the traced memory live (per process
+// and CUDA ordinal).
+func (p *Profiler) reconcile(s *nvml.Sample, live map[processDevice]uint64) reconciled {
+	procs := map[uint32]*process{}
+	onGPUs := map[uint32]int{} // how many GPUs each process is on
+	for _, gpu := range s.GPUs {
+		for _, pr := range gpu.Processes {
+			procs[pr.PID] = nil
+			onGPUs[pr.PID]++
+		}
+	}
+	p.procs.known(procs)
+	r := reconciled{view: &snapshot.GPUMemory{Time: s.Time, GPUs: make([]snapshot.GPU, 0, len(s.GPUs))},
+		residual: map[processDevice]int64{}, traced: map[processDevice]*snapshot.ProcessMemory{}, untraced: map[accounting.Key]uint64{}}
+	for _, gpu := range s.GPUs {
+		devices := map[uint32]int32{} // the traced processes' ordinals of the GPU
+		v := snapshot.GPU{Index: gpu.Index, UUID: gpu.UUID, Total: gpu.Total, Reserved: gpu.Reserved, Used: gpu.Used}
+		var ofProcesses uint64
+		for _, pr := range gpu.Processes {
+			ofProcesses += pr.Used
+			pm := snapshot.ProcessMemory{PID: pr.PID, NVML: pr.Used}
+			proc, device := procs[pr.PID], int32(gpu.Index)
+			if proc != nil {
+				device = proc.ordinal(gpu)
+				pm.Traced, pm.Comm = true, proc.Comm
+				pm.Driver = live[processDevice{pr.PID, device}]
+				if onGPUs[pr.PID] == 1 { // made in a context gpu-mem did not see created: on this GPU
+					pm.Driver += live[processDevice{pr.PID, memory.DeviceUnknown}]
+				}
+				pm.DriverInternal = int64(pr.Used) - int64(pm.Driver)
+				r.residual[processDevice{pr.PID, device}] = pm.DriverInternal
+				devices[pr.PID] = device
+			} else {
+				pm.Comm = readComm(p.cfg.ProcRoot, pr.PID)
+				r.untraced[accounting.Key{PID: pr.PID, Stack: stackUntraced, Kind: memory.KindUntraced, Device: device}] = pr.Used
+			}
+			pm.GPU = memory.GPU(memory.KindDevice, device)
+			v.Processes = append(v.Processes, pm)
+		}
+		v.NotOfProcesses = gpu.Used - min(ofProcesses, gpu.Used)
+		slices.SortFunc(v.Processes, func(a, b snapshot.ProcessMemory) int { return cmp.Compare(a.PID, b.PID) })
+		r.view.GPUs = append(r.view.GPUs, v) // its capacity made: the processes stay where they are
+		for i := range v.Processes {
+			if pm := &v.Processes[i]; pm.Traced {
+				r.traced[processDevice{pm.PID, devices[pm.PID]}] = pm
+			}
+		}
+	}
+	return r
+}
+
+// ordinal is the CUDA ordinal by which the process names gpu: found by
+// its UUID among the GPUs its environment shows it; NVML's index where
+// gpu-mem cannot tell which GPUs the process sees (no NVIDIA driver's
+// description in /proc, as on the simulated driver).
+func (p *process) ordinal(gpu nvml.GPU) int32 {
+	for ordinal, d := range p.GPUs {
+		if d.UUID == gpu.UUID {
+			return int32(ordinal)
+		}
+	}
+	return int32(gpu.Index)
+}
+
+// readComm is a process's name, from /proc; empty once it is gone.
+func readComm(procRoot string, pid uint32) string {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(pid)), "comm"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(string(data), "\n")
+}
+
+// update installs a reconciled read: the contexts made since the last one
+// sized, each process's part beyond its contexts, the view, the rows.
+func (g *gpuMemory) update(r reconciled) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.sizeContexts(r.residual)
+	live := r.untraced
+	inContexts := map[processDevice]uint64{}
+	for _, c := range g.contexts {
+		if c.sized {
+			live[c.row] += c.bytes
+			inContexts[processDevice{c.row.PID, c.row.Device}] += c.bytes
+		}
+	}
+	for pd, rest := range r.residual {
+		rest -= int64(inContexts[pd])
+		live[accounting.Key{PID: pd.pid, Stack: stackDriverInternal, Kind: memory.KindDriverInternal, Device: pd.device}] = uint64(max(rest, 0))
+	}
+	for pd, pm := range r.traced {
+		pm.Contexts = inContexts[pd]
+		pm.DriverInternal -= int64(pm.Contexts)
+	}
+	g.view, g.residual = r.view, r.residual
+	g.setRows(live)
+}
+
+// sizeContexts gives the contexts made since the last read their bytes:
+// what their process's NVML number less its traced memory grew by on
+// their GPU (from nothing where NVML did not list the process there),
+// shared alike by the contexts made on it meanwhile. Sized contexts of a
+// process NVML no longer lists on their GPU are dropped: gone with it.
+func (g *gpuMemory) sizeContexts(residual map[processDevice]int64) {
+	made := map[processDevice][]*cudaContext{}
+	g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool {
+		pd := processDevice{c.row.PID, c.row.Device}
+		_, listed := residual[pd]
+		if !c.sized && listed {
+			made[pd] = append(made[pd], c)
+		}
+		return c.sized && !listed
+	})
+	for pd, cs := range made {
+		grew := uint64(max(residual[pd]-g.residual[pd], 0))
+		for i, c := range cs {
+			c.bytes, c.sized = grew/uint64(len(cs)), true
+			if i == 0 {
+				c.bytes += grew % uint64(len(cs))
+			}
+		}
+	}
+}
+
+// setRows sets the live bytes of NVML's rows; a row not listed is gone,
+// as a dropped process's rows are (a context's stack goes with its
+// process).
+func (g *gpuMemory) setRows(live map[accounting.Key]uint64) {
+	for k := range g.rows {
+		if _, listed := live[k]; !listed {
+			delete(g.rows, k)
+		}
+	}
+	for k, now := range live {
+		c := g.rows[k]
+		switch was := c.LiveBytes(); {
+		case now > was:
+			c.AllocBytes += now - was
+			c.AllocCount++
+		case now < was:
+			c.FreeBytes += was - now
+			c.FreeCount++
+		}
+		g.rows[k] = c
+	}
+}
+
+// contextEvent notes a context made (with the stack id that made it) or
+// destroyed, and has NVML read: the read sizes it. Without NVML, nothing.
+func (g *gpuMemory) contextEvent(ev *tracer.Event, id accounting.StackID) {
+	if g.sampling == nil || g.none.Load() {
+		return
+	}
+	g.mu.Lock()
+	if ev.Op.MakesContext() {
+		g.contexts = append(g.contexts, &cudaContext{
+			row:     accounting.Key{PID: ev.PID, Stack: id, Kind: memory.KindContext, Device: ev.Device},
+			address: ev.Address,
+		})
+	} else {
+		g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool { return c.row.PID == ev.PID && c.address == ev.Address })
+	}
+	g.mu.Unlock()
+	g.sampling.ask()
+}
+
+// exited forgets the contexts of a process that exited.
+func (g *gpuMemory) exited(pid uint32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool { return c.row.PID == pid })
+}
+
+// addContexts adds the sized contexts' rows that keep says to s, before
+// its rows are named (their stacks are the stack store's), and notes
+// their processes in procs.
+func (g *gpuMemory) addContexts(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, c := range g.rows {
+		if k.Kind == memory.KindContext && keep(k) {
+			s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c})
+			procs[k.PID] = nil
+		}
+	}
+}
+
+// addTo sets s's view of the GPUs (nil without NVML) and, with rows,
+// adds NVML's rows that keep says, with their frames, their processes
+// from procs where it has them, else named by the view.
+func (g *gpuMemory) addTo(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool, rows bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s.GPUMemory = g.view
+	if !rows || len(g.rows) == 0 {
+		return
+	}
+	first := uint32(len(s.Frames))
+	s.Frames = append(s.Frames, frameDriverInternal, frameUntraced)
+	for k, c := range g.rows {
+		if !keep(k) || k.Kind == memory.KindContext {
+			continue
+		}
+		e := snapshot.Entry{Key: k, Counters: c, Frames: []uint32{first}}
+		if k.Kind == memory.KindUntraced {
+			e.Frames[0] = first + 1
+		}
+		if p := procs[k.PID]; p != nil && k.Kind != memory.KindUntraced {
+			e.Process = &p.Process
+		} else {
+			e.Process = &snapshot.Process{Comm: g.view.Comm(k.PID)}
+		}
+		s.Entries = append(s.Entries, e)
+	}
+}
+
+// addSeries sets t's view of the GPUs and adds NVML's rows that keep
+// says as series, those of untraced processes named by the view.
+func (g *gpuMemory) addSeries(t *snapshot.Totals, keep func(accounting.Key) bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	t.GPUMemory = g.view
+	for k, c := range g.rows {
+		if keep(k) {
+			s := snapshot.Series{SeriesKey: snapshot.SeriesOf(k), Counters: c}
+			if k.Kind == memory.KindUntraced {
+				s.Comm = g.view.Comm(k.PID)
+			}
+			t.Series = append(t.Series, s)
+		}
+	}
+}

@@ -1,0 +1,79 @@
+package profiler
+
+import (
+	"maps"
+	"testing"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
+
+// TestContextsSizedByNVMLsGrowth: contexts made between two reads share
+// what their process's NVML number less its traced memory grew by on their
+// GPU; one made where NVML did not list the process yet grows from
+// nothing; a destroyed one is gone, and so are those of a process NVML no
+// longer lists; the rest is the driver's internals. Each row's growth
+// counts as an allocation, its shrinking as a free.
+func TestContextsSizedByNVMLsGrowth(t *testing.T) {
+	g := (&Profiler{}).newGPUMemory("libnvidia-ml.so.1") // never loaded: its job is not started
+	made := func(pid uint32, stack accounting.StackID, device int32, address uint64) {
+		g.contextEvent(&tracer.Event{PID: pid, Op: memory.OpCtxCreate, Device: device, Address: address}, stack)
+	}
+	read := func(residual map[processDevice]int64) map[accounting.Key]uint64 {
+		view := &snapshot.GPUMemory{GPUs: []snapshot.GPU{{}}}
+		traced := map[processDevice]*snapshot.ProcessMemory{}
+		for pd, r := range residual {
+			view.GPUs[0].Processes = append(view.GPUs[0].Processes, snapshot.ProcessMemory{PID: pd.pid, Traced: true, DriverInternal: r})
+		}
+		for i := range view.GPUs[0].Processes {
+			pm := &view.GPUs[0].Processes[i]
+			traced[processDevice{pm.PID, 0}] = pm
+		}
+		g.update(reconciled{view: view, residual: residual, traced: traced, untraced: map[accounting.Key]uint64{}})
+		live := map[accounting.Key]uint64{}
+		for k, c := range g.rows {
+			live[k] = c.LiveBytes()
+		}
+		return live
+	}
+	ctx := func(pid uint32, stack accounting.StackID) accounting.Key {
+		return accounting.Key{PID: pid, Stack: stack, Kind: memory.KindContext}
+	}
+	internal := func(pid uint32) accounting.Key {
+		return accounting.Key{PID: pid, Stack: stackDriverInternal, Kind: memory.KindDriverInternal}
+	}
+
+	made(7, 1, 0, 0xa)
+	made(7, 2, 0, 0xb)
+	if got, want := read(map[processDevice]int64{{7, 0}: 1001}), map[accounting.Key]uint64{ctx(7, 1): 501, ctx(7, 2): 500, internal(7): 0}; !maps.Equal(got, want) {
+		t.Errorf("two contexts at once: %v, want %v", got, want)
+	}
+	made(7, 3, 0, 0xc)
+	got := read(map[processDevice]int64{{7, 0}: 1001 + 300 + 40})
+	if want := map[accounting.Key]uint64{ctx(7, 1): 501, ctx(7, 2): 500, ctx(7, 3): 340, internal(7): 0}; !maps.Equal(got, want) {
+		t.Errorf("a third: %v, want %v", got, want)
+	}
+	if pm := g.view.GPUs[0].Processes[0]; pm.Contexts != 1341 || pm.DriverInternal != 0 {
+		t.Errorf("view %+v, want contexts 1341, nothing else", pm)
+	}
+	g.contextEvent(&tracer.Event{PID: 7, Op: memory.OpCtxDestroy, Address: 0xb}, 0)
+	got = read(map[processDevice]int64{{7, 0}: 1001 + 340 + 60}) // the destroyed one's 500 not given back yet
+	if want := map[accounting.Key]uint64{ctx(7, 1): 501, ctx(7, 3): 340, internal(7): 560}; !maps.Equal(got, want) {
+		t.Errorf("one destroyed: %v, want %v", got, want)
+	}
+	if c := g.rows[internal(7)]; c.AllocBytes != 560 || c.AllocCount != 1 {
+		t.Errorf("driver-internal counters %+v, want 560 bytes in one growth", c)
+	}
+	got = read(map[processDevice]int64{{7, 0}: 1001 + 340 + 60 - 500})
+	if want := map[accounting.Key]uint64{ctx(7, 1): 501, ctx(7, 3): 340, internal(7): 60}; !maps.Equal(got, want) {
+		t.Errorf("given back: %v, want %v", got, want)
+	}
+	if c := g.rows[internal(7)]; c.FreeBytes != 500 || c.FreeCount != 1 || c.LiveBytes() != 60 {
+		t.Errorf("driver-internal counters %+v, want 500 bytes in one shrink", c)
+	}
+	if got := read(map[processDevice]int64{}); len(got) != 0 || len(g.contexts) != 0 {
+		t.Errorf("the process gone: rows %v, contexts %d; want none", got, len(g.contexts))
+	}
+}
