@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -79,6 +80,12 @@ type objects struct {
 	GpumemLeave  *ebpf.Program `ebpf:"gpumem_leave"`
 	GpumemExit   *ebpf.Program `ebpf:"gpumem_exit"`
 	GpumemTensor *ebpf.Program `ebpf:"gpumem_tensor"`
+	// PyTorch's checkpoint restores and raw frees, beside the tensor probes.
+	GpumemRestoreEnter   *ebpf.Program `ebpf:"gpumem_restore_enter"`
+	GpumemRestoreReturn  *ebpf.Program `ebpf:"gpumem_restore_return"`
+	GpumemRawAllocEnter  *ebpf.Program `ebpf:"gpumem_raw_alloc_enter"`
+	GpumemRawAllocReturn *ebpf.Program `ebpf:"gpumem_raw_alloc_return"`
+	GpumemRawDelete      *ebpf.Program `ebpf:"gpumem_raw_delete"`
 
 	Events            *ebpf.Map `ebpf:"events"`
 	EventsLostSamples *ebpf.Map `ebpf:"events_lost_samples"`
@@ -92,7 +99,8 @@ type objects struct {
 func (o *objects) Close() error {
 	var errs []error
 	for _, c := range []interface{ Close() error }{o.GpumemEnter, o.GpumemLeave, o.GpumemExit, o.GpumemTensor,
-		o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.TargetPids, o.UsdtSites} {
+		o.GpumemRestoreEnter, o.GpumemRestoreReturn, o.GpumemRawAllocEnter, o.GpumemRawAllocReturn,
+		o.GpumemRawDelete, o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.TargetPids, o.UsdtSites} {
 		errs = append(errs, c.Close()) // nil when not loaded: a no-op
 	}
 	return errors.Join(errs...)
@@ -222,35 +230,143 @@ var ErrNoProbes = errors.New("no pytorch:malloc or pytorch:free USDT probes")
 // (/proc/PID/root/... differs from process to process).
 type allocatorSites struct {
 	addrs, refs, cookies []uint64
+	functions            map[string]string // the allocator's own functions probed: their symbols, by name
 }
 
 // fileID is a file's device and inode.
 type fileID struct{ dev, ino uint64 }
+
+// AllocatorProbes are the probes on one allocator library, for one process
+// or for all; Close detaches them.
+type AllocatorProbes struct {
+	Sites int // USDT sites probed
+	// Missing are the allocator's own functions the library lacks, whose
+	// changes to the books pass no USDT site and are not followed
+	// (docs/pytorch-allocator-books.md): none in torch 2.1 and later.
+	Missing []string
+	links   []link.Link
+}
+
+// Close detaches the probes.
+func (p *AllocatorProbes) Close() error {
+	closeAll(p.links)
+	return nil
+}
 
 // AttachAllocator puts probes on the USDT sites of PyTorch's caching
 // allocator in the library at path (libc10_cuda.so): every tensor allocated
 // and freed, in process pid only, or in every process that maps the library
 // when pid is 0. The kernel counts the probes in their semaphores, which
 // turns them on, and inserts their traps, only in the processes they are
-// attached for: the others pay nothing. It returns the number of sites;
-// closing the link detaches them, as closing the tracer does not.
-func (t *Tracer) AttachAllocator(path string, pid uint32) (link.Link, int, error) {
+// attached for: the others pay nothing. Beside them, probes on the
+// allocator's own setCheckpointPoolState, found by name in the library's
+// symbol tables, follow the restores that pass no USDT site. Closing the
+// probes detaches them, as closing the tracer does not.
+func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	sites, err := t.allocatorSites(path)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	ex, err := link.OpenExecutable(path)
 	if err != nil {
-		return nil, 0, fmt.Errorf("open %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	l, err := ex.UprobeMulti(nil, t.objs.GpumemTensor, &link.UprobeMultiOptions{
 		Addresses: sites.addrs, RefCtrOffsets: sites.refs, Cookies: sites.cookies, PID: pid})
 	if err != nil {
-		return nil, 0, fmt.Errorf("attach USDT probes to %s: %w", path, err)
+		return nil, fmt.Errorf("attach USDT probes to %s: %w", path, err)
 	}
-	return l, len(sites.addrs), nil
+	p := &AllocatorProbes{Sites: len(sites.addrs), links: []link.Link{l}}
+	for _, f := range []struct {
+		name         string
+		enter, leave *ebpf.Program
+	}{
+		{restoreFunction, t.objs.GpumemRestoreEnter, t.objs.GpumemRestoreReturn},
+		{rawAllocFunction, t.objs.GpumemRawAllocEnter, t.objs.GpumemRawAllocReturn},
+		{rawAllocStreamFunction, t.objs.GpumemRawAllocEnter, t.objs.GpumemRawAllocReturn},
+		{rawDeleteFunction, t.objs.GpumemRawDelete, nil},
+	} {
+		if err := p.attach(ex, sites.functions[f.name], f.enter, f.leave, pid); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if sites.functions[f.name] == "" {
+			p.Missing = append(p.Missing, f.name)
+		}
+	}
+	return p, nil
+}
+
+// attach puts enter and, unless nil, leave on the function named symbol;
+// nothing when symbol is "" (a library without it).
+func (p *AllocatorProbes) attach(ex *link.Executable, symbol string, enter, leave *ebpf.Program, pid uint32) error {
+	if symbol == "" {
+		return nil
+	}
+	opts := &link.UprobeMultiOptions{PID: pid}
+	l, err := ex.UprobeMulti([]string{symbol}, enter, opts)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", symbol, err)
+	}
+	p.links = append(p.links, l)
+	if leave == nil {
+		return nil
+	}
+	if l, err = ex.UretprobeMulti([]string{symbol}, leave, opts); err != nil {
+		return fmt.Errorf("attach return of %s: %w", symbol, err)
+	}
+	p.links = append(p.links, l)
+	return nil
+}
+
+// The allocator's own functions probed beside its USDT sites, by their C++
+// names; their mangled names begin with the prefixes below, whatever
+// their parameters (c10::DeviceIndex was an int before torch 2.2).
+const (
+	restoreFunction        = "NativeCachingAllocator::setCheckpointPoolState"
+	rawAllocFunction       = "NativeCachingAllocator::raw_alloc"
+	rawAllocStreamFunction = "NativeCachingAllocator::raw_alloc_with_stream"
+	rawDeleteFunction      = "NativeCachingAllocator::raw_delete"
+)
+
+const nativeAllocator = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator"
+
+var functionPrefixes = map[string]string{
+	restoreFunction:        nativeAllocator + "22setCheckpointPoolStateE",
+	rawAllocFunction:       nativeAllocator + "9raw_allocE",
+	rawAllocStreamFunction: nativeAllocator + "21raw_alloc_with_streamE",
+	rawDeleteFunction:      nativeAllocator + "10raw_deleteE",
+}
+
+// allocatorFunctions finds the functions of functionPrefixes among the
+// library's symbols (.symtab: torch's allocator functions are local there,
+// not in .dynsym): their symbols by name, "" for those it lacks.
+func allocatorFunctions(path string) (map[string]string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	found := map[string]string{}
+	for _, read := range []func() ([]elf.Symbol, error){f.Symbols, f.DynamicSymbols} {
+		syms, err := read()
+		if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
+			return nil, fmt.Errorf("read symbols of %s: %w", path, err)
+		}
+		for _, s := range syms {
+			if elf.ST_TYPE(s.Info) != elf.STT_FUNC || s.Value == 0 {
+				continue
+			}
+			for name, prefix := range functionPrefixes {
+				if found[name] == "" && strings.HasPrefix(s.Name, prefix) {
+					found[name] = s.Name
+				}
+			}
+		}
+	}
+	return found, nil
 }
 
 // allocatorSites reads the library's USDT sites and stores them in
@@ -285,6 +401,9 @@ func (t *Tracer) allocatorSites(path string) (allocatorSites, error) {
 	}
 	if len(s.addrs) == 0 {
 		return allocatorSites{}, fmt.Errorf("%s: %w", path, ErrNoProbes)
+	}
+	if s.functions, err = allocatorFunctions(path); err != nil {
+		return allocatorSites{}, err
 	}
 	if t.sites == nil {
 		t.sites = map[fileID]allocatorSites{}
@@ -427,6 +546,7 @@ var bpfLosses = map[gpumemGpumemLoss]schema.Loss{
 	gpumemGpumemLossGPUMEM_LOSS_SCRATCH_BUSY:    schema.ScratchBusy,
 	gpumemGpumemLossGPUMEM_LOSS_CONTEXTS_FULL:   schema.ContextsFull,
 	gpumemGpumemLossGPUMEM_LOSS_TENSOR_ARG:      schema.TensorArgUnreadable,
+	gpumemGpumemLossGPUMEM_LOSS_ALLOCATOR_CALL:  schema.AllocatorCallIncomplete,
 }
 
 // Losses reads the loss counters: everything the BPF side could not
