@@ -9,6 +9,7 @@
 //   int  simtorch_malloc(int device, size_t size, void **ptr)  0, or 2 when out of memory
 //   void simtorch_free(void *ptr)         a storage's deleter (pytorch:free)
 //   void *simtorch_raw_alloc(size_t size) torch.cuda.caching_allocator_alloc: no USDT site
+//   void *simtorch_raw_alloc_with_stream(size_t size, void *stream)  the same, on a stream
 //   void simtorch_raw_delete(void *ptr)   torch.cuda.caching_allocator_delete: no USDT site
 //   void simtorch_empty_cache(void)  returns cached segments to the driver
 //   size_t simtorch_memory_reserved(int device)   bytes of segments, as torch.cuda.memory_reserved()
@@ -571,6 +572,8 @@ int simtorch_malloc(int device, size_t size, void **ptr)
 void simtorch_free(void *ptr) { local_raw_delete(ptr); }
 
 void *simtorch_raw_alloc(size_t nbytes) { return allocator.raw_alloc(nbytes); }
+
+void *simtorch_raw_alloc_with_stream(size_t nbytes, void *stream) { return allocator.raw_alloc_with_stream(nbytes, stream); }
 
 void simtorch_raw_delete(void *ptr) { allocator.raw_delete(ptr); }
 

@@ -100,6 +100,8 @@ def load_allocator():
     torch.simtorch_reset_peak_memory_stats.argtypes = [ctypes.c_int]
     torch.simtorch_raw_delete.argtypes = [ctypes.c_void_p]
     torch.simtorch_raw_alloc.argtypes, torch.simtorch_raw_alloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    torch.simtorch_raw_alloc_with_stream.argtypes = [ctypes.c_size_t, ctypes.c_void_p]
+    torch.simtorch_raw_alloc_with_stream.restype = ctypes.c_void_p
     torch.simtorch_graph_pool_handle.restype = ctypes.c_uint64
     for f in (torch.simtorch_begin_allocate_to_pool, torch.simtorch_end_allocate_to_pool, torch.simtorch_release_pool):
         f.argtypes = [ctypes.c_int, ctypes.c_uint64]
@@ -518,9 +520,9 @@ def apply_checkpoint(state, stale, live, dead):
     live.extend(made - set(dead))
 
 
-def caching_allocator_alloc(nbytes):
+def caching_allocator_alloc(nbytes, stream=None):
     """torch.cuda.caching_allocator_alloc: a block without the USDT site."""
-    ptr = torch.simtorch_raw_alloc(nbytes)
+    ptr = torch.simtorch_raw_alloc(nbytes) if stream is None else torch.simtorch_raw_alloc_with_stream(nbytes, stream)
     if not ptr:
         raise MemoryError("caching_allocator_alloc")
     return ptr
@@ -537,13 +539,14 @@ def graph_tree():
     # A new path from A: the warm-up's output is stale, A's replayed output live.
     apply_checkpoint(ckpt_a, warm, replayed_a, dead=list(warm))
     ckpt_b = record_graph(pool, 1 << 20, (3 << 20) + 7, b_out)
-    scratch = caching_allocator_alloc(786_435)
+    scratch = [caching_allocator_alloc(786_435), caching_allocator_alloc(1000, stream=7)]
     print("live " + " ".join(f"{k}={v}" for k, v in
                              {"tensor_live": torch.simtorch_memory_requested(0),
                               "tensor_peak": torch.simtorch_max_memory_requested(0)}.items()), flush=True)
     sys.stdin.readline()
     torch.simtorch_free(replayed_a.pop())
-    torch.simtorch_raw_delete(scratch)  # torch.cuda.caching_allocator_delete
+    for ptr in scratch:
+        torch.simtorch_raw_delete(ptr)  # torch.cuda.caching_allocator_delete
     # Another path from A: B's output stale; A's and the warm-up's blocks,
     # made live again by the restore, belong to tensors dead since.
     made = []
