@@ -1325,16 +1325,23 @@ int gpumem_tensor(struct pt_regs *ctx)
  * freed, then, segment by segment, a tensor allocation of every block of
  * the checkpoint (its block size, as torch counts it) and a free of those
  * not live in it. The allocations carry the restore's stack. */
+enum gpumem_allocator_function {
+	GPUMEM_FN_RESTORE = 1, /* setCheckpointPoolState */
+	GPUMEM_FN_RAW_ALLOC,   /* raw_alloc, raw_alloc_with_stream */
+};
+
 struct gpumem_allocator_call {
 	/* A restore's CheckpointDelta* (the result's hidden pointer) and
 	 * PrivatePoolState* (the shared_ptr's object); raw_alloc's bytes. */
 	__u64 args[2];
 	__s32 device;
-	__u32 __pad;
+	__u32 fn; /* enum gpumem_allocator_function */
 };
 
+/* An LRU map: a call that threw (out of memory, a failed check) never
+ * returns, and its entry, left behind, makes room for others. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 1024); /* threads in one of these calls at once */
 	__type(key, __u64);        /* pid_tgid */
 	__type(value, struct gpumem_allocator_call);
@@ -1356,9 +1363,10 @@ static __always_inline bool enter_allocator_call(struct gpumem_allocator_call *c
 	return true;
 }
 
-/* leave_allocator_call takes the call's arguments back at its return;
- * false when its entry was not kept. */
-static __always_inline bool leave_allocator_call(struct gpumem_allocator_call *c)
+/* leave_allocator_call takes the call's arguments back at the return of
+ * function fn; false when its entry was not kept (or is another function's,
+ * left by a call that threw). */
+static __always_inline bool leave_allocator_call(struct gpumem_allocator_call *c, __u32 fn)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	struct gpumem_allocator_call *p = bpf_map_lookup_elem(&allocator_calls, &id);
@@ -1366,14 +1374,14 @@ static __always_inline bool leave_allocator_call(struct gpumem_allocator_call *c
 		return false;
 	*c = *p;
 	bpf_map_delete_elem(&allocator_calls, &id);
-	return true;
+	return c->fn == fn;
 }
 
 SEC("uprobe.multi/libc10_cuda")
 int gpumem_restore_enter(struct pt_regs *ctx)
 {
 	/* x86-64: the result's pointer, this, the device, the shared_ptr's address. */
-	struct gpumem_allocator_call c = {.args = {PT_REGS_PARM1(ctx)}, .device = (__s8)PT_REGS_PARM3(ctx)};
+	struct gpumem_allocator_call c = {.args = {PT_REGS_PARM1(ctx)}, .device = (__s8)PT_REGS_PARM3(ctx), .fn = GPUMEM_FN_RESTORE};
 	if (bpf_probe_read_user(&c.args[1], sizeof(c.args[1]), (void *)PT_REGS_PARM4(ctx))) {
 		count_loss(GPUMEM_LOSS_ALLOCATOR_CALL);
 		return 0;
@@ -1474,7 +1482,7 @@ static long restore_segment(__u64 i, void *arg)
 SEC("uprobe.multi/libc10_cuda")
 int gpumem_raw_alloc_enter(struct pt_regs *ctx)
 {
-	struct gpumem_allocator_call c = {.args = {PT_REGS_PARM2(ctx)}}; /* after this */
+	struct gpumem_allocator_call c = {.args = {PT_REGS_PARM2(ctx)}, .fn = GPUMEM_FN_RAW_ALLOC}; /* after this */
 	enter_allocator_call(&c);
 	return 0;
 }
@@ -1484,7 +1492,7 @@ int gpumem_raw_alloc_return(struct pt_regs *ctx)
 {
 	struct gpumem_allocator_call c;
 	__u64 ptr = PT_REGS_RC(ctx);
-	if (!leave_allocator_call(&c) || !ptr)
+	if (!leave_allocator_call(&c, GPUMEM_FN_RAW_ALLOC) || !ptr)
 		return 0;
 	struct gpumem_event *e = hold_scratch();
 	if (!e)
@@ -1519,7 +1527,7 @@ SEC("uretprobe.multi/libc10_cuda")
 int gpumem_restore_return(struct pt_regs *ctx)
 {
 	struct gpumem_allocator_call r;
-	if (!leave_allocator_call(&r))
+	if (!leave_allocator_call(&r, GPUMEM_FN_RESTORE))
 		return 0;
 
 	struct restore_walk w = {};

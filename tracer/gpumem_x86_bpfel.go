@@ -42,7 +42,7 @@ type gpumemGpumemAllocatorCall struct {
 	_      structs.HostLayout
 	Args   [2]uint64
 	Device int32
-	Pad    uint32
+	Fn     uint32
 }
 
 type gpumemGpumemCall struct {
