@@ -2,6 +2,9 @@ package tests
 
 import (
 	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -70,4 +73,78 @@ func checkTensorBooks(t *testing.T, when string, r *snapshot.Snapshot, pid int, 
 	if peak != books["tensor_peak"] {
 		t.Errorf("%s: tensor view's peak %d, the allocator's %d", when, peak, books["tensor_peak"])
 	}
+}
+
+// TestCUDAGraphTreeOutputs: the same through gpumem record's outputs that
+// show the tensor view: the JSON report (its tensor stacks' live bytes and
+// its tensor peak) of a recording stopped midway and of one at the end, and
+// the folded files of the tensor view (live bytes, the peak's stacks) at
+// the end.
+func TestCUDAGraphTreeOutputs(t *testing.T) {
+	python := pythons(t)[2]
+	dir := t.TempDir()
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib, "SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")},
+		python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "graph_tree")
+	record := func(name string, args ...string) *cli {
+		c := startCLI(t, append([]string{"record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--top", "0",
+			"-o", filepath.Join(dir, name)}, args...)...)
+		c.waitStderr("PyTorch allocator probes, setCheckpointPoolState, raw_alloc and raw_delete")
+		c.waitStderr(fmt.Sprintf("pid %d: Python", w.pid))
+		return c
+	}
+	outputs := map[string][]string{
+		"midway.json":     {"--format", "json"},
+		"end.json":        {"--format", "json"},
+		"end.live.folded": {"--format", "folded", "--view", "tensor"},
+		"end.peak.folded": {"--format", "folded", "--view", "tensor", "--value", "peak"},
+	}
+	clis := map[string]*cli{}
+	for name, args := range outputs {
+		clis[name] = record(name, args...)
+	}
+	check := func(when string, books map[string]uint64) {
+		t.Helper()
+		for name, c := range clis {
+			if strings.HasPrefix(name, when+".") {
+				c.interrupt()
+			}
+		}
+		var r struct {
+			Stacks []struct {
+				PID       uint32 `json:"pid"`
+				Kind      string `json:"kind"`
+				LiveBytes uint64 `json:"live_bytes"`
+			}
+			Peaks []struct {
+				PID   uint32 `json:"pid"`
+				View  string `json:"view"`
+				Bytes uint64 `json:"bytes"`
+			}
+		}
+		readJSON(t, filepath.Join(dir, when+".json"), &r)
+		var live, peak uint64
+		for _, s := range r.Stacks {
+			if s.PID == uint32(w.pid) && s.Kind == "tensor" {
+				live += s.LiveBytes
+			}
+		}
+		for _, p := range r.Peaks {
+			if p.PID == uint32(w.pid) && p.View == "tensor" {
+				peak = p.Bytes
+			}
+		}
+		if live != books["tensor_live"] || peak != books["tensor_peak"] {
+			t.Errorf("%s: JSON: tensor view holds %d, peak %d; the allocator's requested bytes %d, peak %d",
+				when, live, peak, books["tensor_live"], books["tensor_peak"])
+		}
+		for name, want := range map[string]uint64{"live.folded": books["tensor_live"], "peak.folded": books["tensor_peak"]} {
+			if path := filepath.Join(dir, when+"."+name); clis[when+"."+name] != nil && foldedTotal(t, path) != want {
+				t.Errorf("%s: %s sums to %d, want %d", when, name, foldedTotal(t, path), want)
+			}
+		}
+	}
+	fmt.Fprintln(w.stdin)
+	check("midway", w.values("live"))
+	check("end", w.run())
+	w.exit()
 }
