@@ -1487,7 +1487,7 @@ int gpumem_raw_alloc_enter(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uretprobe.multi/libc10_cuda")
+SEC("uprobe.multi/libc10_cuda") /* at its return instructions */
 int gpumem_raw_alloc_return(struct pt_regs *ctx)
 {
 	struct gpumem_allocator_call c;
@@ -1523,7 +1523,9 @@ int gpumem_raw_delete(struct pt_regs *ctx)
 	return report_address(GPUMEM_OP_TENSOR_FREE, PT_REGS_PARM2(ctx), false); /* after this */
 }
 
-SEC("uretprobe.multi/libc10_cuda")
+/* At each of its return instructions (not a return probe: see
+ * allocatorFunction in tracer). */
+SEC("uprobe.multi/libc10_cuda")
 int gpumem_restore_return(struct pt_regs *ctx)
 {
 	struct gpumem_allocator_call r;

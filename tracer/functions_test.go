@@ -22,8 +22,8 @@ func TestAllocatorFunctions(t *testing.T) {
 		rawDeleteFunction:      "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator10raw_deleteEPv",
 	}
 	for name, symbol := range want {
-		if found[name] != symbol {
-			t.Errorf("%s: %q, want %q", name, found[name], symbol)
+		if fn := found[name]; fn.symbol != symbol || name != rawDeleteFunction && len(fn.returns) == 0 {
+			t.Errorf("%s: %+v, want %q and its returns", name, fn, symbol)
 		}
 	}
 	if none, err := allocatorFunctions(filepath.Join(root, "build/sim/libcuda.so.1")); err != nil || len(none) != 0 {

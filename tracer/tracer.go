@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/arch/x86/x86asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -230,7 +231,7 @@ var ErrNoProbes = errors.New("no pytorch:malloc or pytorch:free USDT probes")
 // (/proc/PID/root/... differs from process to process).
 type allocatorSites struct {
 	addrs, refs, cookies []uint64
-	functions            map[string]string // the allocator's own functions probed: their symbols, by name
+	functions            map[string]allocatorFunction // the allocator's own functions probed, by name
 }
 
 // fileID is a file's device and inode.
@@ -288,34 +289,36 @@ func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, err
 		{rawAllocStreamFunction, t.objs.GpumemRawAllocEnter, t.objs.GpumemRawAllocReturn},
 		{rawDeleteFunction, t.objs.GpumemRawDelete, nil},
 	} {
-		if err := p.attach(ex, sites.functions[f.name], f.enter, f.leave, pid); err != nil {
+		fn, ok := sites.functions[f.name]
+		if !ok {
+			p.Missing = append(p.Missing, f.name)
+			continue
+		}
+		if err := p.attach(ex, fn, f.enter, f.leave, pid); err != nil {
 			p.Close()
 			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if sites.functions[f.name] == "" {
-			p.Missing = append(p.Missing, f.name)
 		}
 	}
 	return p, nil
 }
 
-// attach puts enter and, unless nil, leave on the function named symbol;
-// nothing when symbol is "" (a library without it).
-func (p *AllocatorProbes) attach(ex *link.Executable, symbol string, enter, leave *ebpf.Program, pid uint32) error {
-	if symbol == "" {
-		return nil
-	}
-	opts := &link.UprobeMultiOptions{PID: pid}
-	l, err := ex.UprobeMulti([]string{symbol}, enter, opts)
+// attach puts enter on the function's entry and, unless nil, leave on its
+// return instructions.
+func (p *AllocatorProbes) attach(ex *link.Executable, fn allocatorFunction, enter, leave *ebpf.Program, pid uint32) error {
+	l, err := ex.UprobeMulti([]string{fn.symbol}, enter, &link.UprobeMultiOptions{PID: pid})
 	if err != nil {
-		return fmt.Errorf("attach %s: %w", symbol, err)
+		return fmt.Errorf("attach %s: %w", fn.symbol, err)
 	}
 	p.links = append(p.links, l)
 	if leave == nil {
 		return nil
 	}
-	if l, err = ex.UretprobeMulti([]string{symbol}, leave, opts); err != nil {
-		return fmt.Errorf("attach return of %s: %w", symbol, err)
+	symbols := make([]string, len(fn.returns))
+	for i := range symbols {
+		symbols[i] = fn.symbol
+	}
+	if l, err = ex.UprobeMulti(symbols, leave, &link.UprobeMultiOptions{Offsets: fn.returns, PID: pid}); err != nil {
+		return fmt.Errorf("attach the returns of %s: %w", fn.symbol, err)
 	}
 	p.links = append(p.links, l)
 	return nil
@@ -340,16 +343,28 @@ var functionPrefixes = map[string]string{
 	rawDeleteFunction:      nativeAllocator + "10raw_deleteE",
 }
 
+// allocatorFunction is one of the allocator's own functions in a library:
+// its symbol and the offsets of its return instructions from its start.
+// Its results are read there, not by a return probe: a return probe
+// replaces the return address, which breaks C++ exception unwinding when
+// the function throws (raw_alloc when out of memory): the process would
+// abort.
+type allocatorFunction struct {
+	symbol  string
+	returns []uint64
+}
+
 // allocatorFunctions finds the functions of functionPrefixes among the
 // library's symbols (.symtab: torch's allocator functions are local there,
-// not in .dynsym): their symbols by name, "" for those it lacks.
-func allocatorFunctions(path string) (map[string]string, error) {
+// not in .dynsym), by name; those it lacks, or whose return instructions
+// it cannot find, are left out.
+func allocatorFunctions(path string) (map[string]allocatorFunction, error) {
 	f, err := elf.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	defer f.Close()
-	found := map[string]string{}
+	found := map[string]allocatorFunction{}
 	for _, read := range []func() ([]elf.Symbol, error){f.Symbols, f.DynamicSymbols} {
 		syms, err := read()
 		if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
@@ -360,13 +375,44 @@ func allocatorFunctions(path string) (map[string]string, error) {
 				continue
 			}
 			for name, prefix := range functionPrefixes {
-				if found[name] == "" && strings.HasPrefix(s.Name, prefix) {
-					found[name] = s.Name
+				if _, ok := found[name]; ok || !strings.HasPrefix(s.Name, prefix) {
+					continue
+				}
+				if rets := returnInstructions(f, s); len(rets) > 0 {
+					found[name] = allocatorFunction{symbol: s.Name, returns: rets}
 				}
 			}
 		}
 	}
 	return found, nil
+}
+
+// returnInstructions decodes the function's code (x86-64) and returns the
+// offsets of its ret instructions; none when it cannot be read or decoded
+// to its end.
+func returnInstructions(f *elf.File, sym elf.Symbol) []uint64 {
+	var code []byte
+	for _, sec := range f.Sections {
+		if sec.Type == elf.SHT_PROGBITS && sec.Flags&elf.SHF_EXECINSTR != 0 &&
+			sym.Value >= sec.Addr && sym.Value+sym.Size <= sec.Addr+sec.Size {
+			code = make([]byte, sym.Size)
+			if _, err := sec.ReadAt(code, int64(sym.Value-sec.Addr)); err != nil {
+				return nil
+			}
+		}
+	}
+	var rets []uint64
+	for off := 0; off < len(code); {
+		inst, err := x86asm.Decode(code[off:], 64)
+		if err != nil {
+			return nil
+		}
+		if inst.Op == x86asm.RET {
+			rets = append(rets, uint64(off))
+		}
+		off += inst.Len
+	}
+	return rets
 }
 
 // allocatorSites reads the library's USDT sites and stores them in
