@@ -2,12 +2,11 @@ package profiler
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
-
-	"github.com/cilium/ebpf/link"
 
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -25,7 +24,7 @@ type attacher struct {
 	mu       sync.Mutex
 	attached map[string]discover.Library
 	failed   map[string]error // libraries whose attach failed, said once
-	links    []link.Link      // the allocators' (the tracer owns the driver's)
+	links    []io.Closer      // the allocators' probes (the tracer owns the driver's)
 }
 
 func newAttacher(cfg Config, tr Source) *attacher {
@@ -118,11 +117,13 @@ func (a *attacher) attach(lib discover.Library) error {
 	var err error
 	if lib.Allocator {
 		what = "PyTorch allocator probes"
-		var l link.Link
-		if l, n, err = a.tr.AttachAllocator(lib.Path, 0); err == nil {
+		var p *tracer.AllocatorProbes
+		if p, err = a.tr.AttachAllocator(lib.Path, 0); err == nil {
 			a.mu.Lock()
-			a.links = append(a.links, l)
+			a.links = append(a.links, p)
 			a.mu.Unlock()
+			n = p.Sites
+			what = "PyTorch allocator probes" + functionsFollowed(p)
 		}
 	} else {
 		var symbols []string

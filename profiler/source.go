@@ -3,8 +3,6 @@ package profiler
 import (
 	"time"
 
-	"github.com/cilium/ebpf/link"
-
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -24,7 +22,7 @@ type Source interface {
 	Attach(path string) ([]string, error)
 	// AttachAllocator puts the tensor probes on PyTorch's allocator library
 	// at path, for process pid (every process: 0).
-	AttachAllocator(path string, pid uint32) (link.Link, int, error)
+	AttachAllocator(path string, pid uint32) (*tracer.AllocatorProbes, error)
 	AddPython(pid uint32, walk tracer.PythonWalk) error
 	RemovePython(pid uint32)
 	// SwitchDriverOff stops tracing process pid's driver calls, which

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
@@ -94,8 +93,8 @@ func (s *script) Close() error {
 func (s *script) Attach(string) ([]string, error) {
 	return nil, errors.New("a script attaches nothing")
 }
-func (s *script) AttachAllocator(string, uint32) (link.Link, int, error) {
-	return nil, 0, errors.New("a script attaches nothing")
+func (s *script) AttachAllocator(string, uint32) (*tracer.AllocatorProbes, error) {
+	return nil, errors.New("a script attaches nothing")
 }
 func (s *script) AddPython(uint32, tracer.PythonWalk) error { return nil }
 func (s *script) RemovePython(uint32)                       {}

@@ -3,15 +3,16 @@ package profiler
 import (
 	"errors"
 	"fmt"
+	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
-
-	"github.com/cilium/ebpf/link"
 
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // TensorScope says which processes the tensor view (PyTorch's caching
@@ -47,7 +48,7 @@ type tensorSwitch struct {
 
 type tensorView struct {
 	snapshot.TensorView
-	links    []link.Link
+	links    []io.Closer     // the allocators' probes
 	attached map[string]bool // library IDs
 	window   rateWindow      // the budget's
 }
@@ -248,13 +249,14 @@ func (p *Profiler) attachTensors(pid uint32) {
 			continue
 		}
 		p.books.startTensorView(pid)
-		l, n, err := p.tr.AttachAllocator(lib.Path, pid)
+		probes, err := p.tr.AttachAllocator(lib.Path, pid)
 		if err != nil {
 			p.cfg.Logf("pid %d: tensor view: %v", pid, err)
 			continue
 		}
-		since := p.tensors.attached(pid, lib.ID(), l)
-		p.cfg.Logf("pid %d: tensor view on since %s: %d PyTorch allocator probes on %s", pid, since.Format(time.RFC3339Nano), n, lib.Path)
+		since := p.tensors.attached(pid, lib.ID(), probes)
+		p.cfg.Logf("pid %d: tensor view on since %s: %d PyTorch allocator probes%s on %s", pid, since.Format(time.RFC3339Nano),
+			probes.Sites, functionsFollowed(probes), lib.Path)
 	}
 }
 
@@ -268,7 +270,7 @@ func (s *tensorSwitch) wants(pid uint32, id string) bool {
 
 // attached records a link of process pid's view and returns since when the
 // view holds. A view ended meanwhile has the link closed.
-func (s *tensorSwitch) attached(pid uint32, id string, l link.Link) time.Time {
+func (s *tensorSwitch) attached(pid uint32, id string, l io.Closer) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := s.views[pid]
@@ -303,7 +305,7 @@ func (p *Profiler) endTensors(pid uint32, why string, overBudget bool) bool {
 	return true
 }
 
-func (s *tensorSwitch) end(pid uint32, why string, overBudget bool) ([]link.Link, bool) {
+func (s *tensorSwitch) end(pid uint32, why string, overBudget bool) ([]io.Closer, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := s.views[pid]
@@ -347,4 +349,15 @@ func (p *Profiler) closeTensors() {
 		}
 		v.links = nil
 	}
+}
+
+// functionsFollowed says, in the line that reports an allocator attached,
+// which of the allocator's own functions the library lacks: their changes
+// to the books (a CUDA graph pool's checkpoint restore, raw frees) pass no
+// USDT site and are not followed (docs/pytorch-allocator-books.md).
+func functionsFollowed(p *tracer.AllocatorProbes) string {
+	if len(p.Missing) == 0 {
+		return ", setCheckpointPoolState, raw_alloc and raw_delete"
+	}
+	return fmt.Sprintf(" (no %s: what it changes is not followed)", strings.Join(p.Missing, ", "))
 }

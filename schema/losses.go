@@ -11,26 +11,28 @@ import (
 type Loss int
 
 const (
-	RingBufferFull      Loss = iota // events dropped: the ring buffer was full
-	InflightFull                    // calls not tracked: the in-flight map was full
-	NestedTooDeep                   // calls not tracked: traced calls nested deeper than the in-flight stack
-	ResultUnreadable                // allocations whose out-parameter could not be read
-	ProcessesFull                   // process exits that will not be reported
-	ScratchBusy                     // events dropped: a probe ran while another held the CPU's scratch event
-	ContextsFull                    // context changes not kept: the thread or context map was full (device unknown after)
-	TensorArgUnreadable             // tensor events dropped: a USDT argument could not be read
-	NumLosses                       // the number of reasons
+	RingBufferFull          Loss = iota // events dropped: the ring buffer was full
+	InflightFull                        // calls not tracked: the in-flight map was full
+	NestedTooDeep                       // calls not tracked: traced calls nested deeper than the in-flight stack
+	ResultUnreadable                    // allocations whose out-parameter could not be read
+	ProcessesFull                       // process exits that will not be reported
+	ScratchBusy                         // events dropped: a probe ran while another held the CPU's scratch event
+	ContextsFull                        // context changes not kept: the thread or context map was full (device unknown after)
+	TensorArgUnreadable                 // tensor events dropped: a USDT argument could not be read
+	AllocatorCallIncomplete             // calls of the allocator's own functions (a checkpoint restore, raw_alloc) not followed whole
+	NumLosses                           // the number of reasons
 )
 
 var lossNames = [NumLosses]string{
-	RingBufferFull:      "ring_buffer_full",
-	InflightFull:        "inflight_full",
-	NestedTooDeep:       "nested_too_deep",
-	ResultUnreadable:    "result_unreadable",
-	ProcessesFull:       "processes_full",
-	ScratchBusy:         "scratch_busy",
-	ContextsFull:        "contexts_full",
-	TensorArgUnreadable: "tensor_arg_unreadable",
+	RingBufferFull:          "ring_buffer_full",
+	InflightFull:            "inflight_full",
+	NestedTooDeep:           "nested_too_deep",
+	ResultUnreadable:        "result_unreadable",
+	ProcessesFull:           "processes_full",
+	ScratchBusy:             "scratch_busy",
+	ContextsFull:            "contexts_full",
+	TensorArgUnreadable:     "tensor_arg_unreadable",
+	AllocatorCallIncomplete: "allocator_call_incomplete",
 }
 
 func (l Loss) String() string {

@@ -13,7 +13,7 @@ func TestLossesJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `{"ring_buffer_full":3,"inflight_full":0,"nested_too_deep":0,"result_unreadable":0,"processes_full":0,` +
-		`"scratch_busy":0,"contexts_full":0,"tensor_arg_unreadable":7}`
+		`"scratch_busy":0,"contexts_full":0,"tensor_arg_unreadable":7,"allocator_call_incomplete":0}`
 	if string(b) != want {
 		t.Errorf("marshal: %s, want %s", b, want)
 	}

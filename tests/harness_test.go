@@ -109,10 +109,17 @@ func (w *workload) run() map[string]uint64 {
 	if line := w.line(); line != "done" {
 		w.t.Fatalf("workload said %q, want done", line)
 	}
+	return w.values("expect")
+}
+
+// values reads a line of the workload's, "what k=v ...", and returns its
+// values.
+func (w *workload) values(what string) map[string]uint64 {
+	w.t.Helper()
 	line := w.line()
-	fields, ok := strings.CutPrefix(line+" ", "expect ")
+	fields, ok := strings.CutPrefix(line+" ", what+" ")
 	if !ok {
-		w.t.Fatalf("workload said %q, want expect ...", line)
+		w.t.Fatalf("workload said %q, want %s ...", line, what)
 	}
 	expect := map[string]uint64{}
 	for _, kv := range strings.Fields(fields) {

@@ -220,7 +220,7 @@ func TestTensorNativeStacks(t *testing.T) {
 		w.exit()
 		s.stop()
 	}
-	const malloc = "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"
+	const malloc = "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate" // as in torch
 	if got := strings.Join(native[false], " <- "); got != "pytorch:malloc <- "+malloc {
 		t.Errorf("native frames %s, want the allocator's alone", got)
 	}

@@ -38,6 +38,13 @@ type gpumemGpumemAllocationKey struct {
 	Address uint64
 }
 
+type gpumemGpumemAllocatorCall struct {
+	_      structs.HostLayout
+	Args   [2]uint64
+	Device int32
+	Fn     uint32
+}
+
 type gpumemGpumemCall struct {
 	_         structs.HostLayout
 	Timestamp uint64
@@ -124,7 +131,8 @@ const (
 	gpumemGpumemLossGPUMEM_LOSS_CONTEXTS_FULL     gpumemGpumemLoss = 7
 	gpumemGpumemLossGPUMEM_LOSS_TENSOR_ARG        gpumemGpumemLoss = 8
 	gpumemGpumemLossGPUMEM_LOSS_STACK_UNAVAILABLE gpumemGpumemLoss = 9
-	gpumemGpumemLossGPUMEM_LOSS_MAX               gpumemGpumemLoss = 10
+	gpumemGpumemLossGPUMEM_LOSS_ALLOCATOR_CALL    gpumemGpumemLoss = 10
+	gpumemGpumemLossGPUMEM_LOSS_MAX               gpumemGpumemLoss = 11
 )
 
 type gpumemGpumemOp uint32
@@ -331,6 +339,7 @@ type gpumemStackWindow struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	gpumemMapAllocations                             = "allocations"
+	gpumemMapAllocatorCalls                          = "allocator_calls"
 	gpumemMapContextDevices                          = "context_devices"
 	gpumemMapDriverOff                               = "driver_off"
 	gpumemMapEvents                                  = "events"
@@ -405,6 +414,11 @@ const (
 	gpumemProgGpumemLeaveCuMemAllocV2                = "gpumem_leave_cuMemAlloc_v2"
 	gpumemProgGpumemLeaveCuMemCreate                 = "gpumem_leave_cuMemCreate"
 	gpumemProgGpumemLeaveCuMemHostAlloc              = "gpumem_leave_cuMemHostAlloc"
+	gpumemProgGpumemRawAllocEnter                    = "gpumem_raw_alloc_enter"
+	gpumemProgGpumemRawAllocReturn                   = "gpumem_raw_alloc_return"
+	gpumemProgGpumemRawDelete                        = "gpumem_raw_delete"
+	gpumemProgGpumemRestoreEnter                     = "gpumem_restore_enter"
+	gpumemProgGpumemRestoreReturn                    = "gpumem_restore_return"
 	gpumemProgGpumemTensor                           = "gpumem_tensor"
 	gpumemVarGadgetTracerTypeCuda                    = "__gadget_tracer_type_cuda"
 	gpumemVarAggregate                               = "aggregate"
@@ -531,6 +545,11 @@ type gpumemProgramSpecs struct {
 	GpumemLeaveCuMemAllocV2                *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAlloc_v2"`
 	GpumemLeaveCuMemCreate                 *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemCreate"`
 	GpumemLeaveCuMemHostAlloc              *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemHostAlloc"`
+	GpumemRawAllocEnter                    *ebpf.ProgramSpec `ebpf:"gpumem_raw_alloc_enter"`
+	GpumemRawAllocReturn                   *ebpf.ProgramSpec `ebpf:"gpumem_raw_alloc_return"`
+	GpumemRawDelete                        *ebpf.ProgramSpec `ebpf:"gpumem_raw_delete"`
+	GpumemRestoreEnter                     *ebpf.ProgramSpec `ebpf:"gpumem_restore_enter"`
+	GpumemRestoreReturn                    *ebpf.ProgramSpec `ebpf:"gpumem_restore_return"`
 	GpumemTensor                           *ebpf.ProgramSpec `ebpf:"gpumem_tensor"`
 }
 
@@ -539,6 +558,7 @@ type gpumemProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpumemMapSpecs struct {
 	Allocations          *ebpf.MapSpec `ebpf:"allocations"`
+	AllocatorCalls       *ebpf.MapSpec `ebpf:"allocator_calls"`
 	ContextDevices       *ebpf.MapSpec `ebpf:"context_devices"`
 	DriverOff            *ebpf.MapSpec `ebpf:"driver_off"`
 	Events               *ebpf.MapSpec `ebpf:"events"`
@@ -633,6 +653,7 @@ func (o *gpumemObjects) Close() error {
 // It can be passed to loadGpumemObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpumemMaps struct {
 	Allocations          *ebpf.Map `ebpf:"allocations"`
+	AllocatorCalls       *ebpf.Map `ebpf:"allocator_calls"`
 	ContextDevices       *ebpf.Map `ebpf:"context_devices"`
 	DriverOff            *ebpf.Map `ebpf:"driver_off"`
 	Events               *ebpf.Map `ebpf:"events"`
@@ -667,6 +688,7 @@ type gpumemMaps struct {
 func (m *gpumemMaps) Close() error {
 	return _GpumemClose(
 		m.Allocations,
+		m.AllocatorCalls,
 		m.ContextDevices,
 		m.DriverOff,
 		m.Events,
@@ -790,6 +812,11 @@ type gpumemPrograms struct {
 	GpumemLeaveCuMemAllocV2                *ebpf.Program `ebpf:"gpumem_leave_cuMemAlloc_v2"`
 	GpumemLeaveCuMemCreate                 *ebpf.Program `ebpf:"gpumem_leave_cuMemCreate"`
 	GpumemLeaveCuMemHostAlloc              *ebpf.Program `ebpf:"gpumem_leave_cuMemHostAlloc"`
+	GpumemRawAllocEnter                    *ebpf.Program `ebpf:"gpumem_raw_alloc_enter"`
+	GpumemRawAllocReturn                   *ebpf.Program `ebpf:"gpumem_raw_alloc_return"`
+	GpumemRawDelete                        *ebpf.Program `ebpf:"gpumem_raw_delete"`
+	GpumemRestoreEnter                     *ebpf.Program `ebpf:"gpumem_restore_enter"`
+	GpumemRestoreReturn                    *ebpf.Program `ebpf:"gpumem_restore_return"`
 	GpumemTensor                           *ebpf.Program `ebpf:"gpumem_tensor"`
 }
 
@@ -840,6 +867,11 @@ func (p *gpumemPrograms) Close() error {
 		p.GpumemLeaveCuMemAllocV2,
 		p.GpumemLeaveCuMemCreate,
 		p.GpumemLeaveCuMemHostAlloc,
+		p.GpumemRawAllocEnter,
+		p.GpumemRawAllocReturn,
+		p.GpumemRawDelete,
+		p.GpumemRestoreEnter,
+		p.GpumemRestoreReturn,
 		p.GpumemTensor,
 	)
 }

@@ -174,7 +174,7 @@ func start(t *testing.T, cmd *exec.Cmd, env []string, allocator string) *traced 
 	}
 	t.Cleanup(func() { w.tr.Close() })
 	if allocator != "" {
-		l, _, err := w.tr.AttachAllocator(allocator, uint32(cmd.Process.Pid))
+		l, err := w.tr.AttachAllocator(allocator, uint32(cmd.Process.Pid))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,12 +320,12 @@ func TestAllocatorSitesStoredOnce(t *testing.T) {
 	max := int(tr.objs.UsdtSites.MaxEntries())
 	var sites int
 	for i := range max {
-		l, n, err := tr.AttachAllocator(paths[i%len(paths)], uint32(os.Getpid()))
+		p, err := tr.AttachAllocator(paths[i%len(paths)], uint32(os.Getpid()))
 		if err != nil {
 			t.Fatalf("attach %d: %v", i, err)
 		}
-		l.Close()
-		sites = n
+		p.Close()
+		sites = p.Sites
 	}
 	if int(tr.usdtSites) != sites {
 		t.Errorf("usdt_sites holds %d entries for a library of %d sites", tr.usdtSites, sites)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -15,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/arch/x86/x86asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -79,6 +81,12 @@ type objects struct {
 	GpumemLeave  *ebpf.Program `ebpf:"gpumem_leave"`
 	GpumemExit   *ebpf.Program `ebpf:"gpumem_exit"`
 	GpumemTensor *ebpf.Program `ebpf:"gpumem_tensor"`
+	// PyTorch's checkpoint restores and raw frees, beside the tensor probes.
+	GpumemRestoreEnter   *ebpf.Program `ebpf:"gpumem_restore_enter"`
+	GpumemRestoreReturn  *ebpf.Program `ebpf:"gpumem_restore_return"`
+	GpumemRawAllocEnter  *ebpf.Program `ebpf:"gpumem_raw_alloc_enter"`
+	GpumemRawAllocReturn *ebpf.Program `ebpf:"gpumem_raw_alloc_return"`
+	GpumemRawDelete      *ebpf.Program `ebpf:"gpumem_raw_delete"`
 
 	Events            *ebpf.Map `ebpf:"events"`
 	DriverOff         *ebpf.Map `ebpf:"driver_off"`
@@ -93,7 +101,8 @@ type objects struct {
 func (o *objects) Close() error {
 	var errs []error
 	for _, c := range []interface{ Close() error }{o.GpumemEnter, o.GpumemLeave, o.GpumemExit, o.GpumemTensor,
-		o.DriverOff, o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.TargetPids, o.UsdtSites} {
+		o.GpumemRestoreEnter, o.GpumemRestoreReturn, o.GpumemRawAllocEnter, o.GpumemRawAllocReturn,
+		o.GpumemRawDelete, o.DriverOff, o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.TargetPids, o.UsdtSites} {
 		errs = append(errs, c.Close()) // nil when not loaded: a no-op
 	}
 	return errors.Join(errs...)
@@ -223,35 +232,188 @@ var ErrNoProbes = errors.New("no pytorch:malloc or pytorch:free USDT probes")
 // (/proc/PID/root/... differs from process to process).
 type allocatorSites struct {
 	addrs, refs, cookies []uint64
+	functions            map[string]allocatorFunction // the allocator's own functions probed, by name
 }
 
 // fileID is a file's device and inode.
 type fileID struct{ dev, ino uint64 }
+
+// AllocatorProbes are the probes on one allocator library, for one process
+// or for all; Close detaches them.
+type AllocatorProbes struct {
+	Sites int // USDT sites probed
+	// Missing are the allocator's own functions the library lacks, whose
+	// changes to the books pass no USDT site and are not followed
+	// (docs/pytorch-allocator-books.md): none in torch 2.1 and later.
+	Missing []string
+	links   []link.Link
+}
+
+// Close detaches the probes.
+func (p *AllocatorProbes) Close() error {
+	closeAll(p.links)
+	return nil
+}
 
 // AttachAllocator puts probes on the USDT sites of PyTorch's caching
 // allocator in the library at path (libc10_cuda.so): every tensor allocated
 // and freed, in process pid only, or in every process that maps the library
 // when pid is 0. The kernel counts the probes in their semaphores, which
 // turns them on, and inserts their traps, only in the processes they are
-// attached for: the others pay nothing. It returns the number of sites;
-// closing the link detaches them, as closing the tracer does not.
-func (t *Tracer) AttachAllocator(path string, pid uint32) (link.Link, int, error) {
+// attached for: the others pay nothing. Beside them, probes on the
+// allocator's own setCheckpointPoolState, found by name in the library's
+// symbol tables, follow the restores that pass no USDT site. Closing the
+// probes detaches them, as closing the tracer does not.
+func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	sites, err := t.allocatorSites(path)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	ex, err := link.OpenExecutable(path)
 	if err != nil {
-		return nil, 0, fmt.Errorf("open %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	l, err := ex.UprobeMulti(nil, t.objs.GpumemTensor, &link.UprobeMultiOptions{
 		Addresses: sites.addrs, RefCtrOffsets: sites.refs, Cookies: sites.cookies, PID: pid})
 	if err != nil {
-		return nil, 0, fmt.Errorf("attach USDT probes to %s: %w", path, err)
+		return nil, fmt.Errorf("attach USDT probes to %s: %w", path, err)
 	}
-	return l, len(sites.addrs), nil
+	p := &AllocatorProbes{Sites: len(sites.addrs), links: []link.Link{l}}
+	for _, f := range []struct {
+		name         string
+		enter, leave *ebpf.Program
+	}{
+		{restoreFunction, t.objs.GpumemRestoreEnter, t.objs.GpumemRestoreReturn},
+		{rawAllocFunction, t.objs.GpumemRawAllocEnter, t.objs.GpumemRawAllocReturn},
+		{rawAllocStreamFunction, t.objs.GpumemRawAllocEnter, t.objs.GpumemRawAllocReturn},
+		{rawDeleteFunction, t.objs.GpumemRawDelete, nil},
+	} {
+		fn, ok := sites.functions[f.name]
+		if !ok {
+			p.Missing = append(p.Missing, f.name)
+			continue
+		}
+		if err := p.attach(ex, fn, f.enter, f.leave, pid); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return p, nil
+}
+
+// attach puts enter on the function's entry and, unless nil, leave on its
+// return instructions.
+func (p *AllocatorProbes) attach(ex *link.Executable, fn allocatorFunction, enter, leave *ebpf.Program, pid uint32) error {
+	l, err := ex.UprobeMulti([]string{fn.symbol}, enter, &link.UprobeMultiOptions{PID: pid})
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", fn.symbol, err)
+	}
+	p.links = append(p.links, l)
+	if leave == nil {
+		return nil
+	}
+	symbols := make([]string, len(fn.returns))
+	for i := range symbols {
+		symbols[i] = fn.symbol
+	}
+	if l, err = ex.UprobeMulti(symbols, leave, &link.UprobeMultiOptions{Offsets: fn.returns, PID: pid}); err != nil {
+		return fmt.Errorf("attach the returns of %s: %w", fn.symbol, err)
+	}
+	p.links = append(p.links, l)
+	return nil
+}
+
+// The allocator's own functions probed beside its USDT sites, by their C++
+// names; their mangled names begin with the prefixes below, whatever
+// their parameters (c10::DeviceIndex was an int before torch 2.2).
+const (
+	restoreFunction        = "NativeCachingAllocator::setCheckpointPoolState"
+	rawAllocFunction       = "NativeCachingAllocator::raw_alloc"
+	rawAllocStreamFunction = "NativeCachingAllocator::raw_alloc_with_stream"
+	rawDeleteFunction      = "NativeCachingAllocator::raw_delete"
+)
+
+const nativeAllocator = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator"
+
+var functionPrefixes = map[string]string{
+	restoreFunction:        nativeAllocator + "22setCheckpointPoolStateE",
+	rawAllocFunction:       nativeAllocator + "9raw_allocE",
+	rawAllocStreamFunction: nativeAllocator + "21raw_alloc_with_streamE",
+	rawDeleteFunction:      nativeAllocator + "10raw_deleteE",
+}
+
+// allocatorFunction is one of the allocator's own functions in a library:
+// its symbol and the offsets of its return instructions from its start.
+// Its results are read there, not by a return probe: a return probe
+// replaces the return address, which breaks C++ exception unwinding when
+// the function throws (raw_alloc when out of memory): the process would
+// abort.
+type allocatorFunction struct {
+	symbol  string
+	returns []uint64
+}
+
+// allocatorFunctions finds the functions of functionPrefixes among the
+// library's symbols (.symtab: torch's allocator functions are local there,
+// not in .dynsym), by name; those it lacks, or whose return instructions
+// it cannot find, are left out.
+func allocatorFunctions(path string) (map[string]allocatorFunction, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	found := map[string]allocatorFunction{}
+	for _, read := range []func() ([]elf.Symbol, error){f.Symbols, f.DynamicSymbols} {
+		syms, err := read()
+		if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
+			return nil, fmt.Errorf("read symbols of %s: %w", path, err)
+		}
+		for _, s := range syms {
+			if elf.ST_TYPE(s.Info) != elf.STT_FUNC || s.Value == 0 {
+				continue
+			}
+			for name, prefix := range functionPrefixes {
+				if _, ok := found[name]; ok || !strings.HasPrefix(s.Name, prefix) {
+					continue
+				}
+				if rets := returnInstructions(f, s); len(rets) > 0 {
+					found[name] = allocatorFunction{symbol: s.Name, returns: rets}
+				}
+			}
+		}
+	}
+	return found, nil
+}
+
+// returnInstructions decodes the function's code (x86-64) and returns the
+// offsets of its ret instructions; none when it cannot be read or decoded
+// to its end.
+func returnInstructions(f *elf.File, sym elf.Symbol) []uint64 {
+	var code []byte
+	for _, sec := range f.Sections {
+		if sec.Type == elf.SHT_PROGBITS && sec.Flags&elf.SHF_EXECINSTR != 0 &&
+			sym.Value >= sec.Addr && sym.Value+sym.Size <= sec.Addr+sec.Size {
+			code = make([]byte, sym.Size)
+			if _, err := sec.ReadAt(code, int64(sym.Value-sec.Addr)); err != nil {
+				return nil
+			}
+		}
+	}
+	var rets []uint64
+	for off := 0; off < len(code); {
+		inst, err := x86asm.Decode(code[off:], 64)
+		if err != nil {
+			return nil
+		}
+		if inst.Op == x86asm.RET {
+			rets = append(rets, uint64(off))
+		}
+		off += inst.Len
+	}
+	return rets
 }
 
 // allocatorSites reads the library's USDT sites and stores them in
@@ -286,6 +448,9 @@ func (t *Tracer) allocatorSites(path string) (allocatorSites, error) {
 	}
 	if len(s.addrs) == 0 {
 		return allocatorSites{}, fmt.Errorf("%s: %w", path, ErrNoProbes)
+	}
+	if s.functions, err = allocatorFunctions(path); err != nil {
+		return allocatorSites{}, err
 	}
 	if t.sites == nil {
 		t.sites = map[fileID]allocatorSites{}
@@ -448,6 +613,7 @@ var bpfLosses = map[gpumemGpumemLoss]schema.Loss{
 	gpumemGpumemLossGPUMEM_LOSS_SCRATCH_BUSY:    schema.ScratchBusy,
 	gpumemGpumemLossGPUMEM_LOSS_CONTEXTS_FULL:   schema.ContextsFull,
 	gpumemGpumemLossGPUMEM_LOSS_TENSOR_ARG:      schema.TensorArgUnreadable,
+	gpumemGpumemLossGPUMEM_LOSS_ALLOCATOR_CALL:  schema.AllocatorCallIncomplete,
 }
 
 // Losses reads the loss counters: everything the BPF side could not

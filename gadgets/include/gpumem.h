@@ -88,6 +88,7 @@ enum gpumem_loss {
 	GPUMEM_LOSS_CONTEXTS_FULL,      /* context change not kept (thread_contexts or context_devices full), or a context beyond 16 of a process left at its exit */
 	GPUMEM_LOSS_TENSOR_ARG,         /* tensor event dropped: a USDT argument unreadable */
 	GPUMEM_LOSS_STACK_UNAVAILABLE,  /* stock IG: allocation aggregated without its stack (ig_ustack refused it) */
+	GPUMEM_LOSS_ALLOCATOR_CALL,    /* a call of the allocator's own functions (checkpoint restore, raw_alloc) not followed whole: unreadable, too many blocks, or allocator_calls full */
 	GPUMEM_LOSS_MAX,
 };
 
@@ -202,6 +203,21 @@ struct gpumem_usdt_site {
 	struct gpumem_usdt_arg args[GPUMEM_USDT_ARGS];
 	__u16 op; /* GPUMEM_OP_TENSOR_ALLOC or GPUMEM_OP_TENSOR_FREE */
 };
+
+/* PyTorch's checkpoint restore of a CUDA graph's private pool,
+ * NativeCachingAllocator::setCheckpointPoolState(device, shared_ptr<AllocatorState>)
+ * (docs/pytorch-allocator-books.md): the layouts read, libstdc++'s vectors
+ * (begin, end) and torch's structs, unchanged since torch 2.1. */
+#define GPUMEM_CKPT_DELTA_FREED 0       /* CheckpointDelta::ptrs_freed, a vector<void*> */
+#define GPUMEM_CKPT_STATE_SEGMENTS 24   /* PrivatePoolState::segments (after the vtable and owner_id) */
+#define GPUMEM_CKPT_SEGMENT_SIZE 32     /* sizeof(SegmentState): vector<BlockState> blocks, bool is_small */
+#define GPUMEM_CKPT_BLOCK_SIZE 80       /* sizeof(BlockState) */
+#define GPUMEM_CKPT_BLOCK_BYTES 48      /* BlockState::size */
+#define GPUMEM_CKPT_BLOCK_PTR 56        /* BlockState::ptr */
+#define GPUMEM_CKPT_BLOCK_ALLOCATED 64  /* BlockState::allocated */
+/* The most pointers freed, segments and blocks per segment one restore
+ * follows; past them it is counted (GPUMEM_LOSS_ALLOCATOR_CALL). */
+#define GPUMEM_MAX_RESTORED 65536
 
 /* Stock IG's view (with `aggregate`): bytes per process, native stack
  * (IG's stack map) and device, kept in BPF. */

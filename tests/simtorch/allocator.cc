@@ -7,7 +7,10 @@
 //
 // C API, for ctypes (tests/workloads/simwork.py):
 //   int  simtorch_malloc(int device, size_t size, void **ptr)  0, or 2 when out of memory
-//   void simtorch_free(void *ptr)
+//   void simtorch_free(void *ptr)         a storage's deleter (pytorch:free)
+//   void *simtorch_raw_alloc(size_t size) torch.cuda.caching_allocator_alloc: no USDT site
+//   void *simtorch_raw_alloc_with_stream(size_t size, void *stream)  the same, on a stream
+//   void simtorch_raw_delete(void *ptr)   torch.cuda.caching_allocator_delete: no USDT site
 //   void simtorch_empty_cache(void)  returns cached segments to the driver
 //   size_t simtorch_memory_reserved(int device)   bytes of segments, as torch.cuda.memory_reserved()
 //   size_t simtorch_memory_allocated(int device)  bytes of live blocks, as torch.cuda.memory_allocated()
@@ -17,15 +20,40 @@
 //   size_t simtorch_max_memory_allocated(int device)  last reset, as torch.cuda.max_memory_reserved(),
 //   size_t simtorch_max_memory_requested(int device)  max_memory_allocated() and requested_bytes.all.peak
 //   void simtorch_reset_peak_memory_stats(int device) as torch.cuda.reset_peak_memory_stats()
+//
+// CUDA graphs' private pools, as torch's allocator keeps them (see
+// docs/pytorch-allocator-books.md): blocks allocated while a capture is
+// under way come from the capture's pool; a pool's checkpoint is restored
+// by the allocator's own functions, without the USDT sites, through
+// NativeCachingAllocator::setCheckpointPoolState with torch's signature and
+// torch's layouts of CheckpointDelta and PrivatePoolState, so that
+// gpu-mem's probes on it read this library as they read torch's:
+//   uint64_t simtorch_graph_pool_handle(void)   a new pool's id, as torch.cuda.graph_pool_handle()
+//   void simtorch_begin_allocate_to_pool(int device, uint64_t pool)  capture begins
+//   void simtorch_end_allocate_to_pool(int device, uint64_t pool)    capture ends
+//   void simtorch_release_pool(int device, uint64_t pool)  the graph is gone: the pool's
+//                                                          free segments go at the next empty_cache
+//   void *simtorch_get_checkpoint_state(int device, uint64_t pool)  torch._C._cuda_getCheckpointState
+//   void simtorch_free_checkpoint_state(void *state)
+//   size_t simtorch_set_checkpoint_pool_state(int device, void *state, void **freed, size_t *nfreed,
+//                                             void **created, size_t max)
+//       torch._C._cuda_setCheckpointPoolState: the blocks it freed (*nfreed of them) and
+//       re-created (returned), max at most each; the caller frees the re-created ones
+//       with simtorch_free (their deleter) or, for tensors dead meanwhile, simtorch_raw_delete,
+//       and never the freed ones
 #define _SDT_HAS_SEMAPHORES 1
 #include <sys/sdt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "../simcuda/cuda.h"
 
@@ -36,8 +64,70 @@ unsigned short pytorch_free_semaphore __attribute__((section(".probes"))) __attr
 }
 
 namespace c10 {
+using DeviceIndex = int8_t;
+
 namespace cuda {
 namespace CUDACachingAllocator {
+
+// A private pool's id, as torch's MempoolId_t: {0, n} from graph_pool_handle.
+using MempoolId_t = std::pair<uint64_t, uint64_t>;
+
+// The checkpoint of a private pool, laid out as torch's: gpu-mem reads
+// PrivatePoolState::segments, SegmentState::blocks and BlockState's size,
+// ptr and allocated (gadgets/include/gpumem.h, GPUMEM_CKPT_*).
+struct AllocatorState {
+	virtual ~AllocatorState() = default;
+};
+
+// stream_set takes the room of torch's ska::flat_hash_set<CUDAStream>.
+struct stream_set {
+	void *entries = nullptr;
+	uint64_t num_slots_minus_one = 0;
+	int8_t hash_shift = 63, max_lookups = 3;
+	float max_load_factor = 0.5f;
+	uint64_t num_elements = 0;
+};
+
+struct BlockState {
+	DeviceIndex device = 0;
+	void *stream = nullptr;
+	stream_set stream_uses;
+	size_t size = 0;
+	void *ptr = nullptr;
+	bool allocated = false;
+	int64_t gc_count_base = 0;
+};
+
+struct SegmentState {
+	std::vector<BlockState> blocks;
+	bool is_small = false;
+};
+
+struct PrivatePoolState : AllocatorState {
+	MempoolId_t owner_id = {0, 0};
+	std::vector<SegmentState> segments;
+};
+
+static_assert(sizeof(BlockState) == 80 && offsetof(BlockState, size) == 48 && offsetof(BlockState, ptr) == 56 &&
+		      offsetof(BlockState, allocated) == 64,
+	      "BlockState as torch's");
+static_assert(sizeof(SegmentState) == 32, "SegmentState as torch's");
+
+// DataPtr takes the room of at::DataPtr: the data pointer first.
+struct DataPtr {
+	void *data;
+	void (*deleter)(void *);
+	void *context;
+	DeviceIndex type, index;
+};
+
+// CheckpointDelta is what a restore returns, as torch's: the pointers it
+// freed, then the blocks it made live again.
+struct CheckpointDelta {
+	std::vector<void *> ptrs_freed;
+	std::vector<DataPtr> dataptrs_allocd;
+};
+
 namespace Native {
 
 constexpr size_t kMinBlock = 512;          // every size is rounded up to this
@@ -46,6 +136,7 @@ constexpr size_t kSmallBuffer = 2 << 20;   // segment of the small pool
 constexpr size_t kLargeBuffer = 20 << 20;  // segment for large requests under kMinLargeAlloc
 constexpr size_t kMinLargeAlloc = 10 << 20;
 constexpr size_t kRoundLarge = 2 << 20;
+constexpr MempoolId_t kDefaultPool = {0, 0};
 
 struct Block {
 	CUdeviceptr ptr;
@@ -54,6 +145,7 @@ struct Block {
 	bool allocated;
 	bool small;
 	size_t requested;     // what the tensor asked for, while allocated
+	MempoolId_t pool;     // kDefaultPool, or a CUDA graph's private pool
 };
 
 // Stats are the allocator's own account, as torch's memory_stats() keeps
@@ -80,42 +172,42 @@ struct Stats {
 	}
 };
 
+// PrivatePool counts the graphs that use a pool: at zero its free
+// segments go back to the driver at the next empty_cache.
+struct PrivatePool {
+	int use_count = 1;
+};
+
+struct RestoreResult {
+	std::vector<void *> allocations_freed;
+	std::vector<Block *> allocations_created;
+};
+
 class DeviceCachingAllocator {
 public:
 	explicit DeviceCachingAllocator(int device) : device_(device) {}
 
 	// malloc returns a block of at least size bytes, or nullptr when the
 	// driver is out of memory even with the cache emptied.
-	__attribute__((noinline)) Block *malloc(int device, size_t size, void *stream)
+	__attribute__((noinline)) Block *malloc(size_t size)
 	{
 		std::lock_guard<std::mutex> lock(mu_);
-		size_t requested = size; // what the probe reports, as in torch
+		size_t requested = size;
+		MempoolId_t pool = captures_underway_.empty() ? kDefaultPool : captures_underway_.back();
 		size = round_size(size);
-		Block *b = find_free(size);
+		Block *b = find_free(size, pool);
 		if (!b)
-			b = grow(size);
+			b = grow(size, pool);
 		if (!b)
 			return nullptr;
-		split(b, size);
-		b->allocated = true;
-		b->requested = requested;
-		stats_.allocated += b->size;
-		stats_.requested += requested;
-		stats_.note_peaks();
-		if (pytorch_malloc_semaphore)
-			STAP_PROBE4(pytorch, malloc, b->ptr, (int8_t)device, requested, stream);
+		alloc_found_block(b, size, requested);
 		return b;
 	}
 
 	__attribute__((noinline)) void free(Block *b)
 	{
 		std::lock_guard<std::mutex> lock(mu_);
-		if (pytorch_free_semaphore)
-			STAP_PROBE1(pytorch, free, b->ptr);
-		b->allocated = false;
-		stats_.allocated -= b->size;
-		stats_.requested -= b->requested;
-		merge(b);
+		free_block(b);
 	}
 
 	Block *block(CUdeviceptr ptr)
@@ -137,11 +229,73 @@ public:
 		stats_.reset_peaks();
 	}
 
-	// empty_cache frees every segment no tensor uses.
+	// empty_cache frees every segment no tensor uses, of the default pool
+	// and of the pools no graph uses any more.
 	void empty_cache()
 	{
 		std::lock_guard<std::mutex> lock(mu_);
 		release_free_segments();
+	}
+
+	void begin_allocate_to_pool(MempoolId_t id)
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		auto [it, fresh] = graph_pools_.emplace(id, PrivatePool{});
+		if (!fresh)
+			it->second.use_count++;
+		captures_underway_.push_back(id);
+	}
+
+	void end_allocate_to_pool(MempoolId_t id)
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		captures_underway_.erase(std::find(captures_underway_.begin(), captures_underway_.end(), id));
+	}
+
+	void release_pool(MempoolId_t id)
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		graph_pools_.at(id).use_count--;
+	}
+
+	// getCheckpointState records every segment of the pool, block by block.
+	std::shared_ptr<AllocatorState> getCheckpointState(MempoolId_t id)
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		auto state = std::make_shared<PrivatePoolState>();
+		state->owner_id = id;
+		for (auto &[ptr, b] : blocks_) {
+			if (b.pool != id)
+				continue;
+			if (b.ptr == b.segment)
+				state->segments.push_back(SegmentState{{}, b.small});
+			BlockState bs;
+			bs.device = (DeviceIndex)device_;
+			bs.size = b.size;
+			bs.ptr = reinterpret_cast<void *>(b.ptr);
+			bs.allocated = b.allocated;
+			state->segments.back().blocks.push_back(bs);
+		}
+		return state;
+	}
+
+	// setCheckpointPoolState does what torch's does: it frees every block
+	// allocated in the pool, then, segment by segment, allocates every
+	// block of the checkpoint with its block size as its request and frees
+	// those not live in it; none of it passes the USDT sites.
+	__attribute__((noinline)) RestoreResult setCheckpointPoolState(PrivatePoolState &pps)
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		RestoreResult rr;
+		for (auto &[ptr, b] : blocks_) {
+			if (b.pool == pps.owner_id && b.allocated)
+				rr.allocations_freed.push_back(reinterpret_cast<void *>(ptr));
+		}
+		for (void *ptr : rr.allocations_freed)
+			free_block(&blocks_.at(reinterpret_cast<CUdeviceptr>(ptr)));
+		for (const SegmentState &segment : pps.segments)
+			set_segment_state(segment, rr);
+		return rr;
 	}
 
 private:
@@ -159,17 +313,53 @@ private:
 		return (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 	}
 
-	Block *find_free(size_t size)
+	// alloc_found_block hands out the first size bytes of free block b, as
+	// a tensor that asked for requested bytes.
+	void alloc_found_block(Block *b, size_t size, size_t requested)
+	{
+		split(b, size);
+		b->allocated = true;
+		b->requested = requested;
+		stats_.allocated += b->size;
+		stats_.requested += requested;
+		stats_.note_peaks();
+	}
+
+	void free_block(Block *b)
+	{
+		b->allocated = false;
+		stats_.allocated -= b->size;
+		stats_.requested -= b->requested;
+		merge(b);
+	}
+
+	// set_segment_state lays one segment out as its checkpoint says; the
+	// segment's blocks are all free (merged into one) when it starts.
+	void set_segment_state(const SegmentState &segment, RestoreResult &rr)
+	{
+		for (const BlockState &bs : segment.blocks)
+			alloc_found_block(&blocks_.at(reinterpret_cast<CUdeviceptr>(bs.ptr)), bs.size, bs.size);
+		for (const BlockState &bs : segment.blocks) {
+			Block *b = &blocks_.at(reinterpret_cast<CUdeviceptr>(bs.ptr));
+			if (bs.allocated)
+				rr.allocations_created.push_back(b);
+			else
+				free_block(b);
+		}
+	}
+
+	Block *find_free(size_t size, MempoolId_t pool)
 	{
 		Block *best = nullptr;
 		bool small = size <= kSmallSize;
 		for (auto &[ptr, b] : blocks_)
-			if (!b.allocated && b.small == small && b.size >= size && (!best || b.size < best->size))
+			if (!b.allocated && b.pool == pool && b.small == small && b.size >= size &&
+			    (!best || b.size < best->size))
 				best = &b;
 		return best;
 	}
 
-	Block *grow(size_t size)
+	Block *grow(size_t size, MempoolId_t pool)
 	{
 		size_t bytes = segment_size(size);
 		CUdeviceptr ptr;
@@ -180,7 +370,7 @@ private:
 		}
 		stats_.reserved += bytes;
 		stats_.note_peaks();
-		auto [it, ok] = blocks_.emplace(ptr, Block{ptr, bytes, ptr, false, size <= kSmallSize, 0});
+		auto [it, ok] = blocks_.emplace(ptr, Block{ptr, bytes, ptr, false, size <= kSmallSize, 0, pool});
 		return &it->second;
 	}
 
@@ -189,7 +379,7 @@ private:
 		if (b->size == size)
 			return;
 		CUdeviceptr rest = b->ptr + size;
-		blocks_.emplace(rest, Block{rest, b->size - size, b->segment, false, b->small, 0});
+		blocks_.emplace(rest, Block{rest, b->size - size, b->segment, false, b->small, 0, b->pool});
 		b->size = size;
 	}
 
@@ -211,11 +401,18 @@ private:
 		}
 	}
 
+	// releasable: the default pool's segments and those of pools no graph
+	// uses; a pool left with no segment is forgotten.
+	bool releasable(MempoolId_t pool) const
+	{
+		return pool == kDefaultPool || graph_pools_.at(pool).use_count == 0;
+	}
+
 	void release_free_segments()
 	{
 		for (auto it = blocks_.begin(); it != blocks_.end();) {
 			Block &b = it->second;
-			if (!b.allocated && b.ptr == b.segment &&
+			if (!b.allocated && b.ptr == b.segment && releasable(b.pool) &&
 			    (std::next(it) == blocks_.end() || std::next(it)->second.segment != b.segment)) {
 				cuMemFree_v2(b.ptr);
 				stats_.reserved -= b.size;
@@ -224,13 +421,22 @@ private:
 				++it;
 			}
 		}
+		for (auto it = graph_pools_.begin(); it != graph_pools_.end();) {
+			bool used = it->second.use_count > 0 ||
+				    std::any_of(blocks_.begin(), blocks_.end(), [&](auto &kv) { return kv.second.pool == it->first; });
+			it = used ? std::next(it) : graph_pools_.erase(it);
+		}
 	}
 
 	int device_;
 	std::mutex mu_;
 	std::map<CUdeviceptr, Block> blocks_;
+	std::map<MempoolId_t, PrivatePool> graph_pools_;
+	std::vector<MempoolId_t> captures_underway_;
 	Stats stats_{};
 };
+
+void local_raw_delete(void *ptr);
 
 class NativeCachingAllocator {
 public:
@@ -243,14 +449,31 @@ public:
 		return *it->second;
 	}
 
-	__attribute__((noinline)) void *raw_alloc(int d, size_t size)
+	// allocate gives a tensor its storage, as torch's allocate(size): the
+	// pytorch:malloc site is here.
+	__attribute__((noinline)) void *allocate(int d, size_t size)
 	{
 		use_device(d);
-		Block *b = device(d).malloc(d, size, nullptr);
-		return b ? reinterpret_cast<void *>(b->ptr) : nullptr;
+		Block *b = device(d).malloc(size);
+		if (!b)
+			return nullptr;
+		if (pytorch_malloc_semaphore)
+			STAP_PROBE4(pytorch, malloc, b->ptr, (int8_t)d, size, nullptr);
+		return reinterpret_cast<void *>(b->ptr);
 	}
 
-	__attribute__((noinline)) void raw_delete(void *ptr)
+	// raw_alloc and raw_alloc_with_stream hand out a block on the current
+	// device without the pytorch:malloc site, as torch's
+	// (torch.cuda.caching_allocator_alloc).
+	__attribute__((noinline)) void *raw_alloc(size_t nbytes) { return malloc_current(nbytes); }
+
+	__attribute__((noinline)) void *raw_alloc_with_stream(size_t nbytes, void *stream)
+	{
+		(void)stream;
+		return malloc_current(nbytes);
+	}
+
+	__attribute__((noinline)) void free(void *ptr)
 	{
 		std::lock_guard<std::mutex> lock(mu_);
 		for (auto &[d, a] : devices_) {
@@ -261,6 +484,11 @@ public:
 		}
 	}
 
+	// raw_delete frees ptr without the pytorch:free site, as torch's
+	// (torch.cuda.caching_allocator_delete; CUDA graph trees free the dead
+	// tensors' blocks a restore made live again with it).
+	__attribute__((noinline)) void raw_delete(void *ptr) { free(ptr); }
+
 	void empty_cache()
 	{
 		std::lock_guard<std::mutex> lock(mu_);
@@ -268,12 +496,24 @@ public:
 			a->empty_cache();
 	}
 
+	// setCheckpointPoolState has torch's signature: gpu-mem finds it by
+	// name and reads its arguments and result as torch's.
+	__attribute__((noinline)) CheckpointDelta setCheckpointPoolState(DeviceIndex d, std::shared_ptr<AllocatorState> as)
+	{
+		auto pps = std::dynamic_pointer_cast<PrivatePoolState>(as);
+		RestoreResult rr = device(d).setCheckpointPoolState(*pps);
+		CheckpointDelta cpd;
+		cpd.ptrs_freed = rr.allocations_freed;
+		for (Block *b : rr.allocations_created)
+			cpd.dataptrs_allocd.push_back(DataPtr{reinterpret_cast<void *>(b->ptr), &local_raw_delete, nullptr, 1, d});
+		return cpd;
+	}
+
 private:
 	// use_device makes the device's primary context current on this thread,
 	// as PyTorch's device guard does.
 	static void use_device(int d)
 	{
-		static thread_local int current = -1;
 		if (current == d)
 			return;
 		CUcontext ctx;
@@ -282,27 +522,60 @@ private:
 		current = d;
 	}
 
+	// malloc_current allocates on the thread's current device, as torch's
+	// raw_alloc does.
+	void *malloc_current(size_t nbytes)
+	{
+		int d = current < 0 ? 0 : current;
+		use_device(d);
+		Block *b = device(d).malloc(nbytes);
+		return b ? reinterpret_cast<void *>(b->ptr) : nullptr;
+	}
+
+	static thread_local int current;
+
 	std::mutex mu_;
 	std::map<int, DeviceCachingAllocator *> devices_;
 };
 
+thread_local int NativeCachingAllocator::current = -1;
+
 NativeCachingAllocator allocator;
+
+// local_raw_delete is a storage's deleter, as torch's: the pytorch:free
+// site is here.
+__attribute__((noinline)) void local_raw_delete(void *ptr)
+{
+	if (pytorch_free_semaphore)
+		STAP_PROBE1(pytorch, free, ptr);
+	allocator.free(ptr);
+}
 
 } // namespace Native
 } // namespace CUDACachingAllocator
 } // namespace cuda
 } // namespace c10
 
+using c10::cuda::CUDACachingAllocator::AllocatorState;
+using c10::cuda::CUDACachingAllocator::CheckpointDelta;
+using c10::cuda::CUDACachingAllocator::MempoolId_t;
 using c10::cuda::CUDACachingAllocator::Native::allocator;
+using c10::cuda::CUDACachingAllocator::Native::local_raw_delete;
 
 extern "C" {
 int simtorch_malloc(int device, size_t size, void **ptr)
 {
-	*ptr = allocator.raw_alloc(device, size);
+	*ptr = allocator.allocate(device, size);
 	return *ptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-void simtorch_free(void *ptr) { allocator.raw_delete(ptr); }
+void simtorch_free(void *ptr) { local_raw_delete(ptr); }
+
+void *simtorch_raw_alloc(size_t nbytes) { return allocator.raw_alloc(nbytes); }
+
+void *simtorch_raw_alloc_with_stream(size_t nbytes, void *stream) { return allocator.raw_alloc_with_stream(nbytes, stream); }
+
+void simtorch_raw_delete(void *ptr) { allocator.raw_delete(ptr); }
 
 void simtorch_empty_cache(void) { allocator.empty_cache(); }
 
@@ -313,4 +586,32 @@ size_t simtorch_max_memory_reserved(int device) { return allocator.device(device
 size_t simtorch_max_memory_allocated(int device) { return allocator.device(device).stats().peak_allocated; }
 size_t simtorch_max_memory_requested(int device) { return allocator.device(device).stats().peak_requested; }
 void simtorch_reset_peak_memory_stats(int device) { allocator.device(device).reset_peak_stats(); }
+
+uint64_t simtorch_graph_pool_handle(void)
+{
+	static std::atomic<uint64_t> next{1};
+	return next++;
+}
+
+void simtorch_begin_allocate_to_pool(int device, uint64_t pool) { allocator.device(device).begin_allocate_to_pool({0, pool}); }
+void simtorch_end_allocate_to_pool(int device, uint64_t pool) { allocator.device(device).end_allocate_to_pool({0, pool}); }
+void simtorch_release_pool(int device, uint64_t pool) { allocator.device(device).release_pool({0, pool}); }
+
+void *simtorch_get_checkpoint_state(int device, uint64_t pool)
+{
+	return new std::shared_ptr<AllocatorState>(allocator.device(device).getCheckpointState({0, pool}));
+}
+
+void simtorch_free_checkpoint_state(void *state) { delete static_cast<std::shared_ptr<AllocatorState> *>(state); }
+
+size_t simtorch_set_checkpoint_pool_state(int device, void *state, void **freed, size_t *nfreed, void **created, size_t max)
+{
+	CheckpointDelta d = allocator.setCheckpointPoolState((int8_t)device, *static_cast<std::shared_ptr<AllocatorState> *>(state));
+	*nfreed = std::min(max, d.ptrs_freed.size());
+	std::copy_n(d.ptrs_freed.begin(), *nfreed, freed);
+	size_t n = std::min(max, d.dataptrs_allocd.size());
+	for (size_t i = 0; i < n; i++)
+		created[i] = d.dataptrs_allocd[i].data;
+	return n;
+}
 }

@@ -41,6 +41,20 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                freed) and two of the early tensors freed; expects
                                tensor_late_activations=live bytes, frees_before_view=2
 
+    python3 simwork.py graph_tree
+                               CUDA graph trees as Inductor runs them (torch.compile's
+                               reduce-overhead), on the simulated allocator's private pool:
+                               graph_weights (2 x 4 MiB, default pool), a warm-up and two
+                               recordings in the pool, checkpoint restores that free and
+                               make blocks live again without the USDT sites, the dead
+                               tensors' blocks freed with raw_delete, a block of
+                               caching_allocator_alloc (raw_alloc) held midway; prints "live" (its
+                               requested bytes, current and peak, as expect values) midway
+                               and waits for a line; expects tensor_live and tensor_peak
+                               (the allocator's requested bytes, current and peak) and
+                               peak_in_restore (the weights and the pool's whole 20 MiB
+                               segment, made live at once by a restore)
+
     python3 simwork.py stacks  allocations from SIMWORK_STACKS (default 100) functions
                                generated at run time, layer_FIRST to layer_FIRST+N-1
                                (SIMWORK_FIRST, default 0): distinct Python frames, so
@@ -84,6 +98,18 @@ def load_allocator():
         for f in (getattr(torch, "simtorch_memory_" + stat), getattr(torch, "simtorch_max_memory_" + stat)):
             f.argtypes, f.restype = [ctypes.c_int], ctypes.c_size_t
     torch.simtorch_reset_peak_memory_stats.argtypes = [ctypes.c_int]
+    torch.simtorch_raw_delete.argtypes = [ctypes.c_void_p]
+    torch.simtorch_raw_alloc.argtypes, torch.simtorch_raw_alloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    torch.simtorch_raw_alloc_with_stream.argtypes = [ctypes.c_size_t, ctypes.c_void_p]
+    torch.simtorch_raw_alloc_with_stream.restype = ctypes.c_void_p
+    torch.simtorch_graph_pool_handle.restype = ctypes.c_uint64
+    for f in (torch.simtorch_begin_allocate_to_pool, torch.simtorch_end_allocate_to_pool, torch.simtorch_release_pool):
+        f.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    torch.simtorch_get_checkpoint_state.argtypes, torch.simtorch_get_checkpoint_state.restype = [ctypes.c_int, ctypes.c_uint64], ctypes.c_void_p
+    torch.simtorch_free_checkpoint_state.argtypes = [ctypes.c_void_p]
+    torch.simtorch_set_checkpoint_pool_state.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                                                         ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    torch.simtorch_set_checkpoint_pool_state.restype = ctypes.c_size_t
 
 
 totals = {"allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0}
@@ -445,6 +471,98 @@ generated = {}  # the functions live until the process exits, as a model's code 
 # frame is named from its code object after the call, which must still be there
 
 
+def graph_weights(held):
+    for _ in range(2):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 4 << 20, ctypes.byref(ptr)):
+            raise MemoryError("graph_weights")
+        held.append(ptr.value)
+
+
+def warmup_run(pool, outputs):
+    """CUDAWarmupNode.run: in the pool, an output (logits) left live."""
+    torch.simtorch_begin_allocate_to_pool(0, pool)
+    ptr = ctypes.c_void_p()
+    if torch.simtorch_malloc(0, (5 << 20) + 100, ctypes.byref(ptr)):
+        raise MemoryError("warmup_run")
+    outputs.append(ptr.value)
+    torch.simtorch_end_allocate_to_pool(0, pool)
+
+
+def record_graph(pool, scratch, output, outputs):
+    """CUDAGraphNode._record: scratch freed, an output left live; then the
+    pool's checkpoint, as the tree takes it after each recording."""
+    torch.simtorch_begin_allocate_to_pool(0, pool)
+    tmp, out = ctypes.c_void_p(), ctypes.c_void_p()
+    if torch.simtorch_malloc(0, scratch, ctypes.byref(tmp)) or torch.simtorch_malloc(0, output, ctypes.byref(out)):
+        raise MemoryError("record_graph")
+    torch.simtorch_free(tmp.value)
+    outputs.append(out.value)
+    torch.simtorch_end_allocate_to_pool(0, pool)
+    return torch.simtorch_get_checkpoint_state(0, pool)
+
+
+def apply_checkpoint(state, stale, live, dead):
+    """apply_checkpoint_execution_state_in_allocator: the pool set back to
+    state; the stale outputs' blocks freed inside the allocator (their
+    storages lose their deleter: never freed again), the live ones adopted,
+    the blocks of tensors dead since freed with raw_delete."""
+    freed, created = (ctypes.c_void_p * 64)(), (ctypes.c_void_p * 64)()
+    nfreed = ctypes.c_size_t()
+    n = torch.simtorch_set_checkpoint_pool_state(0, state, freed, ctypes.byref(nfreed), created, 64)
+    made = {created[i] for i in range(n)}
+    for ptr in [p for p in stale if p in {freed[i] for i in range(nfreed.value)}]:
+        stale.remove(ptr)
+    for ptr in dead:
+        if ptr not in made:
+            raise RuntimeError(f"{ptr:#x} not made live by the restore")
+        torch.simtorch_raw_delete(ptr)
+    live.extend(made - set(dead))
+
+
+def caching_allocator_alloc(nbytes, stream=None):
+    """torch.cuda.caching_allocator_alloc: a block without the USDT site."""
+    ptr = torch.simtorch_raw_alloc(nbytes) if stream is None else torch.simtorch_raw_alloc_with_stream(nbytes, stream)
+    if not ptr:
+        raise MemoryError("caching_allocator_alloc")
+    return ptr
+
+
+def graph_tree():
+    weights, warm, a_out, b_out = [], [], [], []
+    graph_weights(weights)
+    pool = torch.simtorch_graph_pool_handle()
+    warmup_run(pool, warm)
+    ckpt_a = record_graph(pool, 8 << 20, (2 << 20) + 300, a_out)
+    torch.simtorch_free(a_out.pop())  # the user drops A's output; replays make it again
+    replayed_a = []  # A replayed: outputs on A's blocks, not the allocator's
+    # A new path from A: the warm-up's output is stale, A's replayed output live.
+    apply_checkpoint(ckpt_a, warm, replayed_a, dead=list(warm))
+    ckpt_b = record_graph(pool, 1 << 20, (3 << 20) + 7, b_out)
+    scratch = [caching_allocator_alloc(786_435), caching_allocator_alloc(1000, stream=7)]
+    print("live " + " ".join(f"{k}={v}" for k, v in
+                             {"tensor_live": torch.simtorch_memory_requested(0),
+                              "tensor_peak": torch.simtorch_max_memory_requested(0)}.items()), flush=True)
+    sys.stdin.readline()
+    torch.simtorch_free(replayed_a.pop())
+    for ptr in scratch:
+        torch.simtorch_raw_delete(ptr)  # torch.cuda.caching_allocator_delete
+    # Another path from A: B's output stale; A's and the warm-up's blocks,
+    # made live again by the restore, belong to tensors dead since.
+    made = []
+    apply_checkpoint(ckpt_a, b_out, made, dead=[])
+    for ptr in made:
+        torch.simtorch_raw_delete(ptr)
+    for state in (ckpt_a, ckpt_b):
+        torch.simtorch_free_checkpoint_state(state)
+    for _ in range(3):  # the warm-up's and the two graphs' uses of the pool end
+        torch.simtorch_release_pool(0, pool)
+    torch.simtorch_empty_cache()
+    held_tensors.extend(weights)
+    totals.update(tensor_live=torch.simtorch_memory_requested(0), tensor_peak=torch.simtorch_max_memory_requested(0),
+                  peak_in_restore=(8 << 20) + (20 << 20), reserved=torch.simtorch_memory_reserved(0))
+
+
 def generated_stacks():
     n = int(os.environ.get("SIMWORK_STACKS", "100"))
     first = int(os.environ.get("SIMWORK_FIRST", "0"))
@@ -477,12 +595,12 @@ def dlopen_cycles():
 
 def main():
     scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views,
-                 "tensor_spike": tensor_spike, "tensor_late": tensor_late, "stacks": generated_stacks, "dlopen": dlopen_cycles}
+                 "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
     cuda.cuInit(0)
-    if sys.argv[1].startswith("tensor") or sys.argv[1] == "views":
+    if sys.argv[1].startswith("tensor") or sys.argv[1] in ("views", "graph_tree"):
         load_allocator()  # as import torch does, before any tensor
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()

@@ -1,0 +1,29 @@
+"""Compares gpu-mem's tensor view with torch's own books.
+
+Usage: check_graphs.py WHAT GPUMEM_JSON PID "live|expect tensor_live=N tensor_peak=N"
+The tensor view of process PID in gpumem record's JSON report (its live
+tensor bytes on GPU 0, and its tensor peak) against torch's requested bytes,
+current and peak. Prints "PASS WHAT ..." or "FAIL WHAT ..." and exits 1 on a
+failure.
+"""
+import json
+import sys
+
+what, path, pid, line = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+books = dict(kv.split("=") for kv in line.split()[1:])
+report = json.load(open(path))
+live = sum(s["live_bytes"] for s in report["stacks"] if s["pid"] == pid and s["kind"] == "tensor" and s["gpu"] == "0")
+peaks = [p["bytes"] for p in report["peaks"] if p["pid"] == pid and p["view"] == "tensor" and p["gpu"] == "0"]
+peak = peaks[0] if peaks else 0
+ok = live == int(books["tensor_live"]) and peak == int(books["tensor_peak"])
+print(f"{'PASS' if ok else 'FAIL'} {what}: tensor view live {live} peak {peak}; "
+      f"torch requested_bytes current {books['tensor_live']} peak {books['tensor_peak']}; "
+      f"diff live {live - int(books['tensor_live'])} peak {peak - int(books['tensor_peak'])}")
+print(f"  losses {json.dumps(report['losses'])} unknown frees {report['ledger'].get('unknown_frees', 0)} "
+      f"{json.dumps(report['ledger'].get('unknown_frees_by', {}))}")
+top = sorted((s for s in report["stacks"] if s["pid"] == pid and s["kind"] == "tensor" and s["live_bytes"]),
+             key=lambda s: -s["live_bytes"])[:5]
+for s in top:
+    py = [f["function"] for f in s["frames"] if f.get("file")][:3]
+    print(f"  {s['live_bytes']:>12} live in {s['live_allocations']} tensors: {' <- '.join(py) or s['frames'][0]['function']}")
+sys.exit(0 if ok else 1)

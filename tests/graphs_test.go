@@ -1,0 +1,150 @@
+package tests
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
+)
+
+// TestCUDAGraphTree: CUDA graph trees as Inductor runs them (torch.compile's
+// reduce-overhead) on the simulated allocator's private pool. Checkpoint
+// restores free blocks and make others live again inside the allocator,
+// passing no USDT site, and the dead tensors' blocks are freed with
+// raw_delete, and a block of caching_allocator_alloc (raw_alloc) is held
+// midway: no USDT site either. The tensor view still equals the allocator's requested bytes,
+// current and peak, midway and at the end. Its peak is a restore's: the
+// pool's whole segment made live at once, as torch counts it.
+func TestCUDAGraphTree(t *testing.T) {
+	python := pythons(t)[2]
+	s, w := startTensors(t, profiler.Config{Library: simLib}, python, "graph_tree")
+	fmt.Fprintln(w.stdin)
+	live := w.values("live")
+	checkTensorBooks(t, "midway", s.report(), w.pid, live)
+	expect := w.run()
+	r := s.report()
+	checkTensorBooks(t, "at the end", r, w.pid, expect)
+	if expect["tensor_peak"] != expect["peak_in_restore"] {
+		t.Errorf("the allocator's peak %d, want the restore's %d", expect["tensor_peak"], expect["peak_in_restore"])
+	}
+	tensors := byPythonFunction(r, w.pid, memory.KindTensor)
+	if row := tensors["graph_weights"]; row.LiveBytes() != expect["tensor_live"] {
+		t.Errorf("graph_weights hold %d, want all that is live, %d", row.LiveBytes(), expect["tensor_live"])
+	}
+	// The blocks a restore made live are charged to it; raw_alloc's to
+	// its caller.
+	if row := tensors["apply_checkpoint"]; row.AllocCount == 0 || row.LiveBytes() != 0 {
+		t.Errorf("apply_checkpoint: %+v", row.Counters)
+	}
+	if row := tensors["caching_allocator_alloc"]; row.AllocBytes != 787_435 || row.FreeBytes != 787_435 || row.AllocCount != 2 {
+		t.Errorf("caching_allocator_alloc: %+v", row.Counters)
+	}
+	if r.Ledger.UnknownFrees != 0 {
+		t.Errorf("unknown frees: %v", r.Ledger.UnknownFreesBy)
+	}
+	assertNoLosses(t, r)
+	w.exit()
+}
+
+// checkTensorBooks compares process pid's tensor view in r, its live bytes
+// and its peak, with the allocator's own books (tensor_live, tensor_peak).
+func checkTensorBooks(t *testing.T, when string, r *snapshot.Snapshot, pid int, books map[string]uint64) {
+	t.Helper()
+	var live uint64
+	for _, row := range r.Rows() {
+		if row.PID == uint32(pid) && row.Kind == memory.KindTensor {
+			live += row.LiveBytes()
+		}
+	}
+	if live != books["tensor_live"] {
+		t.Errorf("%s: tensor view holds %d, the allocator's requested bytes are %d", when, live, books["tensor_live"])
+	}
+	var peak uint64
+	for _, pk := range r.Peaks {
+		if pk.PID == uint32(pid) && pk.View == memory.ViewTensor && pk.GPU == "0" {
+			peak = pk.Bytes
+		}
+	}
+	if peak != books["tensor_peak"] {
+		t.Errorf("%s: tensor view's peak %d, the allocator's %d", when, peak, books["tensor_peak"])
+	}
+}
+
+// TestCUDAGraphTreeOutputs: the same through gpumem record's outputs that
+// show the tensor view: the JSON report (its tensor stacks' live bytes and
+// its tensor peak) of a recording stopped midway and of one at the end, and
+// the folded files of the tensor view (live bytes, the peak's stacks) at
+// the end.
+func TestCUDAGraphTreeOutputs(t *testing.T) {
+	python := pythons(t)[2]
+	dir := t.TempDir()
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib, "SIMTORCH_LIB=" + filepath.Join(repoRoot, "build/sim/libc10_cuda.so")},
+		python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "graph_tree")
+	record := func(name string, args ...string) *cli {
+		c := startCLI(t, append([]string{"record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--top", "0",
+			"-o", filepath.Join(dir, name)}, args...)...)
+		c.waitStderr("PyTorch allocator probes, setCheckpointPoolState, raw_alloc and raw_delete")
+		c.waitStderr(fmt.Sprintf("pid %d: Python", w.pid))
+		return c
+	}
+	outputs := map[string][]string{
+		"midway.json":     {"--format", "json"},
+		"end.json":        {"--format", "json"},
+		"end.live.folded": {"--format", "folded", "--view", "tensor"},
+		"end.peak.folded": {"--format", "folded", "--view", "tensor", "--value", "peak"},
+	}
+	clis := map[string]*cli{}
+	for name, args := range outputs {
+		clis[name] = record(name, args...)
+	}
+	check := func(when string, books map[string]uint64) {
+		t.Helper()
+		for name, c := range clis {
+			if strings.HasPrefix(name, when+".") {
+				c.interrupt()
+			}
+		}
+		var r struct {
+			Stacks []struct {
+				PID       uint32 `json:"pid"`
+				Kind      string `json:"kind"`
+				LiveBytes uint64 `json:"live_bytes"`
+			}
+			Peaks []struct {
+				PID   uint32 `json:"pid"`
+				View  string `json:"view"`
+				Bytes uint64 `json:"bytes"`
+			}
+		}
+		readJSON(t, filepath.Join(dir, when+".json"), &r)
+		var live, peak uint64
+		for _, s := range r.Stacks {
+			if s.PID == uint32(w.pid) && s.Kind == "tensor" {
+				live += s.LiveBytes
+			}
+		}
+		for _, p := range r.Peaks {
+			if p.PID == uint32(w.pid) && p.View == "tensor" {
+				peak = p.Bytes
+			}
+		}
+		if live != books["tensor_live"] || peak != books["tensor_peak"] {
+			t.Errorf("%s: JSON: tensor view holds %d, peak %d; the allocator's requested bytes %d, peak %d",
+				when, live, peak, books["tensor_live"], books["tensor_peak"])
+		}
+		for name, want := range map[string]uint64{"live.folded": books["tensor_live"], "peak.folded": books["tensor_peak"]} {
+			if path := filepath.Join(dir, when+"."+name); clis[when+"."+name] != nil && foldedTotal(t, path) != want {
+				t.Errorf("%s: %s sums to %d, want %d", when, name, foldedTotal(t, path), want)
+			}
+		}
+	}
+	fmt.Fprintln(w.stdin)
+	check("midway", w.values("live"))
+	check("end", w.run())
+	w.exit()
+}
