@@ -50,6 +50,8 @@ type gpuMemory struct {
 	lib    *nvml.NVML // nil without NVML, and once closed
 	sample nvml.Sample
 
+	lastErr string // the last read's error, said once: the job's alone
+
 	mu   sync.Mutex
 	view *snapshot.GPUMemory // the latest, never changed: shared by snapshots
 	// rows are NVML's rows: their live bytes are the latest read's, what
@@ -81,7 +83,7 @@ func (p *Profiler) newGPUMemory(path string) *gpuMemory {
 	return g
 }
 
-// load loads NVML once; without it (no driver, no library) the parts
+// loadNVML loads NVML once; without it (no driver, no library) the parts
 // beyond the traced memory are unknown, which it says once. libMu is held.
 func (p *Profiler) loadNVML(g *gpuMemory) {
 	g.loaded = true
@@ -108,14 +110,14 @@ func (g *gpuMemory) close() {
 
 // ask has NVML read soon, when there is NVML.
 func (g *gpuMemory) ask() {
-	if g.sampling != nil {
+	if g.sampling != nil && !g.none.Load() {
 		g.sampling.ask()
 	}
 }
 
 // await waits for a read of NVML begun after the call, when there is NVML.
 func (g *gpuMemory) await() {
-	if g.sampling != nil {
+	if g.sampling != nil && !g.none.Load() {
 		g.sampling.await()
 	}
 }
@@ -126,13 +128,15 @@ func (g *gpuMemory) await() {
 // is its own, the allocations made after it in the books already.
 func (p *Profiler) sampleGPUs() {
 	g := p.gpus
-	_ = p.flush() // an error: the tracer is closed, nothing comes any more
+	if !p.nvmlLoaded() {
+		return
+	}
+	if p.running.Load() { // else nothing reads the events, and none come
+		_ = p.flush() // an error: the tracer is closed, nothing comes any more
+	}
 	live := p.books.liveOnDevices()
 	g.libMu.Lock()
-	if !g.loaded {
-		p.loadNVML(g)
-	}
-	if g.lib == nil {
+	if g.lib == nil { // closed meanwhile
 		g.libMu.Unlock()
 		return
 	}
@@ -143,10 +147,26 @@ func (p *Profiler) sampleGPUs() {
 	}
 	g.libMu.Unlock()
 	if err != nil {
-		p.cfg.Logf("NVML: read: %v", err)
+		if msg := err.Error(); msg != g.lastErr { // said once, not at every scan
+			g.lastErr = msg
+			p.cfg.Logf("NVML: read: %v", err)
+		}
 		return
 	}
+	g.lastErr = ""
 	g.update(r)
+}
+
+// nvmlLoaded loads NVML at the first run of the job, and says whether
+// there is one to read.
+func (p *Profiler) nvmlLoaded() bool {
+	g := p.gpus
+	g.libMu.Lock()
+	defer g.libMu.Unlock()
+	if !g.loaded {
+		p.loadNVML(g)
+	}
+	return g.lib != nil
 }
 
 // reconciled is an NVML read joined with the books: the view (its

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -128,6 +129,7 @@ type Profiler struct {
 	// DropExited: a drop frees frame indices that a snapshot being named
 	// holds until it copies the frame table.
 	naming  sync.RWMutex
+	running atomic.Bool   // Run reads the events
 	stop    chan struct{} // closed by Close: the jobs end
 	closing sync.Once
 
@@ -256,6 +258,8 @@ func (p *Profiler) Close() error {
 // are asked to be named at every scan too, so that their raw frames are
 // kept no longer than that.
 func (p *Profiler) Run(ctx context.Context) error {
+	p.running.Store(true)
+	defer p.running.Store(false)
 	defer p.tr.Close()
 	defer p.attacher.close()
 	defer p.closeTensors()
