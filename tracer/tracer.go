@@ -291,7 +291,7 @@ func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, err
 		{rawDeleteFunction, t.objs.GpumemRawDelete, nil},
 	} {
 		fn, ok := sites.functions[f.name]
-		if !ok {
+		if !ok || f.leave != nil && len(fn.returns) == 0 {
 			p.Missing = append(p.Missing, f.name)
 			continue
 		}
@@ -357,8 +357,9 @@ type allocatorFunction struct {
 
 // allocatorFunctions finds the functions of functionPrefixes among the
 // library's symbols (.symtab: torch's allocator functions are local there,
-// not in .dynsym), by name; those it lacks, or whose return instructions
-// it cannot find, are left out.
+// not in .dynsym), by name, with their return instructions (none when the
+// code cannot be decoded, or ends in a tail call: the caller leaves out a
+// function whose results it needs then).
 func allocatorFunctions(path string) (map[string]allocatorFunction, error) {
 	f, err := elf.Open(path)
 	if err != nil {
@@ -379,9 +380,7 @@ func allocatorFunctions(path string) (map[string]allocatorFunction, error) {
 				if _, ok := found[name]; ok || !strings.HasPrefix(s.Name, prefix) {
 					continue
 				}
-				if rets := returnInstructions(f, s); len(rets) > 0 {
-					found[name] = allocatorFunction{symbol: s.Name, returns: rets}
-				}
+				found[name] = allocatorFunction{symbol: s.Name, returns: returnInstructions(f, s)}
 			}
 		}
 	}
