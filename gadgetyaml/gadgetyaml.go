@@ -176,13 +176,19 @@ func checkAgainstObject(m *Metadata, spec *ebpf.CollectionSpec) []error {
 
 // addedByIG says whether IG's operators add field top to a data source
 // with these fields: X beside X_raw (its formatters: an enum's name), and
-// the pod's k8s.* and runtime.* beside a mount namespace (its enrichment).
+// the pod's k8s.* and runtime.* beside a mount namespace (its enrichment,
+// which finds it by its type, gadget_mntns_id: named mntns_id here, or in
+// a gadget_process, proc).
 func addedByIG(fields map[string]metadatav1.Field, top string) bool {
 	if _, ok := fields[top+"_raw"]; ok {
 		return true
 	}
+	if top != "k8s" && top != "runtime" {
+		return false
+	}
 	_, mntns := fields["mntns_id"]
-	return mntns && (top == "k8s" || top == "runtime")
+	_, proc := fields["proc"] // a gadget_process, which holds one
+	return mntns || proc
 }
 
 func sortedKeys[V any](m map[string]V) []string {
