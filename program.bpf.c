@@ -306,7 +306,7 @@ static __always_inline __u32 mem_class(const struct gpumem_event *e)
 {
 	bool host = e->op == GPUMEM_OP_MEM_ALLOC_HOST || e->op == GPUMEM_OP_MEM_HOST_ALLOC ||
 		    e->device == GPUMEM_DEVICE_HOST;
-	return host ? HOST : DEVICE;
+	return host ? CUDA_MEM_HOST : CUDA_MEM_DEVICE;
 }
 
 /* lookup_or_init returns map's value for key, made from init if missing;
@@ -1219,8 +1219,8 @@ int gpumem_exit(void *ctx)
 	if (bpf_map_delete_elem(&traced_pids, &pid))
 		return 0;
 	if (aggregate) {
-		release_class(pid, DEVICE);
-		release_class(pid, HOST);
+		release_class(pid, CUDA_MEM_DEVICE);
+		release_class(pid, CUDA_MEM_HOST);
 	}
 
 	struct gpumem_event *e = reserve_header();

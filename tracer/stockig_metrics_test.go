@@ -122,8 +122,8 @@ func TestStockIGDashboardMetrics(t *testing.T) {
 			}
 		}
 	}
-	if classNames[0] != "DEVICE" || classNames[1] != "HOST" {
-		t.Errorf("memory classes %v, want DEVICE and HOST, as the agent labels them", classNames)
+	if classNames[0] != "CUDA_MEM_DEVICE" || classNames[1] != "CUDA_MEM_HOST" {
+		t.Errorf("memory classes %v, want top_cuda_memory's CUDA_MEM_DEVICE and CUDA_MEM_HOST, as the agent labels them", classNames)
 	}
 }
 

@@ -250,10 +250,10 @@ struct gpumem_allocation {
  * GPU observability dashboard reads: on the GPU (device, VMM and managed
  * memory), or host memory the GPU maps (pinned, VMM placed on the host).
  * IG's eBPF operator shows a field host_raw of an enum as `host`, its
- * name. */
+ * name: top_cuda_memory's names (DEVICE alone is a kernel enumerator). */
 enum gpumem_mem_class : __u8 {
-	DEVICE = 0,
-	HOST = 1,
+	CUDA_MEM_DEVICE = 0,
+	CUDA_MEM_HOST = 1,
 };
 
 /* Bytes per process and class as top_cuda_memory counts them (stock IG,
