@@ -14,8 +14,9 @@
  * per-function uprobes at the end of this file (IG cannot attach uprobe.multi
  * sections; gadget.yaml disables those), fills the process and mount
  * namespace of each event, filters by mount namespace, and, with `aggregate`
- * set, reads live and allocated bytes per native stack from BPF maps, since
- * it has no user-space ledger. gpumem itself attaches the uprobe.multi
+ * set, reads live and allocated bytes per native stack, and the counters of
+ * IG's top_cuda_memory per process, from BPF maps, since it has no
+ * user-space ledger. gpumem itself attaches the uprobe.multi
  * programs and keeps its ledger in user space.
  */
 #include <vmlinux.h>
