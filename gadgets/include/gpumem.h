@@ -81,7 +81,7 @@ enum gpumem_loss {
 	GPUMEM_LOSS_INFLIGHT_FULL = 0,  /* call not tracked: inflight map full */
 	GPUMEM_LOSS_READ_RESULT,        /* allocation's out-parameter unreadable */
 	GPUMEM_LOSS_PROCESSES_FULL,     /* process exit will not be reported */
-	GPUMEM_LOSS_AGGREGATE_FULL,     /* allocation missing from IG's stack maps */
+	GPUMEM_LOSS_AGGREGATE_FULL,     /* allocation missing from IG's aggregate maps (stacks, processes, class_stats, class_live) */
 	GPUMEM_LOSS_UNFINISHED,         /* stock IG: allocation not reported, finish_allocations empty */
 	GPUMEM_LOSS_NESTED_TOO_DEEP,    /* call not tracked: deeper than GPUMEM_MAX_NESTED */
 	GPUMEM_LOSS_SCRATCH_BUSY,       /* event dropped: the CPU's scratch event was in use */
