@@ -14,8 +14,9 @@
  * per-function uprobes at the end of this file (IG cannot attach uprobe.multi
  * sections; gadget.yaml disables those), fills the process and mount
  * namespace of each event, filters by mount namespace, and, with `aggregate`
- * set, reads live and allocated bytes per native stack from BPF maps, since
- * it has no user-space ledger. gpumem itself attaches the uprobe.multi
+ * set, reads live and allocated bytes per native stack, and the counters of
+ * IG's top_cuda_memory per process, from BPF maps, since it has no
+ * user-space ledger. gpumem itself attaches the uprobe.multi
  * programs and keeps its ledger in user space.
  */
 #include <vmlinux.h>
@@ -280,6 +281,100 @@ GADGET_MAPITER(allocated, stacks);
 GADGET_MAPITER(live, stacks);
 GADGET_MAPITER(processes, processes);
 
+/* The counters of Inspektor Gadget's top_cuda_memory (mem_alloc_bytes_total,
+ * ... in Prometheus), per process and memory class: deltas since IG's
+ * iterator last read and deleted them. class_live, not read by IG, holds
+ * what each process holds per class until its exit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, struct gpumem_class_key);
+	__type(value, struct gpumem_class_stats);
+} class_stats SEC(".maps");
+
+GADGET_MAPITER(libcuda_mem_stats, class_stats);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GPUMEM_MAX_PROCESSES);
+	__type(key, struct gpumem_class_key);
+	__type(value, struct gpumem_class_live);
+} class_live SEC(".maps");
+
+/* mem_class is the class of an allocation: host memory for the pinned
+ * allocations and for VMM memory placed on the host. */
+static __always_inline __u32 mem_class(const struct gpumem_event *e)
+{
+	bool host = e->op == GPUMEM_OP_MEM_ALLOC_HOST || e->op == GPUMEM_OP_MEM_HOST_ALLOC ||
+		    e->device == GPUMEM_DEVICE_HOST;
+	return host ? CUDA_MEM_HOST : CUDA_MEM_DEVICE;
+}
+
+/* lookup_or_init returns map's value for key, made from init if missing;
+ * NULL, counted, when the map is full. */
+static __always_inline void *lookup_or_init(void *map, const void *key, const void *init)
+{
+	void *v = bpf_map_lookup_elem(map, key);
+	if (v)
+		return v;
+	bpf_map_update_elem(map, key, init, BPF_NOEXIST); /* or made meanwhile */
+	v = bpf_map_lookup_elem(map, key);
+	if (!v)
+		count_loss(GPUMEM_LOSS_AGGREGATE_FULL);
+	return v;
+}
+
+static __always_inline struct gpumem_class_stats *class_stats_of(__u32 pid, __u32 host_raw, __u64 mntns_id,
+								 const char *comm)
+{
+	struct gpumem_class_key k = {.pid = pid, .host_raw = host_raw};
+	struct gpumem_class_stats init = {.mntns_id = mntns_id};
+	__builtin_memcpy(init.comm, comm, sizeof(init.comm));
+	return lookup_or_init(&class_stats, &k, &init);
+}
+
+/* count_class_alloc adds an allocation to its class's counter and to what
+ * the process holds in it. Not inlined, and neither is count_class_free: a
+ * frame of their own keeps the allocations' return programs' frame, whose
+ * tail call the verifier allows only under 256 bytes, as it was. */
+static __noinline void count_class_alloc(const struct gpumem_event *e, __u32 host_raw)
+{
+	struct gpumem_class_stats *s = class_stats_of(e->proc.pid, host_raw, e->proc.mntns_id, e->proc.comm);
+	if (s)
+		__sync_fetch_and_add(&s->mem_alloc_bytes, e->bytes);
+	struct gpumem_class_key k = {.pid = e->proc.pid, .host_raw = host_raw};
+	struct gpumem_class_live init = {.mntns_id = e->proc.mntns_id};
+	__builtin_memcpy(init.comm, e->proc.comm, sizeof(init.comm));
+	struct gpumem_class_live *l = lookup_or_init(&class_live, &k, &init);
+	if (l)
+		__sync_fetch_and_add(&l->bytes, e->bytes);
+}
+
+static __noinline void count_class_free(const struct gpumem_event *e, const struct gpumem_allocation *a)
+{
+	struct gpumem_class_stats *s = class_stats_of(e->proc.pid, a->host_raw, e->proc.mntns_id, e->proc.comm);
+	if (s)
+		__sync_fetch_and_add(&s->mem_free_bytes, a->bytes);
+	struct gpumem_class_key k = {.pid = e->proc.pid, .host_raw = a->host_raw};
+	struct gpumem_class_live *l = bpf_map_lookup_elem(&class_live, &k);
+	if (l)
+		__sync_fetch_and_sub(&l->bytes, a->bytes);
+}
+
+/* release_class counts what an exited process held in one class as freed
+ * implicitly. */
+static __always_inline void release_class(__u32 pid, __u32 host_raw)
+{
+	struct gpumem_class_key k = {.pid = pid, .host_raw = host_raw};
+	struct gpumem_class_live *l = bpf_map_lookup_elem(&class_live, &k);
+	if (!l)
+		return;
+	struct gpumem_class_stats *s = class_stats_of(pid, host_raw, l->mntns_id, l->comm);
+	if (s)
+		__sync_fetch_and_add(&s->mem_implicit_free_bytes, l->bytes);
+	bpf_map_delete_elem(&class_live, &k);
+}
+
 /* A new map value is built here: gpumem_stack is too large for the stack. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -387,13 +482,14 @@ static __always_inline void charge(struct pt_regs *ctx, const struct gpumem_even
 	struct gpumem_process *p = process_totals(e);
 	if (!p)
 		return;
-	struct gpumem_allocation a = {.bytes = e->bytes, .started = p->__started};
+	struct gpumem_allocation a = {.bytes = e->bytes, .started = p->__started, .host_raw = mem_class(e)};
 	struct gpumem_stack *s = stack_of(ctx, e, p, &a.stack);
 	struct gpumem_allocation_key k = {.pid = e->proc.pid, .address = e->address};
 	if (!s || !remember_allocation(&k, &a)) {
 		count_loss(GPUMEM_LOSS_AGGREGATE_FULL);
 		return;
 	}
+	count_class_alloc(e, a.host_raw);
 	__sync_fetch_and_add(&s->alloc_bytes, e->bytes);
 	__sync_fetch_and_add(&s->alloc_count, 1);
 	__sync_fetch_and_add(&s->live_bytes, e->bytes);
@@ -410,6 +506,8 @@ static __always_inline void release(const struct gpumem_event *e)
 	struct gpumem_allocation *a = bpf_map_lookup_elem(&allocations, &k);
 	if (!a)
 		return; /* allocated before the gadget started, or a refused free */
+	if (a->started == process_started())
+		count_class_free(e, a);
 	struct gpumem_process_key key = {.__pid = e->proc.pid};
 	struct gpumem_process *p = bpf_map_lookup_elem(&processes, &key);
 	if (p && p->__started == a->started) {
@@ -1158,6 +1256,10 @@ int gpumem_exit(void *ctx)
 	bpf_map_delete_elem(&driver_off, &pid);
 	if (bpf_map_delete_elem(&traced_pids, &pid))
 		return 0;
+	if (aggregate) {
+		release_class(pid, CUDA_MEM_DEVICE);
+		release_class(pid, CUDA_MEM_HOST);
+	}
 
 	struct gpumem_event *e = reserve_header();
 	if (!e)

@@ -158,7 +158,7 @@ func checkAgainstObject(m *Metadata, spec *ebpf.CollectionSpec) []error {
 		}
 		for _, field := range sortedKeys(m.DataSources[name].Fields) {
 			top, _, _ := strings.Cut(field, ".")
-			if _, ok := have.Fields[top]; !ok {
+			if _, ok := have.Fields[top]; !ok && !addedByIG(have.Fields, top) {
 				errs = append(errs, fmt.Errorf("data source %s, field %s: not in the object", name, field))
 			}
 		}
@@ -172,6 +172,23 @@ func checkAgainstObject(m *Metadata, spec *ebpf.CollectionSpec) []error {
 		}
 	}
 	return errs
+}
+
+// addedByIG says whether IG's operators add field top to a data source
+// with these fields: X beside X_raw (its formatters: an enum's name), and
+// the pod's k8s.* and runtime.* beside a mount namespace (its enrichment,
+// which finds it by its type, gadget_mntns_id: named mntns_id here, or in
+// a gadget_process, proc).
+func addedByIG(fields map[string]metadatav1.Field, top string) bool {
+	if _, ok := fields[top+"_raw"]; ok {
+		return true
+	}
+	if top != "k8s" && top != "runtime" {
+		return false
+	}
+	_, mntns := fields["mntns_id"]
+	_, proc := fields["proc"] // a gadget_process, which holds one
+	return mntns || proc
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -51,6 +51,8 @@ func TestBrokenGadgetYAML(t *testing.T) {
 			`field live_bytes: metrics.type is "meter", want one of key, counter, gauge, histogram`},
 		{"value field not declared", "profiles.value-field: live_bytes", "profiles.value-field: held_bytes", `data source live: profiles.value-field names field "held_bytes"`},
 		{"field not in object", "      ustack_len:", "      stack_len:", "data source cuda, field stack_len: not in the object"},
+		{"enum's name without its _raw field", "      host:\n        annotations:\n          description: Memory class, CUDA_MEM_DEVICE",
+			"      hostname:\n        annotations:\n          description: Memory class, CUDA_MEM_DEVICE", "data source libcuda_mem_stats, field hostname: not in the object"},
 		{"data source not in object", "  processes:\n    annotations:", "  procs:\n    annotations:", "data source procs: not in the object"},
 		{"program not in object", "  gpumem_leave:\n    attach_to", "  gpumem_return:\n    attach_to", "programs: gpumem_return is not a program of the object"},
 	} {

@@ -50,7 +50,7 @@ func TestGPUObservabilityMetrics(t *testing.T) {
 		got[f.GetName()] = map[string]float64{}
 		for _, m := range f.GetMetric() {
 			labels := labelMap(m)
-			host := map[string]string{"0": "DEVICE", "1": "HOST"}[labels[LabelHostRaw]]
+			host := map[string]string{"0": "CUDA_MEM_DEVICE", "1": "CUDA_MEM_HOST"}[labels[LabelHostRaw]]
 			want := map[string]string{"pid": "7", "comm": "python3", LabelHost: host, LabelHostRaw: labels[LabelHostRaw],
 				LabelIGNamespace: "ml", LabelIGPod: "trainer-0", LabelIGContainer: "trainer"}
 			if !maps.Equal(labels, want) {

@@ -164,7 +164,8 @@ const (
 	IGFreeBytesName         = "mem_free_bytes_total"
 	IGImplicitFreeBytesName = "mem_implicit_free_bytes_total"
 	// Labels as IG names its fields: host_raw is the key the dashboard
-	// filters on, host its name (DEVICE, HOST).
+	// filters on, host its name (top_cuda_memory's enum: CUDA_MEM_DEVICE,
+	// CUDA_MEM_HOST; the gadget's libcuda_mem_stats shows the same).
 	LabelHostRaw     = "host_raw"
 	LabelHost        = "host"
 	LabelIGNamespace = "k8s_namespace"
@@ -309,9 +310,9 @@ func collectIG(ch chan<- prometheus.Metric, series []snapshot.Series) {
 	}
 	for _, k := range order {
 		s := sums[k]
-		host, hostRaw := "DEVICE", "0"
+		host, hostRaw := "CUDA_MEM_DEVICE", "0"
 		if k.hostRaw {
-			host, hostRaw = "HOST", "1"
+			host, hostRaw = "CUDA_MEM_HOST", "1"
 		}
 		values := []string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, host, hostRaw, s.Container.Namespace, s.Container.Pod, s.Container.Name}
 		ch <- igAllocBytes.sample(float64(s.AllocBytes), values...)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	gadgetmanifest "github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-manifest"
+	otelmetrics "github.com/inspektor-gadget/inspektor-gadget/pkg/operators/otel-metrics"
 
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/tests/chartrender"
@@ -155,7 +156,8 @@ func toStrings(v any) []string {
 }
 
 // TestGadgetInstanceManifest reads deploy/gadget-instance.yaml with IG's own
-// manifest parser; its parameters are the Pyroscope operator's.
+// manifest parser; its parameters are the Pyroscope operator's and IG's
+// otel-metrics operator's, which exports top_cuda_memory's counters.
 func TestGadgetInstanceManifest(t *testing.T) {
 	f, err := os.Open(filepath.Join(repoRoot, "deploy/gadget-instance.yaml"))
 	if err != nil {
@@ -173,9 +175,15 @@ func TestGadgetInstanceManifest(t *testing.T) {
 	for _, p := range (pyroscope.Operator{}).InstanceParams() {
 		params["operator."+pyroscope.Name+"."+p.Key] = true
 	}
+	for _, p := range otelmetrics.Operator.InstanceParams() {
+		params["operator.otel-metrics."+p.Key] = true
+	}
 	for key := range specs[0].ParamValues {
 		if !params[key] {
-			t.Errorf("parameter %s is not the Pyroscope operator's", key)
+			t.Errorf("parameter %s is neither the Pyroscope operator's nor otel-metrics'", key)
 		}
+	}
+	if name := specs[0].ParamValues["operator.otel-metrics."+otelmetrics.ParamOtelMetricsName]; name != "libcuda_mem_stats:libcuda_mem_stats" {
+		t.Errorf("otel-metrics exports %q, want top_cuda_memory's counters, libcuda_mem_stats", name)
 	}
 }

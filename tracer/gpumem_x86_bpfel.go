@@ -29,6 +29,8 @@ type gpumemGpumemAllocation struct {
 	Stack   gpumemGpumemStackKey
 	Bytes   uint64
 	Started uint64
+	HostRaw uint32
+	Pad     uint32
 }
 
 type gpumemGpumemAllocationKey struct {
@@ -60,6 +62,29 @@ type gpumemGpumemCalls struct {
 	Calls [4]gpumemGpumemCall
 	Depth uint32
 	_     [4]byte
+}
+
+type gpumemGpumemClassKey struct {
+	_       structs.HostLayout
+	Pid     uint32
+	HostRaw uint8
+	Pad     [3]uint8
+}
+
+type gpumemGpumemClassLive struct {
+	_       structs.HostLayout
+	Bytes   uint64
+	MntnsId uint64
+	Comm    [16]int8
+}
+
+type gpumemGpumemClassStats struct {
+	_                    structs.HostLayout
+	MntnsId              uint64
+	Comm                 [16]int8
+	MemAllocBytes        uint64
+	MemFreeBytes         uint64
+	MemImplicitFreeBytes uint64
 }
 
 type gpumemGpumemContextKey struct {
@@ -340,6 +365,8 @@ type gpumemStackWindow struct {
 const (
 	gpumemMapAllocations                             = "allocations"
 	gpumemMapAllocatorCalls                          = "allocator_calls"
+	gpumemMapClassLive                               = "class_live"
+	gpumemMapClassStats                              = "class_stats"
 	gpumemMapContextDevices                          = "context_devices"
 	gpumemMapDriverOff                               = "driver_off"
 	gpumemMapEvents                                  = "events"
@@ -429,6 +456,7 @@ const (
 	gpumemVarGadgetFilterByMntns                     = "gadget_filter_by_mntns"
 	gpumemVarGadgetMapTracerEvents                   = "gadget_map_tracer_events"
 	gpumemVarGadgetMapiterAllocatedStacks            = "gadget_mapiter_allocated___stacks"
+	gpumemVarGadgetMapiterLibcudaMemStatsClassStats  = "gadget_mapiter_libcuda_mem_stats___class_stats"
 	gpumemVarGadgetMapiterLiveStacks                 = "gadget_mapiter_live___stacks"
 	gpumemVarGadgetMapiterProcessesProcesses         = "gadget_mapiter_processes___processes"
 	gpumemVarGadgetParamAggregate                    = "gadget_param_aggregate"
@@ -559,6 +587,8 @@ type gpumemProgramSpecs struct {
 type gpumemMapSpecs struct {
 	Allocations          *ebpf.MapSpec `ebpf:"allocations"`
 	AllocatorCalls       *ebpf.MapSpec `ebpf:"allocator_calls"`
+	ClassLive            *ebpf.MapSpec `ebpf:"class_live"`
+	ClassStats           *ebpf.MapSpec `ebpf:"class_stats"`
 	ContextDevices       *ebpf.MapSpec `ebpf:"context_devices"`
 	DriverOff            *ebpf.MapSpec `ebpf:"driver_off"`
 	Events               *ebpf.MapSpec `ebpf:"events"`
@@ -594,42 +624,43 @@ type gpumemMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpumemVariableSpecs struct {
-	GadgetTracerTypeCuda              *ebpf.VariableSpec `ebpf:"__gadget_tracer_type_cuda"`
-	Aggregate                         *ebpf.VariableSpec `ebpf:"aggregate"`
-	CollectBuildId                    *ebpf.VariableSpec `ebpf:"collect_build_id"`
-	CollectOtelStack                  *ebpf.VariableSpec `ebpf:"collect_otel_stack"`
-	CollectUstack                     *ebpf.VariableSpec `ebpf:"collect_ustack"`
-	FilterPids                        *ebpf.VariableSpec `ebpf:"filter_pids"`
-	GadgetFilterByMntns               *ebpf.VariableSpec `ebpf:"gadget_filter_by_mntns"`
-	GadgetMapTracerEvents             *ebpf.VariableSpec `ebpf:"gadget_map_tracer_events"`
-	GadgetMapiterAllocatedStacks      *ebpf.VariableSpec `ebpf:"gadget_mapiter_allocated___stacks"`
-	GadgetMapiterLiveStacks           *ebpf.VariableSpec `ebpf:"gadget_mapiter_live___stacks"`
-	GadgetMapiterProcessesProcesses   *ebpf.VariableSpec `ebpf:"gadget_mapiter_processes___processes"`
-	GadgetParamAggregate              *ebpf.VariableSpec `ebpf:"gadget_param_aggregate"`
-	GadgetParamCollectBuildId         *ebpf.VariableSpec `ebpf:"gadget_param_collect_build_id"`
-	GadgetParamCollectOtelStack       *ebpf.VariableSpec `ebpf:"gadget_param_collect_otel_stack"`
-	GadgetParamCollectUstack          *ebpf.VariableSpec `ebpf:"gadget_param_collect_ustack"`
-	GadgetParamFilterPids             *ebpf.VariableSpec `ebpf:"gadget_param_filter_pids"`
-	GadgetParamIgBuildIdMaxEntries    *ebpf.VariableSpec `ebpf:"gadget_param_ig_build_id_max_entries"`
-	GadgetParamTargComm               *ebpf.VariableSpec `ebpf:"gadget_param_targ_comm"`
-	GadgetParamTargGid                *ebpf.VariableSpec `ebpf:"gadget_param_targ_gid"`
-	GadgetParamTargPid                *ebpf.VariableSpec `ebpf:"gadget_param_targ_pid"`
-	GadgetParamTargTid                *ebpf.VariableSpec `ebpf:"gadget_param_targ_tid"`
-	GadgetParamTargUid                *ebpf.VariableSpec `ebpf:"gadget_param_targ_uid"`
-	GadgetTracerCudaEventsGpumemEvent *ebpf.VariableSpec `ebpf:"gadget_tracer_cuda___events___gpumem_event"`
-	GpumemEventTypeBtf                *ebpf.VariableSpec `ebpf:"gpumem_event_type_btf"`
-	GpumemLossBtf                     *ebpf.VariableSpec `ebpf:"gpumem_loss_btf"`
-	GpumemOpBtf                       *ebpf.VariableSpec `ebpf:"gpumem_op_btf"`
-	GpumemPyframeFlagBtf              *ebpf.VariableSpec `ebpf:"gpumem_pyframe_flag_btf"`
-	GpumemStackFlagBtf                *ebpf.VariableSpec `ebpf:"gpumem_stack_flag_btf"`
-	GpumemUsdtArgKindBtf              *ebpf.VariableSpec `ebpf:"gpumem_usdt_arg_kind_btf"`
-	IgBuildIdMaxEntries               *ebpf.VariableSpec `ebpf:"ig_build_id_max_entries"`
-	TargComm                          *ebpf.VariableSpec `ebpf:"targ_comm"`
-	TargGid                           *ebpf.VariableSpec `ebpf:"targ_gid"`
-	TargPid                           *ebpf.VariableSpec `ebpf:"targ_pid"`
-	TargTid                           *ebpf.VariableSpec `ebpf:"targ_tid"`
-	TargUid                           *ebpf.VariableSpec `ebpf:"targ_uid"`
-	TensorNativeStacks                *ebpf.VariableSpec `ebpf:"tensor_native_stacks"`
+	GadgetTracerTypeCuda                   *ebpf.VariableSpec `ebpf:"__gadget_tracer_type_cuda"`
+	Aggregate                              *ebpf.VariableSpec `ebpf:"aggregate"`
+	CollectBuildId                         *ebpf.VariableSpec `ebpf:"collect_build_id"`
+	CollectOtelStack                       *ebpf.VariableSpec `ebpf:"collect_otel_stack"`
+	CollectUstack                          *ebpf.VariableSpec `ebpf:"collect_ustack"`
+	FilterPids                             *ebpf.VariableSpec `ebpf:"filter_pids"`
+	GadgetFilterByMntns                    *ebpf.VariableSpec `ebpf:"gadget_filter_by_mntns"`
+	GadgetMapTracerEvents                  *ebpf.VariableSpec `ebpf:"gadget_map_tracer_events"`
+	GadgetMapiterAllocatedStacks           *ebpf.VariableSpec `ebpf:"gadget_mapiter_allocated___stacks"`
+	GadgetMapiterLibcudaMemStatsClassStats *ebpf.VariableSpec `ebpf:"gadget_mapiter_libcuda_mem_stats___class_stats"`
+	GadgetMapiterLiveStacks                *ebpf.VariableSpec `ebpf:"gadget_mapiter_live___stacks"`
+	GadgetMapiterProcessesProcesses        *ebpf.VariableSpec `ebpf:"gadget_mapiter_processes___processes"`
+	GadgetParamAggregate                   *ebpf.VariableSpec `ebpf:"gadget_param_aggregate"`
+	GadgetParamCollectBuildId              *ebpf.VariableSpec `ebpf:"gadget_param_collect_build_id"`
+	GadgetParamCollectOtelStack            *ebpf.VariableSpec `ebpf:"gadget_param_collect_otel_stack"`
+	GadgetParamCollectUstack               *ebpf.VariableSpec `ebpf:"gadget_param_collect_ustack"`
+	GadgetParamFilterPids                  *ebpf.VariableSpec `ebpf:"gadget_param_filter_pids"`
+	GadgetParamIgBuildIdMaxEntries         *ebpf.VariableSpec `ebpf:"gadget_param_ig_build_id_max_entries"`
+	GadgetParamTargComm                    *ebpf.VariableSpec `ebpf:"gadget_param_targ_comm"`
+	GadgetParamTargGid                     *ebpf.VariableSpec `ebpf:"gadget_param_targ_gid"`
+	GadgetParamTargPid                     *ebpf.VariableSpec `ebpf:"gadget_param_targ_pid"`
+	GadgetParamTargTid                     *ebpf.VariableSpec `ebpf:"gadget_param_targ_tid"`
+	GadgetParamTargUid                     *ebpf.VariableSpec `ebpf:"gadget_param_targ_uid"`
+	GadgetTracerCudaEventsGpumemEvent      *ebpf.VariableSpec `ebpf:"gadget_tracer_cuda___events___gpumem_event"`
+	GpumemEventTypeBtf                     *ebpf.VariableSpec `ebpf:"gpumem_event_type_btf"`
+	GpumemLossBtf                          *ebpf.VariableSpec `ebpf:"gpumem_loss_btf"`
+	GpumemOpBtf                            *ebpf.VariableSpec `ebpf:"gpumem_op_btf"`
+	GpumemPyframeFlagBtf                   *ebpf.VariableSpec `ebpf:"gpumem_pyframe_flag_btf"`
+	GpumemStackFlagBtf                     *ebpf.VariableSpec `ebpf:"gpumem_stack_flag_btf"`
+	GpumemUsdtArgKindBtf                   *ebpf.VariableSpec `ebpf:"gpumem_usdt_arg_kind_btf"`
+	IgBuildIdMaxEntries                    *ebpf.VariableSpec `ebpf:"ig_build_id_max_entries"`
+	TargComm                               *ebpf.VariableSpec `ebpf:"targ_comm"`
+	TargGid                                *ebpf.VariableSpec `ebpf:"targ_gid"`
+	TargPid                                *ebpf.VariableSpec `ebpf:"targ_pid"`
+	TargTid                                *ebpf.VariableSpec `ebpf:"targ_tid"`
+	TargUid                                *ebpf.VariableSpec `ebpf:"targ_uid"`
+	TensorNativeStacks                     *ebpf.VariableSpec `ebpf:"tensor_native_stacks"`
 }
 
 // gpumemObjects contains all objects after they have been loaded into the kernel.
@@ -654,6 +685,8 @@ func (o *gpumemObjects) Close() error {
 type gpumemMaps struct {
 	Allocations          *ebpf.Map `ebpf:"allocations"`
 	AllocatorCalls       *ebpf.Map `ebpf:"allocator_calls"`
+	ClassLive            *ebpf.Map `ebpf:"class_live"`
+	ClassStats           *ebpf.Map `ebpf:"class_stats"`
 	ContextDevices       *ebpf.Map `ebpf:"context_devices"`
 	DriverOff            *ebpf.Map `ebpf:"driver_off"`
 	Events               *ebpf.Map `ebpf:"events"`
@@ -689,6 +722,8 @@ func (m *gpumemMaps) Close() error {
 	return _GpumemClose(
 		m.Allocations,
 		m.AllocatorCalls,
+		m.ClassLive,
+		m.ClassStats,
 		m.ContextDevices,
 		m.DriverOff,
 		m.Events,
@@ -725,42 +760,43 @@ func (m *gpumemMaps) Close() error {
 //
 // It can be passed to loadGpumemObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpumemVariables struct {
-	GadgetTracerTypeCuda              *ebpf.Variable `ebpf:"__gadget_tracer_type_cuda"`
-	Aggregate                         *ebpf.Variable `ebpf:"aggregate"`
-	CollectBuildId                    *ebpf.Variable `ebpf:"collect_build_id"`
-	CollectOtelStack                  *ebpf.Variable `ebpf:"collect_otel_stack"`
-	CollectUstack                     *ebpf.Variable `ebpf:"collect_ustack"`
-	FilterPids                        *ebpf.Variable `ebpf:"filter_pids"`
-	GadgetFilterByMntns               *ebpf.Variable `ebpf:"gadget_filter_by_mntns"`
-	GadgetMapTracerEvents             *ebpf.Variable `ebpf:"gadget_map_tracer_events"`
-	GadgetMapiterAllocatedStacks      *ebpf.Variable `ebpf:"gadget_mapiter_allocated___stacks"`
-	GadgetMapiterLiveStacks           *ebpf.Variable `ebpf:"gadget_mapiter_live___stacks"`
-	GadgetMapiterProcessesProcesses   *ebpf.Variable `ebpf:"gadget_mapiter_processes___processes"`
-	GadgetParamAggregate              *ebpf.Variable `ebpf:"gadget_param_aggregate"`
-	GadgetParamCollectBuildId         *ebpf.Variable `ebpf:"gadget_param_collect_build_id"`
-	GadgetParamCollectOtelStack       *ebpf.Variable `ebpf:"gadget_param_collect_otel_stack"`
-	GadgetParamCollectUstack          *ebpf.Variable `ebpf:"gadget_param_collect_ustack"`
-	GadgetParamFilterPids             *ebpf.Variable `ebpf:"gadget_param_filter_pids"`
-	GadgetParamIgBuildIdMaxEntries    *ebpf.Variable `ebpf:"gadget_param_ig_build_id_max_entries"`
-	GadgetParamTargComm               *ebpf.Variable `ebpf:"gadget_param_targ_comm"`
-	GadgetParamTargGid                *ebpf.Variable `ebpf:"gadget_param_targ_gid"`
-	GadgetParamTargPid                *ebpf.Variable `ebpf:"gadget_param_targ_pid"`
-	GadgetParamTargTid                *ebpf.Variable `ebpf:"gadget_param_targ_tid"`
-	GadgetParamTargUid                *ebpf.Variable `ebpf:"gadget_param_targ_uid"`
-	GadgetTracerCudaEventsGpumemEvent *ebpf.Variable `ebpf:"gadget_tracer_cuda___events___gpumem_event"`
-	GpumemEventTypeBtf                *ebpf.Variable `ebpf:"gpumem_event_type_btf"`
-	GpumemLossBtf                     *ebpf.Variable `ebpf:"gpumem_loss_btf"`
-	GpumemOpBtf                       *ebpf.Variable `ebpf:"gpumem_op_btf"`
-	GpumemPyframeFlagBtf              *ebpf.Variable `ebpf:"gpumem_pyframe_flag_btf"`
-	GpumemStackFlagBtf                *ebpf.Variable `ebpf:"gpumem_stack_flag_btf"`
-	GpumemUsdtArgKindBtf              *ebpf.Variable `ebpf:"gpumem_usdt_arg_kind_btf"`
-	IgBuildIdMaxEntries               *ebpf.Variable `ebpf:"ig_build_id_max_entries"`
-	TargComm                          *ebpf.Variable `ebpf:"targ_comm"`
-	TargGid                           *ebpf.Variable `ebpf:"targ_gid"`
-	TargPid                           *ebpf.Variable `ebpf:"targ_pid"`
-	TargTid                           *ebpf.Variable `ebpf:"targ_tid"`
-	TargUid                           *ebpf.Variable `ebpf:"targ_uid"`
-	TensorNativeStacks                *ebpf.Variable `ebpf:"tensor_native_stacks"`
+	GadgetTracerTypeCuda                   *ebpf.Variable `ebpf:"__gadget_tracer_type_cuda"`
+	Aggregate                              *ebpf.Variable `ebpf:"aggregate"`
+	CollectBuildId                         *ebpf.Variable `ebpf:"collect_build_id"`
+	CollectOtelStack                       *ebpf.Variable `ebpf:"collect_otel_stack"`
+	CollectUstack                          *ebpf.Variable `ebpf:"collect_ustack"`
+	FilterPids                             *ebpf.Variable `ebpf:"filter_pids"`
+	GadgetFilterByMntns                    *ebpf.Variable `ebpf:"gadget_filter_by_mntns"`
+	GadgetMapTracerEvents                  *ebpf.Variable `ebpf:"gadget_map_tracer_events"`
+	GadgetMapiterAllocatedStacks           *ebpf.Variable `ebpf:"gadget_mapiter_allocated___stacks"`
+	GadgetMapiterLibcudaMemStatsClassStats *ebpf.Variable `ebpf:"gadget_mapiter_libcuda_mem_stats___class_stats"`
+	GadgetMapiterLiveStacks                *ebpf.Variable `ebpf:"gadget_mapiter_live___stacks"`
+	GadgetMapiterProcessesProcesses        *ebpf.Variable `ebpf:"gadget_mapiter_processes___processes"`
+	GadgetParamAggregate                   *ebpf.Variable `ebpf:"gadget_param_aggregate"`
+	GadgetParamCollectBuildId              *ebpf.Variable `ebpf:"gadget_param_collect_build_id"`
+	GadgetParamCollectOtelStack            *ebpf.Variable `ebpf:"gadget_param_collect_otel_stack"`
+	GadgetParamCollectUstack               *ebpf.Variable `ebpf:"gadget_param_collect_ustack"`
+	GadgetParamFilterPids                  *ebpf.Variable `ebpf:"gadget_param_filter_pids"`
+	GadgetParamIgBuildIdMaxEntries         *ebpf.Variable `ebpf:"gadget_param_ig_build_id_max_entries"`
+	GadgetParamTargComm                    *ebpf.Variable `ebpf:"gadget_param_targ_comm"`
+	GadgetParamTargGid                     *ebpf.Variable `ebpf:"gadget_param_targ_gid"`
+	GadgetParamTargPid                     *ebpf.Variable `ebpf:"gadget_param_targ_pid"`
+	GadgetParamTargTid                     *ebpf.Variable `ebpf:"gadget_param_targ_tid"`
+	GadgetParamTargUid                     *ebpf.Variable `ebpf:"gadget_param_targ_uid"`
+	GadgetTracerCudaEventsGpumemEvent      *ebpf.Variable `ebpf:"gadget_tracer_cuda___events___gpumem_event"`
+	GpumemEventTypeBtf                     *ebpf.Variable `ebpf:"gpumem_event_type_btf"`
+	GpumemLossBtf                          *ebpf.Variable `ebpf:"gpumem_loss_btf"`
+	GpumemOpBtf                            *ebpf.Variable `ebpf:"gpumem_op_btf"`
+	GpumemPyframeFlagBtf                   *ebpf.Variable `ebpf:"gpumem_pyframe_flag_btf"`
+	GpumemStackFlagBtf                     *ebpf.Variable `ebpf:"gpumem_stack_flag_btf"`
+	GpumemUsdtArgKindBtf                   *ebpf.Variable `ebpf:"gpumem_usdt_arg_kind_btf"`
+	IgBuildIdMaxEntries                    *ebpf.Variable `ebpf:"ig_build_id_max_entries"`
+	TargComm                               *ebpf.Variable `ebpf:"targ_comm"`
+	TargGid                                *ebpf.Variable `ebpf:"targ_gid"`
+	TargPid                                *ebpf.Variable `ebpf:"targ_pid"`
+	TargTid                                *ebpf.Variable `ebpf:"targ_tid"`
+	TargUid                                *ebpf.Variable `ebpf:"targ_uid"`
+	TensorNativeStacks                     *ebpf.Variable `ebpf:"tensor_native_stacks"`
 }
 
 // gpumemPrograms contains all programs after they have been loaded into the kernel.

@@ -3,6 +3,7 @@ package tracer
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,20 +92,9 @@ func loadStockIG(t *testing.T) (*ebpf.CollectionSpec, *ebpf.Collection, string) 
 // checkKinds runs simwork's kinds scenario and checks the totals of its
 // process, then that its exit drops them.
 func checkKinds(t *testing.T, coll *ebpf.Collection) {
-	root, _ := filepath.Abs("..")
-	w := exec.Command(filepath.Join(root, "build/sim/simwork"), "kinds")
-	stdin, _ := w.StdinPipe()
-	stdout, _ := w.StdoutPipe()
-	w.Stderr = os.Stderr
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
+	w, stdin := startKinds(t)
 	defer w.Process.Kill()
-	lines := bufio.NewScanner(stdout)
-	lines.Scan() // "ready PID", after an allocation the probes see too
-	fmt.Fprintln(stdin)
-	for lines.Scan() && !strings.HasPrefix(lines.Text(), "expect") {
-	}
+	stdin.run()
 	pid := uint32(w.Process.Pid)
 
 	const MiB = 1 << 20
@@ -180,7 +170,7 @@ func checkKinds(t *testing.T, coll *ebpf.Collection) {
 		t.Errorf("context devices of the process: %v, want its primary context's, 0", devices)
 	}
 
-	stdin.Close()
+	stdin.stdin.Close()
 	if err := w.Wait(); err != nil {
 		t.Fatal(err)
 	}
@@ -202,6 +192,37 @@ func checkKinds(t *testing.T, coll *ebpf.Collection) {
 	// exited process's would stay until the map was full.
 	if devices := contextDevices(t, coll, pid); len(devices) != 0 {
 		t.Errorf("exited process still has contexts on devices %v", devices)
+	}
+}
+
+// kindsInput is the kinds scenario's stdin and stdout.
+type kindsInput struct {
+	stdin io.WriteCloser
+	lines *bufio.Scanner
+}
+
+// startKinds starts simwork's kinds scenario, which waits, ready, after
+// an allocation the probes see too, for kindsInput.run.
+func startKinds(t *testing.T) (*exec.Cmd, kindsInput) {
+	t.Helper()
+	root, _ := filepath.Abs("..")
+	w := exec.Command(filepath.Join(root, "build/sim/simwork"), "kinds")
+	stdin, _ := w.StdinPipe()
+	stdout, _ := w.StdoutPipe()
+	w.Stderr = os.Stderr
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	in := kindsInput{stdin, bufio.NewScanner(stdout)}
+	in.lines.Scan() // "ready PID"
+	return w, in
+}
+
+// run runs the scenario's allocations and frees, and returns when they are
+// done; the process exits when stdin is closed.
+func (in kindsInput) run() {
+	fmt.Fprintln(in.stdin)
+	for in.lines.Scan() && !strings.HasPrefix(in.lines.Text(), "expect") {
 	}
 }
 

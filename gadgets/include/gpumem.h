@@ -81,7 +81,7 @@ enum gpumem_loss {
 	GPUMEM_LOSS_INFLIGHT_FULL = 0,  /* call not tracked: inflight map full */
 	GPUMEM_LOSS_READ_RESULT,        /* allocation's out-parameter unreadable */
 	GPUMEM_LOSS_PROCESSES_FULL,     /* process exit will not be reported */
-	GPUMEM_LOSS_AGGREGATE_FULL,     /* allocation missing from IG's stack maps */
+	GPUMEM_LOSS_AGGREGATE_FULL,     /* allocation missing from IG's aggregate maps (stacks, processes, class_stats, class_live) */
 	GPUMEM_LOSS_UNFINISHED,         /* stock IG: allocation not reported, finish_allocations empty */
 	GPUMEM_LOSS_NESTED_TOO_DEEP,    /* call not tracked: deeper than GPUMEM_MAX_NESTED */
 	GPUMEM_LOSS_SCRATCH_BUSY,       /* event dropped: the CPU's scratch event was in use */
@@ -258,6 +258,44 @@ struct gpumem_allocation {
 	struct gpumem_stack_key stack;
 	__u64 bytes;
 	__u64 started; /* the process's start time: an entry of an exited one is stale */
+	__u32 host_raw; /* enum gpumem_mem_class, for the free's counter */
+	__u32 __pad;
+};
+
+/* Memory classes of Inspektor Gadget's top_cuda_memory, whose metrics IG's
+ * GPU observability dashboard reads: on the GPU (device, VMM and managed
+ * memory), or host memory the GPU maps (pinned, VMM placed on the host).
+ * IG's eBPF operator shows a field host_raw of an enum as `host`, its
+ * name: top_cuda_memory's names (DEVICE alone is a kernel enumerator). */
+enum gpumem_mem_class : __u8 {
+	CUDA_MEM_DEVICE = 0,
+	CUDA_MEM_HOST = 1,
+};
+
+/* Bytes per process and class as top_cuda_memory counts them (stock IG,
+ * with `aggregate`): deltas, as IG's map iterator deletes what it reads
+ * every interval and its otel-metrics operator adds each reading to a
+ * counter. */
+struct gpumem_class_key {
+	gadget_pid pid;
+	enum gpumem_mem_class host_raw;
+	__u8 __pad[3];
+};
+
+struct gpumem_class_stats {
+	gadget_mntns_id mntns_id; /* IG adds the pod from it */
+	gadget_comm comm[TASK_COMM_LEN];
+	gadget_counter__u64 mem_alloc_bytes;
+	gadget_counter__u64 mem_free_bytes;
+	gadget_counter__u64 mem_implicit_free_bytes; /* held at the process's exit */
+};
+
+/* What a process holds in a class, not read by IG: released as implicit
+ * frees at its exit, with the pod and name it allocated under. */
+struct gpumem_class_live {
+	__u64 bytes;
+	gadget_mntns_id mntns_id;
+	gadget_comm comm[TASK_COMM_LEN];
 };
 
 /* Per process totals, for IG's otel-metrics. IG's map iterators take
