@@ -9,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/pprof/profile"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
-	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -93,21 +91,7 @@ func checkDriverOffSaid(t *testing.T, s *session, r *snapshot.Snapshot, view sna
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.DriverViewsOff) != 1 || doc.DriverViewsOff[0].String() != say {
 		t.Errorf("JSON driver views off %+v (%v), want %s", doc.DriverViewsOff, err, say)
 	}
-	out.Reset()
-	if err := report.WriteTop(&out, r, 5, &report.Growth{Window: time.Minute}); err != nil || !strings.Contains(out.String(), say) {
-		t.Errorf("top: %v\n%s", err, out.String())
-	}
-	out.Reset()
-	if err := report.WriteHTML(&out, r); err != nil || !strings.Contains(out.String(), `"driver_off":`) {
-		t.Errorf("HTML: %v, no driver_off", err)
-	}
-	out.Reset()
-	if err := pprof.Write(&out, r, pprof.Comment(r)...); err != nil {
-		t.Fatal(err)
-	}
-	if p, err := profile.Parse(&out); err != nil || !strings.Contains(strings.Join(p.Comments, "\n"), say) {
-		t.Errorf("pprof comments: %v %v", err, p.Comments)
-	}
+	checkTopHTMLPprofSay(t, r, say, `"driver_off":`)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics.Collector{Source: s.p})
 	families, err := reg.Gather()

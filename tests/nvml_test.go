@@ -13,9 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
-	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -320,28 +318,7 @@ func checkNVMLMetrics(t *testing.T, url string, pid, other int) {
 func checkNVMLPyroscope(t *testing.T, r *pyroscopetest.Receiver, pid int) {
 	t.Helper()
 	const inuse = "memory:inuse_space:bytes:space:bytes"
-	var last map[string]int64
-	exact := func() bool {
-		pushes := r.Received()
-		if len(pushes) == 0 {
-			return false
-		}
-		push := &pushv1.PushRequest{}
-		for _, s := range pushes[len(pushes)-1].Series {
-			if pyroscopetest.Labels(s)["pid"] == strconv.Itoa(pid) {
-				push.Series = append(push.Series, s)
-			}
-		}
-		totals, err := pyroscopetest.Totals(push)
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = totals
-		return totals[inuse] == 7*MiB+1024
-	}
-	for deadline := time.Now().Add(hangLimit); !exact() && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	last := waitForPush(t, r, pid, func(totals map[string]int64) bool { return totals[inuse] == 7*MiB+1024 })
 	if last[inuse] != 7*MiB+1024 {
 		t.Errorf("last push: %v; want %s %d", last, inuse, 7*MiB+1024)
 	}

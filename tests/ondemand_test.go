@@ -145,21 +145,7 @@ func checkOutputsSay(t *testing.T, s *session, r *snapshot.Snapshot, view snapsh
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.TensorViews) != 1 || doc.TensorViews[0].String() != say {
 		t.Errorf("JSON tensor views %+v (%v), want %s", doc.TensorViews, err, say)
 	}
-	out.Reset()
-	if err := report.WriteTop(&out, r, 5, &report.Growth{Window: time.Minute}); err != nil || !strings.Contains(out.String(), say) {
-		t.Errorf("top: %v\n%s", err, out.String())
-	}
-	out.Reset()
-	if err := report.WriteHTML(&out, r); err != nil || !strings.Contains(out.String(), `"tensors_since":`) {
-		t.Errorf("HTML: %v", err)
-	}
-	out.Reset()
-	if err := pprof.Write(&out, r, pprof.Comment(r)...); err != nil {
-		t.Fatal(err)
-	}
-	if p, err := profile.Parse(&out); err != nil || !strings.Contains(strings.Join(p.Comments, "\n"), say) {
-		t.Errorf("pprof comments: %v %v", err, p.Comments)
-	}
+	checkTopHTMLPprofSay(t, r, say, `"tensors_since":`)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics.Collector{Source: s.p})
@@ -219,6 +205,27 @@ func checkOutputsSay(t *testing.T, s *session, r *snapshot.Snapshot, view snapsh
 		if time.Now().After(deadline) {
 			t.Fatal("Pyroscope: no tensor series pushed")
 		}
+	}
+}
+
+// checkTopHTMLPprofSay checks that top and the pprof comments say say, and
+// that the HTML page's data has htmlKey.
+func checkTopHTMLPprofSay(t *testing.T, r *snapshot.Snapshot, say, htmlKey string) {
+	t.Helper()
+	var out bytes.Buffer
+	if err := report.WriteTop(&out, r, 5, &report.Growth{Window: time.Minute}); err != nil || !strings.Contains(out.String(), say) {
+		t.Errorf("top: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := report.WriteHTML(&out, r); err != nil || !strings.Contains(out.String(), htmlKey) {
+		t.Errorf("HTML: %v, no %s", err, htmlKey)
+	}
+	out.Reset()
+	if err := pprof.Write(&out, r, pprof.Comment(r)...); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := profile.Parse(&out); err != nil || !strings.Contains(strings.Join(p.Comments, "\n"), say) {
+		t.Errorf("pprof comments: %v %v", err, p.Comments)
 	}
 }
 

@@ -217,11 +217,26 @@ func checkMetricsViews(t *testing.T, url string, pid int, want viewTotals) {
 func checkPyroscopeViews(t *testing.T, r *pyroscopetest.Receiver, pid int, want viewTotals) {
 	t.Helper()
 	const driver, tensor = "memory:inuse_space:bytes:space:bytes", "memory:tensor_inuse_space:bytes:space:bytes"
+	last := waitForPush(t, r, pid, func(totals map[string]int64) bool {
+		return totals[driver] == int64(want.driver) && totals[tensor] == int64(want.tensor)
+	})
+	if last[driver] != int64(want.driver) || last[tensor] != int64(want.tensor) {
+		t.Errorf("last push: %v; want %s %d and %s %d", last, driver, want.driver, tensor, want.tensor)
+	}
+	if refused := r.Refused(); len(refused) != 0 {
+		t.Errorf("refused: %v", refused)
+	}
+}
+
+// waitForPush waits until the totals of pid's series in the receiver's last
+// push are what exact says, or hangLimit, and returns the last totals read.
+func waitForPush(t *testing.T, r *pyroscopetest.Receiver, pid int, exact func(map[string]int64) bool) map[string]int64 {
+	t.Helper()
 	var last map[string]int64
-	exact := func() bool {
+	for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		pushes := r.Received()
 		if len(pushes) == 0 {
-			return false
+			continue
 		}
 		push := &pushv1.PushRequest{}
 		for _, s := range pushes[len(pushes)-1].Series {
@@ -233,16 +248,9 @@ func checkPyroscopeViews(t *testing.T, r *pyroscopetest.Receiver, pid int, want 
 		if err != nil {
 			t.Fatal(err)
 		}
-		last = totals
-		return totals[driver] == int64(want.driver) && totals[tensor] == int64(want.tensor)
+		if last = totals; exact(totals) {
+			break
+		}
 	}
-	for deadline := time.Now().Add(hangLimit); !exact() && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if last[driver] != int64(want.driver) || last[tensor] != int64(want.tensor) {
-		t.Errorf("last push: %v; want %s %d and %s %d", last, driver, want.driver, tensor, want.tensor)
-	}
-	if refused := r.Refused(); len(refused) != 0 {
-		t.Errorf("refused: %v", refused)
-	}
+	return last
 }

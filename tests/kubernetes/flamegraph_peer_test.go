@@ -54,7 +54,7 @@ func TestGuideFlameGraph(t *testing.T) {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, "--tensors=false", "--kubeconfig", c.kubeconfig, "--node-name", "node-1",
 		"--pyroscope-interval", "1s", "--pyroscope-url", server)
-		pods := map[string]string{}
+	pods := map[string]string{}
 	for i, app := range []string{"trainer", "server"} {
 		cid := strings.Repeat(fmt.Sprintf("%02x", 0xa0+i), 32)
 		pod := replicaPod(t, c, "ml", app, "5d9f8", "x2x7z", cid)
