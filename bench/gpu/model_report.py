@@ -123,10 +123,18 @@ def driver_table(f, rows, columns):
         if mode in rows:
             r = rows[mode]
             f.write(f"| {NOCACHE_NAMES[mode]} | " + " | ".join(cell(r) for _, cell in columns) + f" | {bpf_per_run(r)} |\n")
-    if "default" in rows:
-        f.write(f"\nThe default's driver view was switched off by its budget in {switched_off(rows)} of "
-                f"{len(rows['default'])} windows, within the window's first seconds; what it adds after is the "
-                "probes' traps, which a library-wide attach cannot leave out of one process.\n")
+    if "default" not in rows:
+        return
+    off = switched_off(rows)
+    if off:
+        f.write(f"\nThe default's driver view was switched off by its budget in {off} of {len(rows['default'])} "
+                "windows; what it adds after is the probes' traps, which a library-wide attach cannot leave out of "
+                "one process.\n")
+    else:
+        f.write("\nThe budget did not switch the default's view off in these windows: the agent is started for each "
+                "window, and a window (about 6 s) ends before the budget's first 5 s are judged, so both rows are the "
+                "view on and their difference is the noise; tests/gpu/run_driver_budget.sh shows the switch-off "
+                "(docs/validation.md).\n")
 
 
 def spread(r, key, fmt):
