@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,6 +62,10 @@ type processTable struct {
 type process struct {
 	snapshot.Process
 	exited bool // an event after it is a new process's
+	// allocated: an allocation of it was seen. A process whose first event
+	// was a context made is read again at its first allocation: it may
+	// have been moved into its pod's cgroup between the two.
+	allocated bool
 }
 
 func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr Source, py *pystack.Resolver, stopped <-chan struct{}) *processTable {
@@ -111,6 +116,24 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 		t.reading.ask()
 	}
 	return python
+}
+
+// firstAllocation reads process pid again at its first allocation, if an
+// earlier event (a context made) had it read before.
+func (t *processTable) firstAllocation(pid uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.procs[pid]
+	if p == nil || p.allocated {
+		return
+	}
+	next := *p
+	next.allocated = true
+	t.procs[pid] = &next
+	if !slices.Contains(t.toRead, pid) { // not read yet: once is enough
+		t.toRead = append(t.toRead, pid)
+		t.reading.ask()
+	}
 }
 
 // askPython has processes found mapping a Python runtime registered, unless

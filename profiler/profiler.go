@@ -376,6 +376,7 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 		p.procs.note(ev.PID, ev.Comm, false)
 	default:
 		python = p.procs.note(ev.PID, ev.Comm, true)
+		p.procs.firstAllocation(ev.PID)
 		id = p.stacks.intern(ev)
 	}
 	return p.books.account(ev, id, python)
