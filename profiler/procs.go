@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,12 +87,24 @@ func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr Source, py *pysta
 	return t
 }
 
+// An event's part in noting its process.
+type noted int
+
+const (
+	notedRelease    noted = iota // a free, a retain, a context destroyed
+	notedContext                 // a context made: stacks, as an allocation has
+	notedAllocation              // an allocation
+)
+
 // note notes the process of an event and says whether it is a registered
-// Python process. For an allocation (alloc), a Python process not yet
-// registered is asked to be: its next allocations carry Python frames.
-func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
+// Python process. For an event with stacks, a Python process not yet
+// registered is asked to be: its next allocations carry Python frames. A
+// process first noted by a context it made is read again at its first
+// allocation: it may have moved into its pod's cgroup between the two.
+func (t *processTable) note(pid uint32, comm string, what noted) (python bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	allocation := what == notedAllocation
 	switch p := t.procs[pid]; {
 	case p == nil || p.exited:
 		if p != nil {
@@ -102,38 +113,25 @@ func (t *processTable) note(pid uint32, comm string, alloc bool) (python bool) {
 			}
 			t.renewed[pid] = true
 		}
-		t.procs[pid] = &process{Process: snapshot.Process{Comm: comm}}
+		t.procs[pid] = &process{Process: snapshot.Process{Comm: comm}, allocated: allocation}
 		t.toRead = append(t.toRead, pid)
 		t.reading.ask()
-	case p.Comm != comm:
+	case p.Comm != comm || (allocation && !p.allocated):
 		next := *p
 		next.Comm = comm
+		if allocation && !p.allocated {
+			next.allocated = true
+			t.toRead = append(t.toRead, pid)
+			t.reading.ask()
+		}
 		t.procs[pid] = &next
 	}
 	python = t.python[pid]
-	if alloc && !python && !t.notPython[int(pid)] && !t.pyAsked[pid] && !t.startingNow(pid) {
+	if what != notedRelease && !python && !t.notPython[int(pid)] && !t.pyAsked[pid] && !t.startingNow(pid) {
 		t.pyAsked[pid] = true
 		t.reading.ask()
 	}
 	return python
-}
-
-// firstAllocation reads process pid again at its first allocation, if an
-// earlier event (a context made) had it read before.
-func (t *processTable) firstAllocation(pid uint32) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	p := t.procs[pid]
-	if p == nil || p.allocated {
-		return
-	}
-	next := *p
-	next.allocated = true
-	t.procs[pid] = &next
-	if !slices.Contains(t.toRead, pid) { // not read yet: once is enough
-		t.toRead = append(t.toRead, pid)
-		t.reading.ask()
-	}
 }
 
 // askPython has processes found mapping a Python runtime registered, unless

@@ -18,20 +18,20 @@ func TestNoteAsksForPythonOnce(t *testing.T) {
 		clear(procs.pyAsked)
 		return ok
 	}
-	if procs.note(7, "python3", false); asked() {
+	if procs.note(7, "python3", notedRelease); asked() {
 		t.Error("a free asked for Python")
 	}
-	procs.note(7, "python3", true)
-	procs.note(7, "python3", true)
+	procs.note(7, "python3", notedAllocation)
+	procs.note(7, "python3", notedAllocation)
 	if !asked() {
 		t.Error("an allocation did not ask for Python")
 	}
 	procs.notReady[7] = time.Now().Add(time.Hour)
-	if procs.note(7, "python3", true); asked() {
+	if procs.note(7, "python3", notedAllocation); asked() {
 		t.Error("asked again while the interpreter was starting")
 	}
 	procs.notReady[7] = time.Now().Add(-time.Millisecond)
-	if procs.note(7, "python3", true); !asked() {
+	if procs.note(7, "python3", notedAllocation); !asked() {
 		t.Error("not asked again once the wait was over")
 	}
 	if procs.exited(7); len(procs.notReady) != 0 {

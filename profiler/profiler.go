@@ -366,17 +366,16 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 		p.pythonExited(ev.PID)
 		p.gpus.exited(ev.PID)
 	case ev.Op.MakesContext():
-		python = p.procs.note(ev.PID, ev.Comm, true)
+		python = p.procs.note(ev.PID, ev.Comm, notedContext)
 		id = p.stacks.intern(ev)
 		p.gpus.contextEvent(ev, id)
 	case ev.Op == memory.OpCtxDestroy:
-		p.procs.note(ev.PID, ev.Comm, false)
+		p.procs.note(ev.PID, ev.Comm, notedRelease)
 		p.gpus.contextEvent(ev, 0)
 	case ev.Op.IsFree() || ev.Op.IsRetain():
-		p.procs.note(ev.PID, ev.Comm, false)
+		p.procs.note(ev.PID, ev.Comm, notedRelease)
 	default:
-		python = p.procs.note(ev.PID, ev.Comm, true)
-		p.procs.firstAllocation(ev.PID)
+		python = p.procs.note(ev.PID, ev.Comm, notedAllocation)
 		id = p.stacks.intern(ev)
 	}
 	return p.books.account(ev, id, python)
