@@ -62,6 +62,12 @@ struct {
 	__type(value, __u8);
 } target_pids SEC(".maps");
 
+/* filtered_out says whether --pid's filter leaves process pid out. */
+static __always_inline bool filtered_out(__u32 pid)
+{
+	return filter_pids && !bpf_map_lookup_elem(&target_pids, &pid);
+}
+
 /* Processes whose driver view user space switched off (over its budget):
  * their driver calls are not traced, only counted here, and their exit
  * drops them. */
@@ -1289,7 +1295,7 @@ static __always_inline int enter_op(struct pt_regs *ctx, __u16 op, bool stock_ig
 	__u64 target = PT_REGS_PARM1(ctx);
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 
-	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+	if (filtered_out(pid))
 		return 0;
 	/* A free is sent at its entry; one of a null pointer frees nothing
 	 * (XLA, NCCL and PyTorch make them). */
@@ -1318,11 +1324,6 @@ static __always_inline int enter_op(struct pt_regs *ctx, __u16 op, bool stock_ig
 	return enter(op, target, PT_REGS_PARM2(ctx), 0);
 }
 
-/* The entry program for every driver function and the return program for
- * every one but the frees, attached by gpumem with uprobe_multi links: the
- * attach cookie is the function's enum gpumem_op. One link per library
- * keeps attach and detach to one RCU grace period each, where a perf-event
- * uprobe per function costs 0.1s apiece to detach. */
 /* driver_view_off says whether process pid's driver view is switched off,
  * and counts the call as not traced if so: each call is either reported or
  * counted, once. */
@@ -1335,6 +1336,11 @@ static __always_inline bool driver_view_off(__u32 pid)
 	return true;
 }
 
+/* The entry program for every driver function and the return program for
+ * every one but the frees, attached by gpumem with uprobe_multi links: the
+ * attach cookie is the function's enum gpumem_op. One link per library
+ * keeps attach and detach to one RCU grace period each, where a perf-event
+ * uprobe per function costs 0.1s apiece to detach. */
 SEC("uprobe.multi/libcuda")
 int gpumem_enter(struct pt_regs *ctx)
 {
@@ -1468,7 +1474,7 @@ int gpumem_tensor(struct pt_regs *ctx)
 	__u32 site = bpf_get_attach_cookie(ctx);
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 
-	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+	if (filtered_out(pid))
 		return 0;
 	struct gpumem_usdt_site *s = bpf_map_lookup_elem(&usdt_sites, &site);
 	if (!s)
@@ -1529,7 +1535,7 @@ static __always_inline bool enter_allocator_call(struct gpumem_allocator_call *c
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 
-	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+	if (filtered_out(pid))
 		return false;
 	if (bpf_map_update_elem(&allocator_calls, &id, c, BPF_ANY)) {
 		count_loss(GPUMEM_LOSS_ALLOCATOR_CALL);
@@ -1693,7 +1699,7 @@ int gpumem_raw_delete(struct pt_regs *ctx)
 {
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 
-	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+	if (filtered_out(pid))
 		return 0;
 	return report_address(GPUMEM_OP_TENSOR_FREE, PT_REGS_PARM2(ctx), false); /* after this */
 }
