@@ -1,20 +1,15 @@
 package tests
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -80,24 +75,8 @@ func TestDriverBudget(t *testing.T) {
 // view is off, since when and with how many calls.
 func checkDriverOffSaid(t *testing.T, s *session, r *snapshot.Snapshot, view snapshot.DriverViewOff) {
 	t.Helper()
-	say := view.String()
-	var out bytes.Buffer
-	if err := report.WriteJSON(&out, r); err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		DriverViewsOff []snapshot.DriverViewOff `json:"driver_views_off"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.DriverViewsOff) != 1 || doc.DriverViewsOff[0].String() != say {
-		t.Errorf("JSON driver views off %+v (%v), want %s", doc.DriverViewsOff, err, say)
-	}
-	checkTopHTMLPprofSay(t, r, say, `"driver_off":`)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(metrics.Collector{Source: s.p})
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	checkOutputsSay[snapshot.DriverViewOff](t, r, view.String(), "driver_views_off", `"driver_off":`)
+	families := gather(t, s)
 	got := map[string]float64{}
 	for _, f := range families {
 		for _, m := range f.GetMetric() {

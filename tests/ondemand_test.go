@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/pprof/profile"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
@@ -111,7 +112,7 @@ func TestTensorViewOnDemand(t *testing.T) {
 		t.Fatalf("tensor views %+v", r.TensorViews)
 	}
 	view := r.TensorViews[0]
-	checkOutputsSay(t, s, r, view)
+	checkTensorViewSaid(t, s, r, view)
 
 	if err := s.p.StopTensors(on.pid); err != nil {
 		t.Fatal(err)
@@ -131,28 +132,11 @@ func TestTensorViewOnDemand(t *testing.T) {
 	off.exit()
 }
 
-// checkOutputsSay checks that every output says from when view holds.
-func checkOutputsSay(t *testing.T, s *session, r *snapshot.Snapshot, view snapshot.TensorView) {
+// checkTensorViewSaid checks that every output says from when view holds.
+func checkTensorViewSaid(t *testing.T, s *session, r *snapshot.Snapshot, view snapshot.TensorView) {
 	t.Helper()
-	say := view.String()
-	var out bytes.Buffer
-	if err := report.WriteJSON(&out, r); err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		TensorViews []snapshot.TensorView `json:"tensor_views"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.TensorViews) != 1 || doc.TensorViews[0].String() != say {
-		t.Errorf("JSON tensor views %+v (%v), want %s", doc.TensorViews, err, say)
-	}
-	checkTopHTMLPprofSay(t, r, say, `"tensors_since":`)
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(metrics.Collector{Source: s.p})
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	checkOutputsSay[snapshot.TensorView](t, r, view.String(), "tensor_views", `"tensors_since":`)
+	families := gather(t, s)
 	var since float64
 	for _, f := range families {
 		if f.GetName() == metrics.TensorViewSinceName && len(f.GetMetric()) == 1 {
@@ -208,11 +192,22 @@ func checkOutputsSay(t *testing.T, s *session, r *snapshot.Snapshot, view snapsh
 	}
 }
 
-// checkTopHTMLPprofSay checks that top and the pprof comments say say, and
-// that the HTML page's data has htmlKey.
-func checkTopHTMLPprofSay(t *testing.T, r *snapshot.Snapshot, say, htmlKey string) {
+// checkOutputsSay checks that the JSON report's list jsonKey holds one V
+// that says say, that top and the pprof comments say it, and that the HTML
+// page's data has htmlKey.
+func checkOutputsSay[V fmt.Stringer](t *testing.T, r *snapshot.Snapshot, say, jsonKey, htmlKey string) {
 	t.Helper()
 	var out bytes.Buffer
+	if err := report.WriteJSON(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]json.RawMessage
+	var listed []V
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || json.Unmarshal(doc[jsonKey], &listed) != nil ||
+		len(listed) != 1 || listed[0].String() != say {
+		t.Errorf("JSON %s %+v (%v), want %s", jsonKey, listed, err, say)
+	}
+	out.Reset()
 	if err := report.WriteTop(&out, r, 5, &report.Growth{Window: time.Minute}); err != nil || !strings.Contains(out.String(), say) {
 		t.Errorf("top: %v\n%s", err, out.String())
 	}
@@ -227,6 +222,18 @@ func checkTopHTMLPprofSay(t *testing.T, r *snapshot.Snapshot, say, htmlKey strin
 	if p, err := profile.Parse(&out); err != nil || !strings.Contains(strings.Join(p.Comments, "\n"), say) {
 		t.Errorf("pprof comments: %v %v", err, p.Comments)
 	}
+}
+
+// gather scrapes the session's profiler's metrics.
+func gather(t *testing.T, s *session) []*dto.MetricFamily {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.Collector{Source: s.p})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return families
 }
 
 func keys[V any](m map[string]V) []string {
