@@ -17,9 +17,18 @@ import "github.com/gpu-mem/gpu-mem/snapshot"
 // drops it. What to drop is decided under the books' lock, the stacks and
 // processes dropped after.
 func (p *Profiler) DropExited(s *snapshot.Snapshot) {
+	p.DropExitedBy(s.Exits, s)
+}
+
+// DropExitedBy is DropExited for the processes among the first exits exits
+// the books saw (an earlier snapshot's Exits), s being the last snapshot
+// read. The agent drops by the interval before s, so that an exited
+// process's series stay one whole interval on /metrics: a scrape in it
+// sees the exit, whenever in the interval the exit came.
+func (p *Profiler) DropExitedBy(exits uint64, s *snapshot.Snapshot) {
 	p.naming.Lock()
 	defer p.naming.Unlock()
-	candidates := p.books.exitedBy(s.Exits, s.Waiting)
+	candidates := p.books.exitedBy(min(exits, s.Exits), s.Waiting)
 	var naming []uint32
 	for _, pid := range candidates {
 		if p.stacks.naming(pid) {

@@ -64,3 +64,22 @@ func TestPIDTakenAgain(t *testing.T) {
 		t.Errorf("%d processes after both exited", n)
 	}
 }
+
+// TestDroppedAnIntervalLater: dropping by the interval before (the agent's
+// DropExitedBy) keeps a process that exited one whole interval after the
+// one that read its exit: /metrics shows its implicit frees through it,
+// whenever in its interval the exit came.
+func TestDroppedAnIntervalLater(t *testing.T) {
+	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} })
+	p.handle(&tracer.Event{PID: 42, Op: memory.OpMemAlloc, Bytes: 100, Address: 0x1000, Timestamp: 1, Stack: []uint64{0x401000}})
+	p.handle(&tracer.Event{PID: 42, Exit: true, Timestamp: 2})
+	var before uint64                  // the interval before's Exits
+	for i, want := range []int{1, 0} { // DropExited would drop it at the first
+		s := endInterval(t, p)
+		p.DropExitedBy(before, s)
+		before = s.Exits
+		if n := p.Processes(); n != want {
+			t.Fatalf("after interval %d: %d processes, want %d", i, n, want)
+		}
+	}
+}

@@ -57,6 +57,7 @@ type agentOptions struct {
 	control      string            // the control socket's path
 	peaks        metrics.LastPeaks // the last interval's, for the gauges
 	snapshot     snapshot.Snapshot // the last interval's, its memory reused
+	exitsBefore  uint64            // the interval before's Exits: dropped at this one's end
 	pushes       pyroscope.StatusLine
 }
 
@@ -253,7 +254,8 @@ func (o *agentOptions) run(ctx context.Context) error {
 // symbols. The interval's snapshot, taken as it ends, goes to the gauges
 // (its peaks) and the push, which keeps only what changes in its profiles;
 // its memory is reused the next interval. The processes that exited before
-// it, their last rows read, are dropped then.
+// the interval before it are dropped then: each stays on /metrics one whole
+// interval after the one that read its exit.
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	t, err := p.Totals()
 	if err != nil {
@@ -281,7 +283,8 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	if exp != nil {
 		exp.Export(&o.snapshot)
 	}
-	p.DropExited(&o.snapshot)
+	p.DropExitedBy(o.exitsBefore, &o.snapshot)
+	o.exitsBefore = o.snapshot.Exits
 }
 
 // serveMetrics serves /metrics until ctx is done. A busy address is an error

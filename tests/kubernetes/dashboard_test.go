@@ -72,8 +72,9 @@ func TestGuideDashboard(t *testing.T) {
 		pod := replicaPod(t, c, "ml", p.app, p.hash, p.suffix, cids[p.app])
 		uids[p.app], pods[p.app] = string(pod.UID), pod.Name
 	}
-	// The agent keeps an exited process one interval: Prometheus scrapes
-	// it then (its implicit frees), every 200 ms.
+	// The agent keeps an exited process one whole interval after the one
+	// that read its exit: Prometheus scrapes its implicit frees then, every
+	// 200 ms.
 	agent, driver := startAgentFirst(t, 1, func(args ...string) *process {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, "--tensors=false", "--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
@@ -104,9 +105,10 @@ func TestGuideDashboard(t *testing.T) {
 		}
 		prom.waitLast(t, `mem_free_bytes_total{pid="`+pid+`",host_raw="0"}`, freed[app])
 	}
-	// The trainer exits just after an interval ended: the agent drops it at
-	// the next one's end, 5 s later, after Prometheus scraped its exit.
-	agent.waitLine(t, "status: ")
+	// The trainer exits at any point of an interval; the agent drops it at
+	// the end of the next one, 5 to 10 s later. (Dropped at the end of the
+	// interval its exit came in, an exit just before it ended was never
+	// scraped: seen on CI.)
 	fmt.Fprintln(work["trainer"].stdin)
 	work["trainer"].cmd.Wait()
 	held := first + second["trainer"] // never freed: released by the exit
