@@ -43,7 +43,7 @@ docs:
 # The BPF object and its bindings must be what program.bpf.c compiles to.
 GENERATED = tracer/gpumem_x86_bpfel.go tracer/gpumem_x86_bpfel.o
 check-generated:
-	@sha256sum $(GENERATED) > build/generated.sha256 2>/dev/null || { mkdir -p build && sha256sum $(GENERATED) > build/generated.sha256; }
+	@mkdir -p build && sha256sum $(GENERATED) > build/generated.sha256
 	@$(MAKE) -s generate
 	@sha256sum --quiet -c build/generated.sha256 || { echo "tracer/: BPF object out of date with program.bpf.c: run make generate"; exit 1; }
 
