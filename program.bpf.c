@@ -831,33 +831,26 @@ static __always_inline __u64 find_thread_state(const struct gpumem_python *py, _
 }
 
 /* A frame's first bytes, read at once: every field the walk follows lies in
- * them in 3.10 to 3.13 (3.10's f_lasti ends at 100), so that a frame costs
- * one read of user memory instead of four. A field past them, or a frame
- * whose first bytes cannot all be read (at the end of a mapping), is read
- * on its own. */
+ * them in 3.10 to 3.13 (3.10's f_lasti ends at 100; package pystack refuses
+ * a layout where one does not), so that a frame costs one read of user
+ * memory instead of four. A frame whose first bytes cannot all be read (at
+ * the end of a mapping) has its first GPUMEM_PY_FRAME_MIN read, which hold
+ * the fields of 3.11 to 3.13. */
 #define GPUMEM_PY_FRAME_HEAD 128
-
-struct frame_head {
-	__u8 bytes[GPUMEM_PY_FRAME_HEAD];
-	bool ok;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct frame_head);
-} frame_heads SEC(".maps");
+#define GPUMEM_PY_FRAME_MIN 72
 
 /* The calling thread's data stack (3.11+), read at once: the frames a walk
  * follows lie in it, one below the other, so that a walk costs one read of
  * user memory however deep. Frames outside it (generators', C-stack shims,
- * an older chunk) have their heads read one by one. It holds the bytes from
- * lo to the top frame's head. */
+ * an older chunk) have their heads read one by one into its slot, past the
+ * stack's bytes: every field of every frame is read from one buffer, which
+ * keeps the walk's paths, and the verifier's work, few. It holds the bytes
+ * from lo to the top frame's head. */
 #define GPUMEM_PY_STACK_WINDOW 16384
+#define GPUMEM_PY_SLOT GPUMEM_PY_STACK_WINDOW
 
 struct stack_window {
-	__u8 bytes[GPUMEM_PY_STACK_WINDOW + 8]; /* + 8: a field read at the last offset */
+	__u8 bytes[GPUMEM_PY_STACK_WINDOW + GPUMEM_PY_FRAME_HEAD]; /* the window, then the slot */
 	__u64 lo;
 	__u64 len; /* 0: nothing read */
 };
@@ -891,67 +884,55 @@ static __always_inline void read_stack_window(struct stack_window *w, const stru
 	w->len = len;
 }
 
-/* A frame being read: at its offset in the window or, outside it, with its
- * head read alone into a frame_head (ok when that read succeeded). */
-#define GPUMEM_OUTSIDE_WINDOW (~0ULL)
+/* locate_frame returns where frame's head is in w: in the window, or read
+ * into the slot; GPUMEM_PY_UNREADABLE when it cannot be read. */
+#define GPUMEM_PY_UNREADABLE (~0ULL)
 
-struct frame_at {
-	__u64 frame;
-	__u64 at;
-};
-
-static __always_inline struct frame_at locate_frame(const struct stack_window *w, struct frame_head *h, __u64 frame)
+static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame)
 {
-	struct frame_at f = {.frame = frame, .at = GPUMEM_OUTSIDE_WINDOW};
-	if (frame >= w->lo && frame - w->lo + GPUMEM_PY_FRAME_HEAD <= w->len) {
-		f.at = frame - w->lo;
-		return f;
-	}
-	h->ok = bpf_probe_read_user(h->bytes, sizeof(h->bytes), (void *)frame) == 0;
-	return f;
+	if (frame >= w->lo && frame - w->lo + GPUMEM_PY_FRAME_HEAD <= w->len)
+		return frame - w->lo;
+	if (bpf_probe_read_user(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_HEAD, (void *)frame) &&
+	    bpf_probe_read_user(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_MIN, (void *)frame))
+		return GPUMEM_PY_UNREADABLE;
+	return GPUMEM_PY_SLOT;
 }
 
-static __always_inline __u64 frame_u64(const struct stack_window *w, const struct frame_head *h,
-				       const struct frame_at *f, __u16 off)
+/* frame_u64 and frame_u8 read the field at offset off of the frame at at
+ * in w. */
+static __always_inline __u64 frame_u64(const struct stack_window *w, __u64 at, __u16 off)
 {
-	if (off <= GPUMEM_PY_FRAME_HEAD - 8) {
-		if (f->at != GPUMEM_OUTSIDE_WINDOW)
-			return *(const __u64 *)&w->bytes[(f->at + off) & (GPUMEM_PY_STACK_WINDOW - 1)];
-		if (h->ok)
-			return *(const __u64 *)&h->bytes[off];
-	}
-	return read_ptr(f->frame + off);
+	__u64 i = at + off;
+	if (i > sizeof(w->bytes) - 8)
+		return 0;
+	return *(const __u64 *)&w->bytes[i];
 }
 
-static __always_inline __u8 frame_u8(const struct stack_window *w, const struct frame_head *h,
-				     const struct frame_at *f, __u16 off)
+static __always_inline __u8 frame_u8(const struct stack_window *w, __u64 at, __u16 off)
 {
-	if (off < GPUMEM_PY_FRAME_HEAD) {
-		if (f->at != GPUMEM_OUTSIDE_WINDOW)
-			return w->bytes[(f->at + off) & (GPUMEM_PY_STACK_WINDOW - 1)];
-		if (h->ok)
-			return h->bytes[off];
-	}
-	return read_u8(f->frame + off);
+	__u64 i = at + off;
+	if (i > sizeof(w->bytes) - 1)
+		return 0;
+	return w->bytes[i];
 }
 
-static __always_inline void read_frame(const struct gpumem_python *py, const struct stack_window *w,
-				       const struct frame_head *h, const struct frame_at *at, struct gpumem_pyframe *f)
+static __always_inline void read_frame(const struct gpumem_python *py, const struct stack_window *w, __u64 at,
+				       __u64 frame, struct gpumem_pyframe *f)
 {
-	f->code = frame_u64(w, h, at, py->frame_code);
-	f->instr = frame_u64(w, h, at, py->frame_instr);
+	f->code = frame_u64(w, at, py->frame_code);
+	f->instr = frame_u64(w, at, py->frame_instr);
 	if (py->instr_size == 4)
 		f->instr &= 0xffffffff;
 	f->cls = 0;
 	f->flags = 0;
-	if (py->frame_is_entry != GPUMEM_PY_NO_FIELD && frame_u8(w, h, at, py->frame_is_entry))
+	if (py->frame_is_entry != GPUMEM_PY_NO_FIELD && frame_u8(w, at, py->frame_is_entry))
 		f->flags = GPUMEM_PYFRAME_ENTRY;
 	if (py->frame_localsplus != GPUMEM_PY_NO_FIELD) {
 		/* 3.10: one evaluation loop per frame; no qualified names, so keep
 		 * the class of the first argument: the object itself when it is
 		 * a class (cls), else its type (self). */
 		f->flags = GPUMEM_PYFRAME_ENTRY;
-		__u64 arg = read_ptr(at->frame + py->frame_localsplus);
+		__u64 arg = read_ptr(frame + py->frame_localsplus);
 		if (arg) {
 			__u64 type = read_ptr(arg + 8); /* ob_type */
 			__u64 tp_flags = read_ptr(type + py->type_flags);
@@ -969,8 +950,7 @@ struct walk_frames {
 
 /* walk_frame reads one frame into e->pystack and moves c to its caller;
  * false when the walk is over. */
-static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_event *e, const struct stack_window *w,
-				       struct frame_head *h)
+static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_event *e, struct stack_window *w)
 {
 	if (!c->frame)
 		return false;
@@ -978,25 +958,20 @@ static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_even
 		c->flags |= GPUMEM_PY_TRUNCATED;
 		return false;
 	}
-	struct frame_at at = locate_frame(w, h, c->frame);
-	if (c->py.owner_cstack && frame_u8(w, h, &at, c->py.frame_owner) == c->py.owner_cstack) {
+	__u64 at = locate_frame(w, c->frame);
+	if (at == GPUMEM_PY_UNREADABLE) {
+		c->flags |= GPUMEM_PY_READ_ERROR;
+		return false;
+	}
+	if (c->py.owner_cstack && frame_u8(w, at, c->py.frame_owner) == c->py.owner_cstack) {
 		/* A shim: the frame inside it was entered from C. */
 		if (c->n > 0)
 			e->pystack[(c->n - 1) & (GPUMEM_MAX_PY_FRAMES - 1)].flags |= GPUMEM_PYFRAME_ENTRY;
 	} else {
-		read_frame(&c->py, w, h, &at, &e->pystack[c->n & (GPUMEM_MAX_PY_FRAMES - 1)]);
+		read_frame(&c->py, w, at, c->frame, &e->pystack[c->n & (GPUMEM_MAX_PY_FRAMES - 1)]);
 		c->n++;
 	}
-	if (c->py.frame_previous <= GPUMEM_PY_FRAME_HEAD - 8 && (at.at != GPUMEM_OUTSIDE_WINDOW || h->ok)) {
-		c->frame = frame_u64(w, h, &at, c->py.frame_previous);
-		return true;
-	}
-	__u64 previous;
-	if (bpf_probe_read_user(&previous, sizeof(previous), (void *)(c->frame + c->py.frame_previous))) {
-		c->flags |= GPUMEM_PY_READ_ERROR;
-		return false;
-	}
-	c->frame = previous;
+	c->frame = frame_u64(w, at, c->py.frame_previous);
 	return true;
 }
 
@@ -1008,12 +983,11 @@ static long walk_frames_step(__u64 index, struct walk_frames *c)
 {
 	__u32 zero = 0;
 	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	struct frame_head *h = bpf_map_lookup_elem(&frame_heads, &zero);
 	struct stack_window *w = bpf_map_lookup_elem(&stack_windows, &zero);
-	if (!e || !h || !w)
+	if (!e || !w)
 		return 1;
 	for (int i = 0; i < GPUMEM_PY_FRAMES_PER_STEP; i++)
-		if (!walk_frame(c, e, w, h))
+		if (!walk_frame(c, e, w))
 			return 1;
 	return 0;
 }

@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,6 +45,47 @@ func loadTimes(root string) string {
 	b.WriteString("gpumem_finish, which every allocation's return program tail-calls: the Python frame walk\n")
 	b.WriteString("and the stack walk are checked by the verifier once there, not in each return program.\n")
 	fmt.Fprintf(&b, "Target: the whole object in under 3 s (%s: %.2f s).\n", verdict(igLoad < 3), igLoad)
+	b.WriteString(verifierHeadroom(object))
+	return b.String()
+}
+
+// verifierLimit is the instructions the kernel's verifier walks in one
+// program before it refuses it (BPF_COMPLEXITY_LIMIT_INSNS).
+const verifierLimit = 1_000_000
+
+var processedInsns = regexp.MustCompile(`processed (\d+) insns`)
+
+// verifierHeadroom says how much of the verifier's limit each of gpumem's
+// programs with stacks takes: a program near it is refused after a small
+// change (to the walks, or by another kernel's verifier), so it bounds any
+// change to them.
+func verifierHeadroom(object string) string {
+	spec, err := ebpf.LoadCollectionSpec(object)
+	check(err)
+	spec.Maps["ig_build_id"].MaxEntries = 1024
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}})
+	check(err)
+	defer coll.Close()
+	var lines []string
+	for name, p := range coll.Programs {
+		m := processedInsns.FindStringSubmatch(p.VerifierLog)
+		if m == nil {
+			continue
+		}
+		n, err := strconv.Atoi(m[1])
+		check(err)
+		if n > verifierLimit/10 {
+			lines = append(lines, fmt.Sprintf("| %s | %d | %.0f%% |\n", name, n, 100*float64(n)/verifierLimit))
+		}
+	}
+	slices.Sort(lines)
+	var b strings.Builder
+	b.WriteString("\nWhat the verifier walks in each program above a tenth of its limit (1,000,000 instructions), gpumem's\n")
+	b.WriteString("options (the tensor and driver paths walk Python stacks; a program past the limit is refused at load):\n\n")
+	b.WriteString("| program | instructions processed | of the limit |\n| --- | ---: | ---: |\n")
+	for _, l := range lines {
+		b.WriteString(l)
+	}
 	return b.String()
 }
 

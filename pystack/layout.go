@@ -4,7 +4,11 @@
 // it captured.
 package pystack
 
-import "github.com/gpu-mem/gpu-mem/tracer"
+import (
+	"fmt"
+
+	"github.com/gpu-mem/gpu-mem/tracer"
+)
 
 // Layout is where CPython keeps what gpu-mem reads, in bytes, for one minor
 // version. Offsets were taken from each version's internal headers and are
@@ -108,6 +112,37 @@ var layouts = map[string]Layout{
 		CodeAdaptive: 200, CodeVarnames: no, UnicodeASCII: 40, UnicodeCompact: 56,
 		BytesData: 32, TupleItems: 24, TypeName: 24,
 	},
+}
+
+// The BPF program reads a frame's first frameHead bytes at once
+// (GPUMEM_PY_FRAME_HEAD), or, at the end of a mapping, its first frameMin
+// (GPUMEM_PY_FRAME_MIN) where frames live on a data stack (3.11+: 3.10's
+// are heap objects of 352 bytes and more): the fields it follows must lie
+// in them.
+const (
+	frameHead = 128
+	frameMin  = 72
+)
+
+// checkFrameHead says whether the frame fields the walk follows lie where
+// the BPF program reads them.
+func (l Layout) checkFrameHead() error {
+	end := uint16(frameHead)
+	if l.TstateDatastackChunk != no {
+		end = frameMin
+	}
+	for _, f := range []struct {
+		name      string
+		off, size uint16
+	}{
+		{"previous", l.FramePrevious, 8}, {"code", l.FrameCode, 8}, {"instruction", l.FrameInstr, uint16(l.InstrSize)},
+		{"owner", l.FrameOwner, 1}, {"is_entry", l.FrameIsEntry, 1},
+	} {
+		if f.off != no && f.off+f.size > end {
+			return fmt.Errorf("a frame's %s at offset %d: past the %d bytes of a frame read at once", f.name, f.off, end)
+		}
+	}
+	return nil
 }
 
 // walk is what the BPF program needs for a process whose _PyRuntime is at

@@ -155,3 +155,19 @@ func TestDetectRejectsOtherProcesses(t *testing.T) {
 		t.Error("Detect of a missing process succeeded")
 	}
 }
+
+// TestFrameFieldsInTheHead: every version's frame fields lie in the bytes
+// the BPF program reads of a frame at once, and a layout with one past
+// them is refused.
+func TestFrameFieldsInTheHead(t *testing.T) {
+	for version, l := range layouts {
+		if err := l.checkFrameHead(); err != nil {
+			t.Errorf("%s: %v", version, err)
+		}
+	}
+	l := layouts["3.13"]
+	l.FrameOwner = frameMin
+	if err := l.checkFrameHead(); err == nil || err.Error() != "a frame's owner at offset 72: past the 72 bytes of a frame read at once" {
+		t.Errorf("owner past the head: %v", err)
+	}
+}

@@ -13,12 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type gpumemFrameHead struct {
-	_     structs.HostLayout
-	Bytes [128]uint8
-	Ok    bool
-}
-
 type gpumemGenericParam struct {
 	_             structs.HostLayout
 	CorrelationId uint64
@@ -354,7 +348,7 @@ type gpumemGpumemUsdtSite struct {
 
 type gpumemStackWindow struct {
 	_     structs.HostLayout
-	Bytes [16392]uint8
+	Bytes [16512]uint8
 	Lo    uint64
 	Len   uint64
 }
@@ -373,7 +367,6 @@ const (
 	gpumemMapEventsLostSamples                       = "events_lost_samples"
 	gpumemMapFinishAllocations                       = "finish_allocations"
 	gpumemMapFinishing                               = "finishing"
-	gpumemMapFrameHeads                              = "frame_heads"
 	gpumemMapGadgetHeap                              = "gadget_heap"
 	gpumemMapGadgetMntnsFilterMap                    = "gadget_mntns_filter_map"
 	gpumemMapIgBuildId                               = "ig_build_id"
@@ -595,7 +588,6 @@ type gpumemMapSpecs struct {
 	EventsLostSamples    *ebpf.MapSpec `ebpf:"events_lost_samples"`
 	FinishAllocations    *ebpf.MapSpec `ebpf:"finish_allocations"`
 	Finishing            *ebpf.MapSpec `ebpf:"finishing"`
-	FrameHeads           *ebpf.MapSpec `ebpf:"frame_heads"`
 	GadgetHeap           *ebpf.MapSpec `ebpf:"gadget_heap"`
 	GadgetMntnsFilterMap *ebpf.MapSpec `ebpf:"gadget_mntns_filter_map"`
 	IgBuildId            *ebpf.MapSpec `ebpf:"ig_build_id"`
@@ -693,7 +685,6 @@ type gpumemMaps struct {
 	EventsLostSamples    *ebpf.Map `ebpf:"events_lost_samples"`
 	FinishAllocations    *ebpf.Map `ebpf:"finish_allocations"`
 	Finishing            *ebpf.Map `ebpf:"finishing"`
-	FrameHeads           *ebpf.Map `ebpf:"frame_heads"`
 	GadgetHeap           *ebpf.Map `ebpf:"gadget_heap"`
 	GadgetMntnsFilterMap *ebpf.Map `ebpf:"gadget_mntns_filter_map"`
 	IgBuildId            *ebpf.Map `ebpf:"ig_build_id"`
@@ -730,7 +721,6 @@ func (m *gpumemMaps) Close() error {
 		m.EventsLostSamples,
 		m.FinishAllocations,
 		m.Finishing,
-		m.FrameHeads,
 		m.GadgetHeap,
 		m.GadgetMntnsFilterMap,
 		m.IgBuildId,
