@@ -813,21 +813,58 @@ static __always_inline __u64 thread_pointer(void)
 #endif
 }
 
-/* find_thread_state returns the PyThreadState of the calling thread, by its
- * thread pointer: PyThreadState.thread_id is pthread_self(), which on x86-64
- * is the fs base. The GIL holder is not used: ctypes and PyTorch release the
- * GIL around native calls. */
-static __always_inline __u64 find_thread_state(const struct gpumem_python *py, __u32 tid)
+/* The thread state's fields a walk reads (its frame, its thread id, its
+ * data stack chunk), read at once from the first of them, the frame: they
+ * lie within GPUMEM_PY_TSTATE_HEAD bytes of it in 3.10 to 3.13 (package
+ * pystack refuses a layout where they do not), so that a thread state
+ * costs one read of user memory instead of three. */
+#define GPUMEM_PY_TSTATE_HEAD 256
+
+struct tstate_head {
+	__u8 bytes[GPUMEM_PY_TSTATE_HEAD];
+	__u16 lo; /* the offset of bytes[0] in the thread state: its frame's */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tstate_head);
+} tstate_heads SEC(".maps");
+
+/* read_tstate_head reads thread state ts's fields into h; false when they
+ * cannot be read. */
+static __always_inline bool read_tstate_head(struct tstate_head *h, const struct gpumem_python *py, __u64 ts)
+{
+	h->lo = py->tstate_frame;
+	return bpf_probe_read_user(h->bytes, sizeof(h->bytes), (void *)(ts + py->tstate_frame)) == 0;
+}
+
+static __always_inline __u64 tstate_u64(const struct tstate_head *h, __u16 off)
+{
+	__u64 i = (__u16)(off - h->lo);
+	if (i > sizeof(h->bytes) - 8)
+		return 0;
+	return *(const __u64 *)&h->bytes[i];
+}
+
+/* find_thread_state reads the PyThreadState of the calling thread into h,
+ * found by its thread pointer: PyThreadState.thread_id is pthread_self(),
+ * which on x86-64 is the fs base. The GIL holder is not used: ctypes and
+ * PyTorch release the GIL around native calls. False when there is none,
+ * or its fields cannot be read. */
+static __always_inline bool find_thread_state(struct tstate_head *h, const struct gpumem_python *py, __u32 tid)
 {
 	struct find_thread c = {.py = *py, .self = thread_pointer()};
 
 	__u64 *cached = bpf_map_lookup_elem(&python_threads, &tid);
-	if (cached && read_ptr(*cached + py->tstate_thread_id) == c.self)
-		return *cached;
+	if (cached && read_tstate_head(h, py, *cached) && tstate_u64(h, py->tstate_thread_id) == c.self)
+		return true;
 	bpf_loop(GPUMEM_MAX_INTERPRETERS * (GPUMEM_MAX_THREADS + 1), find_thread_step, &c, 0);
-	if (c.found)
-		bpf_map_update_elem(&python_threads, &tid, &c.found, BPF_ANY);
-	return c.found;
+	if (!c.found || !read_tstate_head(h, py, c.found))
+		return false;
+	bpf_map_update_elem(&python_threads, &tid, &c.found, BPF_ANY);
+	return true;
 }
 
 /* A frame's first bytes, read at once: every field the walk follows lies in
@@ -865,13 +902,13 @@ struct {
 /* read_stack_window reads the thread's data stack chunk, from its start or
  * as far below the top frame as the window holds, up to the top frame's
  * head. */
-static __always_inline void read_stack_window(struct stack_window *w, const struct gpumem_python *py, __u64 ts,
-					      __u64 top)
+static __always_inline void read_stack_window(struct stack_window *w, const struct gpumem_python *py,
+					      const struct tstate_head *h, __u64 top)
 {
 	w->len = 0;
 	if (py->tstate_datastack_chunk == GPUMEM_PY_NO_FIELD || !top)
 		return;
-	__u64 chunk = read_ptr(ts + py->tstate_datastack_chunk);
+	__u64 chunk = tstate_u64(h, py->tstate_datastack_chunk);
 	__u64 chunk_size = read_ptr(chunk + 8); /* _PyStackChunk: previous, size, top, data */
 	__u64 end = top + GPUMEM_PY_FRAME_HEAD;
 	if (!chunk || top < chunk || end > chunk + chunk_size)
@@ -999,19 +1036,19 @@ static __always_inline void capture_python(struct gpumem_event *e)
 	struct gpumem_python *py = bpf_map_lookup_elem(&python_procs, &e->proc.pid);
 	if (!py)
 		return;
-	__u64 ts = find_thread_state(py, e->proc.tid);
-	if (!ts) {
+	__u32 zero = 0;
+	struct tstate_head *h = bpf_map_lookup_elem(&tstate_heads, &zero);
+	struct stack_window *w = bpf_map_lookup_elem(&stack_windows, &zero);
+	if (!h || !w)
+		return;
+	if (!find_thread_state(h, py, e->proc.tid)) {
 		e->stack_flags = GPUMEM_PY_NO_THREAD;
 		return;
 	}
-	__u32 zero = 0;
-	struct stack_window *w = bpf_map_lookup_elem(&stack_windows, &zero);
-	if (!w)
-		return;
-	struct walk_frames c = {.py = *py, .frame = read_ptr(ts + py->tstate_frame)};
+	struct walk_frames c = {.py = *py, .frame = tstate_u64(h, py->tstate_frame)};
 	if (py->cframe_current_frame != GPUMEM_PY_NO_FIELD)
 		c.frame = read_ptr(c.frame + py->cframe_current_frame);
-	read_stack_window(w, py, ts, c.frame);
+	read_stack_window(w, py, h, c.frame);
 	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_FRAMES_PER_STEP, walk_frames_step, &c, 0);
 	if (c.frame && !c.flags)
 		c.flags = GPUMEM_PY_TRUNCATED; /* more shims than the walk allows */

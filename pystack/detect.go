@@ -99,7 +99,7 @@ func detectFile(f *elf.File, start uint64, version string) (*Process, error) {
 		if layout, err = debugOffsets(f, sym, layout); err != nil {
 			return nil, err
 		}
-		if err := layout.checkFrameHead(); err != nil {
+		if err := layout.checkReadAtOnce(); err != nil {
 			return nil, fmt.Errorf("_Py_DebugOffsets: %w", err)
 		}
 	}

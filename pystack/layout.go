@@ -114,32 +114,46 @@ var layouts = map[string]Layout{
 	},
 }
 
-// The BPF program reads a frame's first frameHead bytes at once
-// (GPUMEM_PY_FRAME_HEAD), or, at the end of a mapping, its first frameMin
-// (GPUMEM_PY_FRAME_MIN) where frames live on a data stack (3.11+: 3.10's
-// are heap objects of 352 bytes and more): the fields it follows must lie
-// in them.
+// The BPF program reads a thread state's fields from its frame's on, its
+// first tstateHead bytes (GPUMEM_PY_TSTATE_HEAD), and a frame's first
+// frameHead bytes (GPUMEM_PY_FRAME_HEAD), or, at the end of a mapping, its
+// first frameMin (GPUMEM_PY_FRAME_MIN) where frames live on a data stack
+// (3.11+: 3.10's are heap objects of 352 bytes and more), each at once:
+// the fields it follows must lie in them.
 const (
-	frameHead = 128
-	frameMin  = 72
+	tstateHead = 256
+	frameHead  = 128
+	frameMin   = 72
 )
 
-// checkFrameHead says whether the frame fields the walk follows lie where
-// the BPF program reads them.
-func (l Layout) checkFrameHead() error {
+type field struct {
+	name      string
+	off, size uint16
+}
+
+// checkReadAtOnce says whether the fields the walk follows lie where the
+// BPF program reads them.
+func (l Layout) checkReadAtOnce() error {
+	thread := []field{{"thread id", l.TstateThreadID, 8}, {"data stack chunk", l.TstateDatastackChunk, 8}}
+	if err := checkFields("thread state's", thread, l.TstateFrame, tstateHead); err != nil {
+		return err
+	}
 	end := uint16(frameHead)
 	if l.TstateDatastackChunk != no {
 		end = frameMin
 	}
-	for _, f := range []struct {
-		name      string
-		off, size uint16
-	}{
+	frame := []field{
 		{"previous", l.FramePrevious, 8}, {"code", l.FrameCode, 8}, {"instruction", l.FrameInstr, uint16(l.InstrSize)},
 		{"owner", l.FrameOwner, 1}, {"is_entry", l.FrameIsEntry, 1},
-	} {
-		if f.off != no && f.off+f.size > end {
-			return fmt.Errorf("a frame's %s at offset %d: past the %d bytes of a frame read at once", f.name, f.off, end)
+	}
+	return checkFields("frame's", frame, 0, end)
+}
+
+// checkFields says whether fields lie within n bytes from offset from.
+func checkFields(of string, fields []field, from, n uint16) error {
+	for _, f := range fields {
+		if f.off != no && (f.off < from || f.off+f.size > from+n) {
+			return fmt.Errorf("a %s %s at offset %d: outside the %d bytes from %d read at once", of, f.name, f.off, n, from)
 		}
 	}
 	return nil

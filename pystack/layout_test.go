@@ -156,18 +156,27 @@ func TestDetectRejectsOtherProcesses(t *testing.T) {
 	}
 }
 
-// TestFrameFieldsInTheHead: every version's frame fields lie in the bytes
-// the BPF program reads of a frame at once, and a layout with one past
-// them is refused.
-func TestFrameFieldsInTheHead(t *testing.T) {
+// TestFieldsReadAtOnce: every version's thread state and frame fields lie
+// in the bytes the BPF program reads of them at once, and a layout with
+// one outside them is refused.
+func TestFieldsReadAtOnce(t *testing.T) {
 	for version, l := range layouts {
-		if err := l.checkFrameHead(); err != nil {
+		if err := l.checkReadAtOnce(); err != nil {
 			t.Errorf("%s: %v", version, err)
 		}
 	}
-	l := layouts["3.13"]
-	l.FrameOwner = frameMin
-	if err := l.checkFrameHead(); err == nil || err.Error() != "a frame's owner at offset 72: past the 72 bytes of a frame read at once" {
-		t.Errorf("owner past the head: %v", err)
+	for _, c := range []struct {
+		change func(*Layout)
+		want   string
+	}{
+		{func(l *Layout) { l.FrameOwner = frameMin }, "a frame's owner at offset 72: outside the 72 bytes from 0 read at once"},
+		{func(l *Layout) { l.TstateDatastackChunk = 72 + tstateHead - 4 }, "a thread state's data stack chunk at offset 324: outside the 256 bytes from 72 read at once"},
+		{func(l *Layout) { l.TstateThreadID = 64 }, "a thread state's thread id at offset 64: outside the 256 bytes from 72 read at once"},
+	} {
+		l := layouts["3.13"]
+		c.change(&l)
+		if err := l.checkReadAtOnce(); err == nil || err.Error() != c.want {
+			t.Errorf("%v, want %s", err, c.want)
+		}
 	}
 }

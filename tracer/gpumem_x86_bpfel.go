@@ -353,6 +353,12 @@ type gpumemStackWindow struct {
 	Len   uint64
 }
 
+type gpumemTstateHead struct {
+	_     structs.HostLayout
+	Bytes [256]uint8
+	Lo    uint16
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -388,6 +394,7 @@ const (
 	gpumemMapTargetPids                              = "target_pids"
 	gpumemMapThreadContexts                          = "thread_contexts"
 	gpumemMapTracedPids                              = "traced_pids"
+	gpumemMapTstateHeads                             = "tstate_heads"
 	gpumemMapUsdtSites                               = "usdt_sites"
 	gpumemProgGpumemEnter                            = "gpumem_enter"
 	gpumemProgGpumemEnterCuCtxCreateV2               = "gpumem_enter_cuCtxCreate_v2"
@@ -609,6 +616,7 @@ type gpumemMapSpecs struct {
 	TargetPids           *ebpf.MapSpec `ebpf:"target_pids"`
 	ThreadContexts       *ebpf.MapSpec `ebpf:"thread_contexts"`
 	TracedPids           *ebpf.MapSpec `ebpf:"traced_pids"`
+	TstateHeads          *ebpf.MapSpec `ebpf:"tstate_heads"`
 	UsdtSites            *ebpf.MapSpec `ebpf:"usdt_sites"`
 }
 
@@ -706,6 +714,7 @@ type gpumemMaps struct {
 	TargetPids           *ebpf.Map `ebpf:"target_pids"`
 	ThreadContexts       *ebpf.Map `ebpf:"thread_contexts"`
 	TracedPids           *ebpf.Map `ebpf:"traced_pids"`
+	TstateHeads          *ebpf.Map `ebpf:"tstate_heads"`
 	UsdtSites            *ebpf.Map `ebpf:"usdt_sites"`
 }
 
@@ -742,6 +751,7 @@ func (m *gpumemMaps) Close() error {
 		m.TargetPids,
 		m.ThreadContexts,
 		m.TracedPids,
+		m.TstateHeads,
 		m.UsdtSites,
 	)
 }
