@@ -14,7 +14,8 @@
 # all (--tensors=all: the tensor view for every process, the default before),
 # tensors (the tensor view switched on for the model's process), native
 # (the same with --tensor-native-stacks), base (BASE_GPUMEM agent with its
-# defaults: another build, e.g. the one before a change, side by side),
+# defaults, or BASE_FLAGS, PID replaced by the model's: another build, e.g.
+# the one before a change, side by side),
 # nobudget (the default with --driver-budget=0: the driver view never
 # switched off, whatever it costs; against default where every tensor
 # reaches the driver, PYTORCH_NO_CUDA_MEMORY_CACHING=1).
@@ -33,6 +34,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 rounds=${ROUNDS:-5}
 read -ra modes <<<"${MODES:-none default tensors native}"
 tensor_flags=${TENSORS_FLAGS:---tensor-pid PID}
+BASE_FLAGS=${BASE_FLAGS:-}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 sysctl -qw kernel.bpf_stats_enabled=1 || echo "model.sh: no BPF run time (kernel.bpf_stats_enabled)" >&2
@@ -90,6 +92,7 @@ for mode in "${windows[@]}"; do
 	all) flags=(--tensors=all) ;;
 	tensors) read -ra flags <<<"${tensor_flags//PID/$py}" ;;
 	native) read -ra flags <<<"${tensor_flags//PID/$py} --tensor-native-stacks" ;;
+	base) read -ra flags <<<"${BASE_FLAGS//PID/$py}" ;;
 	esac
 	bin=$gpumem
 	[ "$mode" = base ] && bin=$BASE_GPUMEM
