@@ -61,7 +61,7 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	switch {
 	case ev.Exit:
 		b.exitLocked(ev.PID, ev.Timestamp)
-	case ev.Op.MakesContext(), ev.Op == memory.OpCtxDestroy:
+	case ev.Op.MakesContext(), ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
 		// sized by NVML, beside the ledger (gpumemory.go)
 	case ev.Op.IsFree():
 		b.ledger.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)

@@ -35,11 +35,11 @@ var (
 // (sampling): at every scan, when a context is made or destroyed, after an
 // out-of-memory failure, and before every snapshot and totals, which wait
 // for it. Each read is reconciled with the books at that moment: what a
-// traced process uses beyond its traced memory is its contexts gpu-mem
-// saw made (each NVML's growth across its creation, charged to the stack
-// that made it) and the rest; that, and what an untraced process uses,
-// become rows of their own (KindContext, KindDriverInternal, KindUntraced),
-// so that every output shows them.
+// traced process uses beyond its traced memory is its contexts and
+// modules gpu-mem saw made (each NVML's growth across its making, charged
+// to the stack that made it) and the rest; that, and what an untraced
+// process uses, become rows of their own (KindContext, KindModule,
+// KindDriverInternal, KindUntraced), so that every output shows them.
 type gpuMemory struct {
 	path     string
 	sampling *job        // nil without a library to read
@@ -57,17 +57,18 @@ type gpuMemory struct {
 	// rows are NVML's rows: their live bytes are the latest read's, what
 	// they grew by counted as allocations, what they shrank by as frees.
 	rows map[accounting.Key]accounting.Counters
-	// contexts are the contexts seen made, sized by the first read after;
-	// residual is each traced process's NVML number less its traced
-	// memory on each GPU, at the last read: what a context grew it by.
-	contexts []*cudaContext
+	// charged are the contexts and modules seen made, sized by the first
+	// read after; residual is each traced process's NVML number less its
+	// traced memory on each GPU, at the last read: what one grew it by.
+	charged  []*madeCharge
 	residual map[processDevice]int64
 }
 
-// cudaContext is a context seen made, until destroyed or its process gone.
-type cudaContext struct {
-	row     accounting.Key // its process, the stack that made it, KindContext, its device
-	address uint64
+// madeCharge is a context seen made or a module seen loaded, until
+// destroyed, unloaded or its process gone.
+type madeCharge struct {
+	row     accounting.Key // its process, the stack that made it, KindContext or KindModule, its device
+	address uint64         // the context's or module's handle
 	bytes   uint64
 	sized   bool
 }
@@ -253,40 +254,44 @@ func readComm(procRoot string, pid uint32) string {
 	return strings.TrimSuffix(string(data), "\n")
 }
 
-// update installs a reconciled read: the contexts made since the last one
-// sized, each process's part beyond its contexts, the view, the rows.
+// update installs a reconciled read: the contexts and modules made since
+// the last one sized, each process's part beyond them, the view, the rows.
 func (g *gpuMemory) update(r reconciled) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.sizeContexts(r.residual)
+	g.sizeCharged(r.residual)
 	live := r.untraced
-	inContexts := map[processDevice]uint64{}
-	for _, c := range g.contexts {
+	inContexts, inModules := map[processDevice]uint64{}, map[processDevice]uint64{}
+	for _, c := range g.charged {
 		if c.sized {
 			live[c.row] += c.bytes
-			inContexts[processDevice{c.row.PID, c.row.Device}] += c.bytes
+			in := inContexts
+			if c.row.Kind == memory.KindModule {
+				in = inModules
+			}
+			in[processDevice{c.row.PID, c.row.Device}] += c.bytes
 		}
 	}
 	for pd, rest := range r.residual {
-		rest -= int64(inContexts[pd])
+		rest -= int64(inContexts[pd] + inModules[pd])
 		live[accounting.Key{PID: pd.pid, Stack: stackDriverInternal, Kind: memory.KindDriverInternal, Device: pd.device}] = uint64(max(rest, 0))
 	}
 	for pd, pm := range r.traced {
-		pm.Contexts = inContexts[pd]
-		pm.DriverInternal -= int64(pm.Contexts)
+		pm.Contexts, pm.Modules = inContexts[pd], inModules[pd]
+		pm.DriverInternal -= int64(pm.Contexts + pm.Modules)
 	}
 	g.view, g.residual = r.view, r.residual
 	g.setRows(live)
 }
 
-// sizeContexts gives the contexts made since the last read their bytes:
-// what their process's NVML number less its traced memory grew by on
-// their GPU (from nothing where NVML did not list the process there),
-// shared alike by the contexts made on it meanwhile. Sized contexts of a
+// sizeCharged gives the contexts and modules made since the last read
+// their bytes: what their process's NVML number less its traced memory
+// grew by on their GPU (from nothing where NVML did not list the process
+// there), shared alike by those made on it meanwhile. Sized ones of a
 // process NVML no longer lists on their GPU are dropped: gone with it.
-func (g *gpuMemory) sizeContexts(residual map[processDevice]int64) {
-	made := map[processDevice][]*cudaContext{}
-	g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool {
+func (g *gpuMemory) sizeCharged(residual map[processDevice]int64) {
+	made := map[processDevice][]*madeCharge{}
+	g.charged = slices.DeleteFunc(g.charged, func(c *madeCharge) bool {
 		pd := processDevice{c.row.PID, c.row.Device}
 		_, listed := residual[pd]
 		if !c.sized && listed {
@@ -328,40 +333,53 @@ func (g *gpuMemory) setRows(live map[accounting.Key]uint64) {
 	}
 }
 
-// contextEvent notes a context made (with the stack id that made it) or
-// destroyed, and has NVML read: the read sizes it. Without NVML, nothing.
-func (g *gpuMemory) contextEvent(ev *tracer.Event, id accounting.StackID) {
+// madeEvent notes a context made or a module loaded (with the stack id
+// that made it), or one destroyed or unloaded, and has NVML read: the read
+// sizes it. Without NVML, nothing.
+func (g *gpuMemory) madeEvent(ev *tracer.Event, id accounting.StackID) {
 	if g.sampling == nil || g.none.Load() {
 		return
 	}
 	g.mu.Lock()
-	if ev.Op.MakesContext() {
-		g.contexts = append(g.contexts, &cudaContext{
-			row:     accounting.Key{PID: ev.PID, Stack: id, Kind: memory.KindContext, Device: ev.Device},
+	kind := madeKind(ev.Op)
+	if ev.Op.MakesContext() || ev.Op.LoadsModule() {
+		g.charged = append(g.charged, &madeCharge{
+			row:     accounting.Key{PID: ev.PID, Stack: id, Kind: kind, Device: ev.Device},
 			address: ev.Address,
 		})
 	} else {
-		g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool { return c.row.PID == ev.PID && c.address == ev.Address })
+		g.charged = slices.DeleteFunc(g.charged, func(c *madeCharge) bool {
+			return c.row.PID == ev.PID && c.row.Kind == kind && c.address == ev.Address
+		})
 	}
 	g.mu.Unlock()
 	g.sampling.ask()
 }
 
-// exited forgets the contexts of a process that exited.
+// madeKind is the kind of memory op makes or ends: a module's, else a
+// context's.
+func madeKind(op memory.Op) memory.Kind {
+	if op.LoadsModule() || op.UnloadsModule() {
+		return memory.KindModule
+	}
+	return memory.KindContext
+}
+
+// exited forgets the contexts and modules of a process that exited.
 func (g *gpuMemory) exited(pid uint32) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool { return c.row.PID == pid })
+	g.charged = slices.DeleteFunc(g.charged, func(c *madeCharge) bool { return c.row.PID == pid })
 }
 
-// addContexts adds the sized contexts' rows that keep says to s, before
-// its rows are named (their stacks are the stack store's), and notes
-// their processes in procs.
-func (g *gpuMemory) addContexts(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool) {
+// addStackRows adds the sized contexts' and modules' rows that keep says
+// to s, before its rows are named (their stacks are the stack store's),
+// and notes their processes in procs.
+func (g *gpuMemory) addStackRows(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for k, c := range g.rows {
-		if k.Kind == memory.KindContext && keep(k) {
+		if k.Kind.FromNVMLWithStack() && keep(k) {
 			s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c})
 			procs[k.PID] = nil
 		}
@@ -381,7 +399,7 @@ func (g *gpuMemory) addTo(s *snapshot.Snapshot, procs map[uint32]*process, keep 
 	first := uint32(len(s.Frames))
 	s.Frames = append(s.Frames, frameDriverInternal, frameUntraced)
 	for k, c := range g.rows {
-		if !keep(k) || k.Kind == memory.KindContext {
+		if !keep(k) || k.Kind.FromNVMLWithStack() {
 			continue
 		}
 		e := snapshot.Entry{Key: k, Counters: c, Frames: []uint32{first}}

@@ -19,7 +19,7 @@ import (
 func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 	g := (&Profiler{}).newGPUMemory("libnvidia-ml.so.1") // never loaded: its job is not started
 	made := func(pid uint32, stack accounting.StackID, device int32, address uint64) {
-		g.contextEvent(&tracer.Event{PID: pid, Op: memory.OpCtxCreate, Device: device, Address: address}, stack)
+		g.madeEvent(&tracer.Event{PID: pid, Op: memory.OpCtxCreate, Device: device, Address: address}, stack)
 	}
 	read := func(residual map[processDevice]int64) map[accounting.Key]uint64 {
 		view := &snapshot.GPUMemory{GPUs: []snapshot.GPU{{}}}
@@ -58,7 +58,7 @@ func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 	if pm := g.view.GPUs[0].Processes[0]; pm.Contexts != 1341 || pm.DriverInternal != 0 {
 		t.Errorf("view %+v, want contexts 1341, nothing else", pm)
 	}
-	g.contextEvent(&tracer.Event{PID: 7, Op: memory.OpCtxDestroy, Address: 0xb}, 0)
+	g.madeEvent(&tracer.Event{PID: 7, Op: memory.OpCtxDestroy, Address: 0xb}, 0)
 	got = read(map[processDevice]int64{{7, 0}: 1001 + 340 + 60}) // the destroyed one's 500 not given back yet
 	if want := map[accounting.Key]uint64{ctx(7, 1): 501, ctx(7, 3): 340, internal(7): 560}; !maps.Equal(got, want) {
 		t.Errorf("one destroyed: %v, want %v", got, want)
@@ -73,7 +73,7 @@ func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 	if c := g.rows[internal(7)]; c.FreeBytes != 500 || c.FreeCount != 1 || c.LiveBytes() != 60 {
 		t.Errorf("driver-internal counters %+v, want 500 bytes in one shrink", c)
 	}
-	if got := read(map[processDevice]int64{}); len(got) != 0 || len(g.contexts) != 0 {
-		t.Errorf("the process gone: rows %v, contexts %d; want none", got, len(g.contexts))
+	if got := read(map[processDevice]int64{}); len(got) != 0 || len(g.charged) != 0 {
+		t.Errorf("the process gone: rows %v, contexts %d; want none", got, len(g.charged))
 	}
 }
