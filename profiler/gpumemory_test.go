@@ -31,7 +31,7 @@ func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 			pm := &view.GPUs[0].Processes[i]
 			traced[processDevice{pm.PID, 0}] = pm
 		}
-		g.update(reconciled{view: view, residual: residual, traced: traced, untraced: map[accounting.Key]uint64{}})
+		g.update(reconciled{view: view, residual: residual, traced: traced, untraced: map[accounting.Key]uint64{}, onlyOn: map[uint32]int32{}})
 		live := map[accounting.Key]uint64{}
 		for k, c := range g.rows {
 			live[k] = c.LiveBytes()
