@@ -1176,15 +1176,20 @@ static __always_inline __u64 context_made(const struct gpumem_call *call)
 	return key.ctx;
 }
 
-/* begin_context begins the event of a context made: its pointer, its
- * device; report_allocation adds the stacks that made it. */
+/* begin_context begins the event of a context made or a module loaded:
+ * its handle, its device (a context's argument; a module's, the calling
+ * thread's current context's); report_allocation adds the stacks that made
+ * it. */
 static __always_inline void begin_context(struct gpumem_event *e, const struct gpumem_call *call, __u64 context)
 {
 	begin_event(e, call->op, 0, false);
 	e->timestamp = bpf_ktime_get_ns();
 	e->address = context;
 	e->bytes = 0;
-	e->device = (__s32)call->bytes; /* the device argument */
+	if (gpumem_op_is_module(call->op))
+		e->device = current_device(call, e->proc.tid);
+	else
+		e->device = (__s32)call->bytes; /* the device argument */
 }
 
 /* ---- end of CUDA contexts made and destroyed */
@@ -1251,6 +1256,22 @@ static __always_inline int report_retain(struct pt_regs *ctx, const struct gpume
 	return report_address(call->op, handle, false);
 }
 
+
+/* module_loaded is the module or library a successful load returned, else
+ * 0; a successful unload is reported here, by its handle, once the driver
+ * let its images go (NVML, read after it, no longer counts them). Reported
+ * by gpumem's own attach only, for the reconciliation with NVML
+ * (profiler/gpumemory.go). */
+static __always_inline __u64 module_loaded(struct pt_regs *ctx, const struct gpumem_call *call)
+{
+	if (PT_REGS_RC(ctx) != 0)
+		return 0;
+	if (gpumem_op_unloads_module(call->op)) {
+		report_address(call->op, call->target, false);
+		return 0;
+	}
+	return read_ptr(call->target); /* the out-parameter */
+}
 
 /* Thread exit: drop a call the thread never returned from; on the last
  * thread of a traced process, report the exit so that user space releases
@@ -1330,7 +1351,8 @@ static __always_inline int enter_op(struct pt_regs *ctx, __u16 op, bool stock_ig
 	case GPUMEM_OP_CTX_CREATE_V4: /* (pctx, ctxCreateParams, flags, dev) */
 		return enter(op, target, PT_REGS_PARM4(ctx), 0);
 	}
-	if (gpumem_op_is_context(op))
+	/* A module load's (pmod, image...), an unload's (hmod): no size. */
+	if (gpumem_op_is_context(op) || gpumem_op_is_module(op))
 		return enter(op, target, 0, 0);
 	return enter(op, target, PT_REGS_PARM2(ctx), 0);
 }
@@ -1374,12 +1396,16 @@ int gpumem_leave(struct pt_regs *ctx)
 	 * books user space closed then stay closed; counted instead. */
 	if (driver_view_off(id >> 32))
 		return 0;
-	__u64 made = 0; /* a context made: reported as an allocation is */
+	__u64 made = 0; /* a context made or a module loaded: reported as an allocation is */
 	if (gpumem_op_is_context(call->op)) {
 		made = PT_REGS_RC(ctx) == 0 ? context_made(call) : 0;
 		if (call->op == GPUMEM_OP_CTX_DESTROY && PT_REGS_RC(ctx) == 0)
 			report_address(call->op, call->target, false);
 		leave_context(ctx, call, id);
+		if (!made)
+			return 0;
+	} else if (gpumem_op_is_module(call->op)) {
+		made = module_loaded(ctx, call);
 		if (!made)
 			return 0;
 	}

@@ -38,6 +38,14 @@ const (
 	OpCtxCreateV3               Op = 37
 	OpCtxCreateV4               Op = 38
 	OpCtxDestroy                Op = 39
+	OpModuleLoad                Op = 48
+	OpModuleLoadData            Op = 49
+	OpModuleLoadDataEx          Op = 50
+	OpModuleLoadFatBinary       Op = 51
+	OpLibraryLoadData           Op = 52
+	OpLibraryLoadFromFile       Op = 53
+	OpModuleUnload              Op = 54
+	OpLibraryUnload             Op = 55
 )
 
 // Kind is the kind of memory an allocation holds.
@@ -54,15 +62,22 @@ const (
 	// cuCtxCreate), charged to the stack that made it.
 	KindContext
 	// KindDriverInternal is what NVML says a process uses on a GPU beyond
-	// the memory gpu-mem traced and the contexts it saw made there: kernel
-	// images, the driver's internal buffers, and contexts made before
-	// gpu-mem attached.
+	// the memory gpu-mem traced and the contexts and modules it saw made
+	// there: kernel images loaded lazily (at a kernel's first launch), the
+	// driver's internal buffers, and contexts made before gpu-mem attached.
 	KindDriverInternal
 	// KindUntraced is what NVML says a process gpu-mem does not trace
 	// uses on a GPU (one in another container, out of the agent's reach).
 	KindUntraced
+	// KindModule is the kernel images of a module or library a process
+	// loaded (cuModuleLoad*, cuLibraryLoad*): what NVML says its use grew
+	// by across the load, charged to the stack that loaded it until its
+	// unload. Only eager loading (CUDA_MODULE_LOADING=EAGER) puts images on
+	// the device in the load; lazy loading, the default since CUDA 12.2,
+	// loads each kernel at its first launch, into KindDriverInternal.
+	KindModule
 
-	lastKind = KindUntraced
+	lastKind = KindModule
 )
 
 func (k Kind) String() string {
@@ -83,6 +98,8 @@ func (k Kind) String() string {
 		return "driver-internal"
 	case KindUntraced:
 		return "untraced"
+	case KindModule:
+		return "module"
 	}
 	return "unknown"
 }
@@ -92,7 +109,14 @@ func (k Kind) OnDevice() bool { return k != KindHost && k != KindManaged }
 
 // FromNVML says whether memory of kind k is known from NVML's numbers
 // rather than from traced allocations.
-func (k Kind) FromNVML() bool { return k == KindContext || k == KindDriverInternal || k == KindUntraced }
+func (k Kind) FromNVML() bool {
+	return k == KindContext || k == KindModule || k == KindDriverInternal || k == KindUntraced
+}
+
+// FromNVMLWithStack says whether memory of kind k is known from NVML's
+// numbers and charged to the stack of the call that made it (a context, a
+// module), rather than to a row of NVML's own.
+func (k Kind) FromNVMLWithStack() bool { return k == KindContext || k == KindModule }
 
 // View is one of the two accounts gpu-mem keeps of a process's memory. They
 // overlap, so no total ever adds them: a tensor lies inside a segment that
@@ -188,6 +212,16 @@ var ops = map[Op]opInfo{
 	OpCtxCreateV3:            {"cuCtxCreate_v3", 0},
 	OpCtxCreateV4:            {"cuCtxCreate_v4", 0},
 	OpCtxDestroy:             {"cuCtxDestroy_v2", 0},
+
+	// Module and library loads, sized by NVML; the unloads end them.
+	OpModuleLoad:          {"cuModuleLoad", 0},
+	OpModuleLoadData:      {"cuModuleLoadData", 0},
+	OpModuleLoadDataEx:    {"cuModuleLoadDataEx", 0},
+	OpModuleLoadFatBinary: {"cuModuleLoadFatBinary", 0},
+	OpLibraryLoadData:     {"cuLibraryLoadData", 0},
+	OpLibraryLoadFromFile: {"cuLibraryLoadFromFile", 0},
+	OpModuleUnload:        {"cuModuleUnload", 0},
+	OpLibraryUnload:       {"cuLibraryUnload", 0},
 }
 
 // Ops are every op, by the driver function's name.
@@ -218,6 +252,14 @@ func (o Op) IsFree() bool {
 func (o Op) MakesContext() bool {
 	return o == OpDevicePrimaryCtxRetain || o == OpCtxCreate || o == OpCtxCreateV3 || o == OpCtxCreateV4
 }
+
+// LoadsModule says whether the op's event is a module or library loaded:
+// its address the handle, its device the calling thread's context's.
+func (o Op) LoadsModule() bool { return o >= OpModuleLoad && o <= OpLibraryLoadFromFile }
+
+// UnloadsModule says whether the op's event is a module or library
+// unloaded: its address the handle.
+func (o Op) UnloadsModule() bool { return o == OpModuleUnload || o == OpLibraryUnload }
 
 // IsRetain says whether the op adds a reference to a VMM handle.
 func (o Op) IsRetain() bool { return o == OpMemRetainAllocationHandle }

@@ -146,9 +146,9 @@ var (
 	driverBudgetExceeded = newMetric(DriverBudgetExceededName, prometheus.CounterValue, nil, "Driver views switched off because they cost their process more than the budget (--driver-budget).")
 	// NVML's numbers per GPU (gpu: NVML's index, nvidia-smi's); absent
 	// without NVML. Each process's share is in gpumem_live_bytes, its
-	// parts beyond the traced memory of kinds driver-internal and untraced.
+	// parts beyond the traced memory of kinds context, module, driver-internal and untraced.
 	gpuUsed = newMetric(GPUUsedName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID}, "Memory in use on the GPU, as NVML says (nvidia-smi's memory.used): "+
-		"its processes' (sum(gpumem_live_bytes) over the GPU, the kinds driver-internal and untraced included) and what is of no process.")
+		"its processes' (sum(gpumem_live_bytes) over the GPU, the kinds context, module, driver-internal and untraced included) and what is of no process.")
 	gpuTotal = newMetric(GPUTotalName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID}, "The GPU's memory, as NVML says (nvidia-smi's memory.total).")
 )
 

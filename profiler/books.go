@@ -61,7 +61,7 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	switch {
 	case ev.Exit:
 		b.exitLocked(ev.PID, ev.Timestamp)
-	case ev.Op.MakesContext(), ev.Op == memory.OpCtxDestroy:
+	case ev.Op.MakesContext(), ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
 		// sized by NVML, beside the ledger (gpumemory.go)
 	case ev.Op.IsFree():
 		b.ledger.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)
@@ -239,19 +239,11 @@ func (b *books) sum(keep func(accounting.Key) bool) snapshot.Totals {
 	defer b.mu.Unlock()
 	stats := b.ledger.Stats()
 	t := snapshot.Totals{UnknownFrees: stats.UnknownFrees, FreesBeforeView: stats.FreesBeforeView, Events: b.events}
-	series := map[snapshot.SeriesKey]int{}
+	series := newSeriesSums(&t)
 	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
-		if !keep(k) {
-			return
+		if keep(k) {
+			series.add(k, c)
 		}
-		sk := snapshot.SeriesOf(k)
-		i, ok := series[sk]
-		if !ok {
-			i = len(t.Series)
-			series[sk] = i
-			t.Series = append(t.Series, snapshot.Series{SeriesKey: sk})
-		}
-		t.Series[i].Counters.Add(c)
 	})
 	type failureKey struct {
 		snapshot.SeriesKey

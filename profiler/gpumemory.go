@@ -35,11 +35,11 @@ var (
 // (sampling): at every scan, when a context is made or destroyed, after an
 // out-of-memory failure, and before every snapshot and totals, which wait
 // for it. Each read is reconciled with the books at that moment: what a
-// traced process uses beyond its traced memory is its contexts gpu-mem
-// saw made (each NVML's growth across its creation, charged to the stack
-// that made it) and the rest; that, and what an untraced process uses,
-// become rows of their own (KindContext, KindDriverInternal, KindUntraced),
-// so that every output shows them.
+// traced process uses beyond its traced memory is its contexts and
+// modules gpu-mem saw made (each NVML's growth across its making, charged
+// to the stack that made it) and the rest; that, and what an untraced
+// process uses, become rows of their own (KindContext, KindModule,
+// KindDriverInternal, KindUntraced), so that every output shows them.
 type gpuMemory struct {
 	path     string
 	sampling *job        // nil without a library to read
@@ -57,17 +57,32 @@ type gpuMemory struct {
 	// rows are NVML's rows: their live bytes are the latest read's, what
 	// they grew by counted as allocations, what they shrank by as frees.
 	rows map[accounting.Key]accounting.Counters
-	// contexts are the contexts seen made, sized by the first read after;
-	// residual is each traced process's NVML number less its traced
-	// memory on each GPU, at the last read: what a context grew it by.
-	contexts []*cudaContext
-	residual map[processDevice]int64
+	// charged are the contexts and modules seen made, sized by the first
+	// read after; past are the last reads, newest last.
+	charged []*madeCharge
+	past    []pastRead
 }
 
-// cudaContext is a context seen made, until destroyed or its process gone.
-type cudaContext struct {
-	row     accounting.Key // its process, the stack that made it, KindContext, its device
-	address uint64
+// pastReads bounds the reads kept: a charge is sized against the last
+// read that ended before its call returned, which its event follows
+// within the tracer's poll (10 ms) when the machine is not starved.
+const pastReads = 16
+
+// pastRead is what one read found, for sizing what was made after it.
+type pastRead struct {
+	at uint64 // when it ended, on the clock of BPF timestamps
+	// residual is each traced process's NVML number less its traced
+	// memory on each GPU: what a context or module grew it by;
+	// untraced is each untraced process's NVML number.
+	residual, untraced map[processDevice]int64
+}
+
+// madeCharge is a context seen made or a module seen loaded, until
+// destroyed, unloaded or its process gone.
+type madeCharge struct {
+	row     accounting.Key // its process, the stack that made it, KindContext or KindModule, its device
+	address uint64         // the context's or module's handle
+	at      uint64         // when its call returned (BPF clock)
 	bytes   uint64
 	sized   bool
 }
@@ -76,7 +91,7 @@ type cudaContext struct {
 // Its job, p's to start, loads the library at its first run, not here: a
 // command's own errors come first.
 func (p *Profiler) newGPUMemory(path string) *gpuMemory {
-	g := &gpuMemory{path: path, rows: map[accounting.Key]accounting.Counters{}, residual: map[processDevice]int64{}}
+	g := &gpuMemory{path: path, rows: map[accounting.Key]accounting.Counters{}}
 	if path != "" {
 		g.sampling = newJob(p.sampleGPUs, p.stop)
 	}
@@ -144,6 +159,7 @@ func (p *Profiler) sampleGPUs() {
 	var r reconciled
 	if err == nil {
 		r = p.reconcile(&g.sample, live)
+		r.at = bpfNow()
 	}
 	g.libMu.Unlock()
 	if err != nil {
@@ -174,10 +190,14 @@ func (p *Profiler) nvmlLoaded() bool {
 // number less its traced memory per CUDA ordinal, and the rows of the
 // untraced processes.
 type reconciled struct {
+	at       uint64 // when the read ended, on the clock of BPF timestamps
 	view     *snapshot.GPUMemory
 	residual map[processDevice]int64
 	traced   map[processDevice]*snapshot.ProcessMemory // in view
 	untraced map[accounting.Key]uint64
+	// onlyOn is the ordinal of each traced process NVML lists on one GPU
+	// only: where what it made on an unknown device is.
+	onlyOn map[uint32]int32
 }
 
 // reconcile joins an NVML sample with the traced memory live (per process
@@ -193,7 +213,8 @@ func (p *Profiler) reconcile(s *nvml.Sample, live map[processDevice]uint64) reco
 	}
 	p.procs.known(procs)
 	r := reconciled{view: &snapshot.GPUMemory{Time: s.Time, GPUs: make([]snapshot.GPU, 0, len(s.GPUs))},
-		residual: map[processDevice]int64{}, traced: map[processDevice]*snapshot.ProcessMemory{}, untraced: map[accounting.Key]uint64{}}
+		residual: map[processDevice]int64{}, traced: map[processDevice]*snapshot.ProcessMemory{}, untraced: map[accounting.Key]uint64{},
+		onlyOn: map[uint32]int32{}}
 	for _, gpu := range s.GPUs {
 		devices := map[uint32]int32{} // the traced processes' ordinals of the GPU
 		v := snapshot.GPU{Index: gpu.Index, UUID: gpu.UUID, Total: gpu.Total, Reserved: gpu.Reserved, Used: gpu.Used}
@@ -208,6 +229,7 @@ func (p *Profiler) reconcile(s *nvml.Sample, live map[processDevice]uint64) reco
 				pm.Driver = live[processDevice{pr.PID, device}]
 				if onGPUs[pr.PID] == 1 { // made in a context gpu-mem did not see created: on this GPU
 					pm.Driver += live[processDevice{pr.PID, memory.DeviceUnknown}]
+					r.onlyOn[pr.PID] = device
 				}
 				pm.DriverInternal = int64(pr.Used) - int64(pm.Driver)
 				r.residual[processDevice{pr.PID, device}] = pm.DriverInternal
@@ -253,40 +275,56 @@ func readComm(procRoot string, pid uint32) string {
 	return strings.TrimSuffix(string(data), "\n")
 }
 
-// update installs a reconciled read: the contexts made since the last one
-// sized, each process's part beyond its contexts, the view, the rows.
+// update installs a reconciled read: the contexts and modules made since
+// the last one sized, each process's part beyond them, the view, the rows.
 func (g *gpuMemory) update(r reconciled) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.sizeContexts(r.residual)
+	g.sizeCharged(r.residual, r.onlyOn)
 	live := r.untraced
-	inContexts := map[processDevice]uint64{}
-	for _, c := range g.contexts {
+	inContexts, inModules := map[processDevice]uint64{}, map[processDevice]uint64{}
+	for _, c := range g.charged {
 		if c.sized {
 			live[c.row] += c.bytes
-			inContexts[processDevice{c.row.PID, c.row.Device}] += c.bytes
+			in := inContexts
+			if c.row.Kind == memory.KindModule {
+				in = inModules
+			}
+			in[processDevice{c.row.PID, c.row.Device}] += c.bytes
 		}
 	}
 	for pd, rest := range r.residual {
-		rest -= int64(inContexts[pd])
+		rest -= int64(inContexts[pd] + inModules[pd])
 		live[accounting.Key{PID: pd.pid, Stack: stackDriverInternal, Kind: memory.KindDriverInternal, Device: pd.device}] = uint64(max(rest, 0))
 	}
 	for pd, pm := range r.traced {
-		pm.Contexts = inContexts[pd]
-		pm.DriverInternal -= int64(pm.Contexts)
+		pm.Contexts, pm.Modules = inContexts[pd], inModules[pd]
+		pm.DriverInternal -= int64(pm.Contexts + pm.Modules)
 	}
-	g.view, g.residual = r.view, r.residual
+	read := pastRead{at: r.at, residual: r.residual, untraced: map[processDevice]int64{}}
+	for k, used := range live {
+		if k.Kind == memory.KindUntraced {
+			read.untraced[processDevice{k.PID, k.Device}] = int64(used)
+		}
+	}
+	g.past = append(g.past[max(len(g.past)-pastReads+1, 0):], read)
+	g.view = r.view
 	g.setRows(live)
 }
 
-// sizeContexts gives the contexts made since the last read their bytes:
-// what their process's NVML number less its traced memory grew by on
-// their GPU (from nothing where NVML did not list the process there),
-// shared alike by the contexts made on it meanwhile. Sized contexts of a
-// process NVML no longer lists on their GPU are dropped: gone with it.
-func (g *gpuMemory) sizeContexts(residual map[processDevice]int64) {
-	made := map[processDevice][]*cudaContext{}
-	g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool {
+// sizeCharged gives the contexts and modules made since the last read
+// their bytes: what their process's NVML number less its traced memory
+// grew by on their GPU since before they were made (before), shared
+// alike by those made on it meanwhile. A module loaded in a context
+// gpu-mem did not see made (its device unknown) is on the one GPU NVML
+// lists its process on, if one. Sized ones of a process NVML no longer
+// lists on their GPU are dropped: gone with it.
+func (g *gpuMemory) sizeCharged(residual map[processDevice]int64, onlyOn map[uint32]int32) {
+	made := map[processDevice][]*madeCharge{}
+	g.charged = slices.DeleteFunc(g.charged, func(c *madeCharge) bool {
+		if device, ok := onlyOn[c.row.PID]; ok && c.row.Device == memory.DeviceUnknown {
+			c.row.Device = device
+		}
 		pd := processDevice{c.row.PID, c.row.Device}
 		_, listed := residual[pd]
 		if !c.sized && listed {
@@ -295,7 +333,7 @@ func (g *gpuMemory) sizeContexts(residual map[processDevice]int64) {
 		return c.sized && !listed
 	})
 	for pd, cs := range made {
-		grew := uint64(max(residual[pd]-g.residual[pd], 0))
+		grew := uint64(max(residual[pd]-g.before(pd, cs), 0))
 		for i, c := range cs {
 			c.bytes, c.sized = grew/uint64(len(cs)), true
 			if i == 0 {
@@ -328,40 +366,84 @@ func (g *gpuMemory) setRows(live map[accounting.Key]uint64) {
 	}
 }
 
-// contextEvent notes a context made (with the stack id that made it) or
-// destroyed, and has NVML read: the read sizes it. Without NVML, nothing.
-func (g *gpuMemory) contextEvent(ev *tracer.Event, id accounting.StackID) {
+// madeEvent notes a context made or a module loaded (with the stack id
+// that made it), or one destroyed or unloaded, and has NVML read: the read
+// sizes it. Without NVML, nothing.
+func (g *gpuMemory) madeEvent(ev *tracer.Event, id accounting.StackID) {
 	if g.sampling == nil || g.none.Load() {
 		return
 	}
 	g.mu.Lock()
-	if ev.Op.MakesContext() {
-		g.contexts = append(g.contexts, &cudaContext{
-			row:     accounting.Key{PID: ev.PID, Stack: id, Kind: memory.KindContext, Device: ev.Device},
+	kind := madeKind(ev.Op)
+	if ev.Op.MakesContext() || ev.Op.LoadsModule() {
+		g.charged = append(g.charged, &madeCharge{
+			row:     accounting.Key{PID: ev.PID, Stack: id, Kind: kind, Device: ev.Device},
 			address: ev.Address,
+			at:      ev.Timestamp,
 		})
 	} else {
-		g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool { return c.row.PID == ev.PID && c.address == ev.Address })
+		g.charged = slices.DeleteFunc(g.charged, func(c *madeCharge) bool {
+			return c.row.PID == ev.PID && c.row.Kind == kind && c.address == ev.Address
+		})
 	}
 	g.mu.Unlock()
 	g.sampling.ask()
 }
 
-// exited forgets the contexts of a process that exited.
+// before is what process and GPU pd's NVML number less its traced memory
+// was before cs were made: at the last read that ended before the first
+// of them returned (a read may come after a call and before its event),
+// plus what was made after that read and sized already (its growth is
+// counted once). From nothing where NVML did not list the process then or
+// no read did, and, where gpu-mem did not trace the process then (it
+// attached to it while it ran), from its NVML number for modules alone
+// (not theirs), from nothing for a context (NVML may have listed the
+// process while making it).
+func (g *gpuMemory) before(pd processDevice, cs []*madeCharge) int64 {
+	first := slices.MinFunc(cs, func(a, b *madeCharge) int { return cmp.Compare(a.at, b.at) }).at
+	i := len(g.past) - 1
+	for i >= 0 && g.past[i].at > first {
+		i--
+	}
+	if i < 0 {
+		return 0
+	}
+	was, traced := g.past[i].residual[pd]
+	if !traced && !slices.ContainsFunc(cs, func(c *madeCharge) bool { return c.row.Kind == memory.KindContext }) {
+		was = g.past[i].untraced[pd]
+	}
+	for _, c := range g.charged {
+		if c.sized && c.at > g.past[i].at && (processDevice{c.row.PID, c.row.Device}) == pd {
+			was += int64(c.bytes)
+		}
+	}
+	return was
+}
+
+// madeKind is the kind of memory op makes or ends: a module's, else a
+// context's.
+func madeKind(op memory.Op) memory.Kind {
+	if op.LoadsModule() || op.UnloadsModule() {
+		return memory.KindModule
+	}
+	return memory.KindContext
+}
+
+// exited forgets the contexts and modules of a process that exited.
 func (g *gpuMemory) exited(pid uint32) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.contexts = slices.DeleteFunc(g.contexts, func(c *cudaContext) bool { return c.row.PID == pid })
+	g.charged = slices.DeleteFunc(g.charged, func(c *madeCharge) bool { return c.row.PID == pid })
 }
 
-// addContexts adds the sized contexts' rows that keep says to s, before
-// its rows are named (their stacks are the stack store's), and notes
-// their processes in procs.
-func (g *gpuMemory) addContexts(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool) {
+// addStackRows adds the sized contexts' and modules' rows that keep says
+// to s, before its rows are named (their stacks are the stack store's),
+// and notes their processes in procs.
+func (g *gpuMemory) addStackRows(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for k, c := range g.rows {
-		if k.Kind == memory.KindContext && keep(k) {
+		if k.Kind.FromNVMLWithStack() && keep(k) {
 			s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c})
 			procs[k.PID] = nil
 		}
@@ -381,7 +463,7 @@ func (g *gpuMemory) addTo(s *snapshot.Snapshot, procs map[uint32]*process, keep 
 	first := uint32(len(s.Frames))
 	s.Frames = append(s.Frames, frameDriverInternal, frameUntraced)
 	for k, c := range g.rows {
-		if !keep(k) || k.Kind == memory.KindContext {
+		if !keep(k) || k.Kind.FromNVMLWithStack() {
 			continue
 		}
 		e := snapshot.Entry{Key: k, Counters: c, Frames: []uint32{first}}
@@ -398,18 +480,19 @@ func (g *gpuMemory) addTo(s *snapshot.Snapshot, procs map[uint32]*process, keep 
 }
 
 // addSeries sets t's view of the GPUs and adds NVML's rows that keep
-// says as series, those of untraced processes named by the view.
+// says as series (a process's contexts, or modules, on one GPU summed in
+// one), those of untraced processes named by the view.
 func (g *gpuMemory) addSeries(t *snapshot.Totals, keep func(accounting.Key) bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	t.GPUMemory = g.view
+	series := newSeriesSums(t)
 	for k, c := range g.rows {
 		if keep(k) {
-			s := snapshot.Series{SeriesKey: snapshot.SeriesOf(k), Counters: c}
+			s := series.add(k, c)
 			if k.Kind == memory.KindUntraced {
 				s.Comm = g.view.Comm(k.PID)
 			}
-			t.Series = append(t.Series, s)
 		}
 	}
 }

@@ -19,7 +19,7 @@ import (
 func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 	g := (&Profiler{}).newGPUMemory("libnvidia-ml.so.1") // never loaded: its job is not started
 	made := func(pid uint32, stack accounting.StackID, device int32, address uint64) {
-		g.contextEvent(&tracer.Event{PID: pid, Op: memory.OpCtxCreate, Device: device, Address: address}, stack)
+		g.madeEvent(&tracer.Event{PID: pid, Op: memory.OpCtxCreate, Device: device, Address: address}, stack)
 	}
 	read := func(residual map[processDevice]int64) map[accounting.Key]uint64 {
 		view := &snapshot.GPUMemory{GPUs: []snapshot.GPU{{}}}
@@ -31,7 +31,7 @@ func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 			pm := &view.GPUs[0].Processes[i]
 			traced[processDevice{pm.PID, 0}] = pm
 		}
-		g.update(reconciled{view: view, residual: residual, traced: traced, untraced: map[accounting.Key]uint64{}})
+		g.update(reconciled{view: view, residual: residual, traced: traced, untraced: map[accounting.Key]uint64{}, onlyOn: map[uint32]int32{}})
 		live := map[accounting.Key]uint64{}
 		for k, c := range g.rows {
 			live[k] = c.LiveBytes()
@@ -58,7 +58,7 @@ func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 	if pm := g.view.GPUs[0].Processes[0]; pm.Contexts != 1341 || pm.DriverInternal != 0 {
 		t.Errorf("view %+v, want contexts 1341, nothing else", pm)
 	}
-	g.contextEvent(&tracer.Event{PID: 7, Op: memory.OpCtxDestroy, Address: 0xb}, 0)
+	g.madeEvent(&tracer.Event{PID: 7, Op: memory.OpCtxDestroy, Address: 0xb}, 0)
 	got = read(map[processDevice]int64{{7, 0}: 1001 + 340 + 60}) // the destroyed one's 500 not given back yet
 	if want := map[accounting.Key]uint64{ctx(7, 1): 501, ctx(7, 3): 340, internal(7): 560}; !maps.Equal(got, want) {
 		t.Errorf("one destroyed: %v, want %v", got, want)
@@ -73,7 +73,72 @@ func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 	if c := g.rows[internal(7)]; c.FreeBytes != 500 || c.FreeCount != 1 || c.LiveBytes() != 60 {
 		t.Errorf("driver-internal counters %+v, want 500 bytes in one shrink", c)
 	}
-	if got := read(map[processDevice]int64{}); len(got) != 0 || len(g.contexts) != 0 {
-		t.Errorf("the process gone: rows %v, contexts %d; want none", got, len(g.contexts))
+	if got := read(map[processDevice]int64{}); len(got) != 0 || len(g.charged) != 0 {
+		t.Errorf("the process gone: rows %v, contexts %d; want none", got, len(g.charged))
+	}
+}
+
+// TestModulesSizedAgainstTheReadBeforeThem: a module whose event comes
+// after a read that already saw its growth is sized against the last read
+// that ended before its call returned (300 bytes, not 0); modules made
+// between two reads share the growth; an unload ends a module's row (not
+// a context's of the same address); a process gpu-mem attached to while it
+// ran has its first module sized from its NVML number then, not from
+// nothing.
+func TestModulesSizedAgainstTheReadBeforeThem(t *testing.T) {
+	g := (&Profiler{}).newGPUMemory("libnvidia-ml.so.1") // never loaded: its job is not started
+	event := func(op memory.Op, pid uint32, stack accounting.StackID, at, address uint64) {
+		g.madeEvent(&tracer.Event{PID: pid, Op: op, Timestamp: at, Address: address}, stack)
+	}
+	read := func(at uint64, residual map[processDevice]int64, untraced map[accounting.Key]uint64) map[accounting.Key]uint64 {
+		view := &snapshot.GPUMemory{GPUs: []snapshot.GPU{{}}}
+		traced := map[processDevice]*snapshot.ProcessMemory{}
+		for pd, r := range residual {
+			view.GPUs[0].Processes = append(view.GPUs[0].Processes, snapshot.ProcessMemory{PID: pd.pid, Traced: true, DriverInternal: r})
+		}
+		for i := range view.GPUs[0].Processes {
+			pm := &view.GPUs[0].Processes[i]
+			traced[processDevice{pm.PID, 0}] = pm
+		}
+		g.update(reconciled{at: at, view: view, residual: residual, traced: traced, untraced: untraced, onlyOn: map[uint32]int32{}})
+		live := map[accounting.Key]uint64{}
+		for k, c := range g.rows {
+			if k.Kind == memory.KindModule || k.Kind == memory.KindContext {
+				live[k] = c.LiveBytes()
+			}
+		}
+		return live
+	}
+	module := func(pid uint32, stack accounting.StackID) accounting.Key {
+		return accounting.Key{PID: pid, Stack: stack, Kind: memory.KindModule}
+	}
+	read(100, map[processDevice]int64{{7, 0}: 1000}, map[accounting.Key]uint64{})
+	read(200, map[processDevice]int64{{7, 0}: 1300}, map[accounting.Key]uint64{}) // the load's growth, its event not yet in
+	event(memory.OpModuleLoadData, 7, 1, 150, 0xa)
+	if got, want := read(300, map[processDevice]int64{{7, 0}: 1300}, map[accounting.Key]uint64{}), map[accounting.Key]uint64{module(7, 1): 300}; !maps.Equal(got, want) {
+		t.Errorf("a module after a read: %v, want %v", got, want)
+	}
+	event(memory.OpLibraryLoadData, 7, 2, 350, 0xb)
+	event(memory.OpModuleLoad, 7, 3, 360, 0xc)
+	event(memory.OpCtxCreate, 7, 4, 370, 0xb) // a context of the library's address
+	got := read(400, map[processDevice]int64{{7, 0}: 1300 + 900}, map[accounting.Key]uint64{})
+	if want := map[accounting.Key]uint64{module(7, 1): 300, module(7, 2): 300, module(7, 3): 300,
+		{PID: 7, Stack: 4, Kind: memory.KindContext}: 300}; !maps.Equal(got, want) {
+		t.Errorf("three made at once: %v, want %v", got, want)
+	}
+	event(memory.OpLibraryUnload, 7, 0, 450, 0xb)
+	got = read(500, map[processDevice]int64{{7, 0}: 1300 + 900 - 300}, map[accounting.Key]uint64{})
+	if want := map[accounting.Key]uint64{module(7, 1): 300, module(7, 3): 300, {PID: 7, Stack: 4, Kind: memory.KindContext}: 300}; !maps.Equal(got, want) {
+		t.Errorf("the library unloaded: %v, want %v", got, want)
+	}
+	if pm := g.view.GPUs[0].Processes[0]; pm.Modules != 600 || pm.Contexts != 300 || pm.DriverInternal != 1000 {
+		t.Errorf("view %+v, want modules 600, contexts 300, driver-internal 1000", pm)
+	}
+
+	read(600, map[processDevice]int64{{7, 0}: 1900}, map[accounting.Key]uint64{{PID: 8, Kind: memory.KindUntraced}: 5000})
+	event(memory.OpModuleLoadDataEx, 8, 5, 650, 0xd)
+	got = read(700, map[processDevice]int64{{7, 0}: 1900, {8, 0}: 5000 + 40}, map[accounting.Key]uint64{})
+	if got[module(8, 5)] != 40 {
+		t.Errorf("a module of a process attached to: %v, want 40 bytes", got)
 	}
 }

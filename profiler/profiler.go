@@ -365,13 +365,13 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	case ev.Exit:
 		p.pythonExited(ev.PID)
 		p.gpus.exited(ev.PID)
-	case ev.Op.MakesContext():
+	case ev.Op.MakesContext(), ev.Op.LoadsModule():
 		python = p.procs.note(ev.PID, ev.Comm, notedContext)
 		id = p.stacks.intern(ev)
-		p.gpus.contextEvent(ev, id)
-	case ev.Op == memory.OpCtxDestroy:
+		p.gpus.madeEvent(ev, id)
+	case ev.Op == memory.OpCtxDestroy, ev.Op.UnloadsModule():
 		p.procs.note(ev.PID, ev.Comm, notedRelease)
-		p.gpus.contextEvent(ev, 0)
+		p.gpus.madeEvent(ev, 0)
 	case ev.Op.IsFree() || ev.Op.IsRetain():
 		p.procs.note(ev.PID, ev.Comm, notedRelease)
 	default:

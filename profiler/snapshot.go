@@ -54,7 +54,7 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
 	peaks, timeline, err := p.copyBooks(s, procs, true, true)
-	p.gpus.addContexts(s, procs, p.onGPU)
+	p.gpus.addStackRows(s, procs, p.onGPU)
 	p.nameRows(s, true)
 	p.finish(s, procs, peaks, timeline, true)
 	p.gpus.addTo(s, procs, p.onGPU, true)
@@ -72,7 +72,7 @@ func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error 
 	procs := p.reset(s)
 	peaks, _, err := p.copyBooks(s, procs, false, parts == RowsAndPeaks)
 	if parts == RowsAndPeaks {
-		p.gpus.addContexts(s, procs, p.onGPU)
+		p.gpus.addStackRows(s, procs, p.onGPU)
 	}
 	if !p.stacks.allNamed(s.Shares) {
 		p.stacks.resolving.await() // a row of a peak is in the snapshot

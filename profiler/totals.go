@@ -1,6 +1,7 @@
 package profiler
 
 import (
+	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
@@ -40,4 +41,28 @@ func (p *Profiler) sumBooks() (snapshot.Totals, error) {
 	t := p.books.sum(p.onGPU)
 	t.Losses = losses
 	return t, err
+}
+
+// seriesSums sums rows into the series of a Totals, one per process, kind
+// and device, after the series it holds already.
+type seriesSums struct {
+	t  *snapshot.Totals
+	at map[snapshot.SeriesKey]int // index in t.Series
+}
+
+func newSeriesSums(t *snapshot.Totals) seriesSums {
+	return seriesSums{t: t, at: map[snapshot.SeriesKey]int{}}
+}
+
+// add adds row k's counters c to its series, and returns the series.
+func (s seriesSums) add(k accounting.Key, c accounting.Counters) *snapshot.Series {
+	sk := snapshot.SeriesOf(k)
+	i, ok := s.at[sk]
+	if !ok {
+		i = len(s.t.Series)
+		s.at[sk] = i
+		s.t.Series = append(s.t.Series, snapshot.Series{SeriesKey: sk})
+	}
+	s.t.Series[i].Counters.Add(c)
+	return &s.t.Series[i]
 }

@@ -21,8 +21,9 @@ func writeGPUMemory(w io.Writer, m *snapshot.GPUMemory) {
 				fmt.Fprintf(w, "  pid %d (%s): %s, not traced\n", p.PID, Printable(p.Comm), HumanBytes(p.NVML))
 				continue
 			}
-			fmt.Fprintf(w, "  pid %d (%s), gpu %s: %s = %s traced + %s in contexts seen made %s kernel images and driver internals\n",
-				p.PID, Printable(p.Comm), p.GPU, HumanBytes(p.NVML), HumanBytes(p.Driver), HumanBytes(p.Contexts), signedTerm(p.DriverInternal))
+			fmt.Fprintf(w, "  pid %d (%s), gpu %s: %s = %s traced + %s in contexts seen made + %s in modules seen loaded %s kernel images and driver internals\n",
+				p.PID, Printable(p.Comm), p.GPU, HumanBytes(p.NVML), HumanBytes(p.Driver), HumanBytes(p.Contexts), HumanBytes(p.Modules),
+				signedTerm(p.DriverInternal))
 		}
 		if g.NotOfProcesses > 0 {
 			fmt.Fprintf(w, "  of no process: %s\n", HumanBytes(g.NotOfProcesses))
@@ -60,7 +61,11 @@ type jsonGPUProcess struct {
 	DriverBytes uint64 `json:"driver_bytes"`
 	// the contexts gpu-mem saw it make, each NVML's growth across its creation
 	ContextBytes uint64 `json:"context_bytes"`
-	// kernel images and driver internals: nvml_bytes - driver_bytes - context_bytes
+	// the modules and libraries it loaded and did not unload, each NVML's
+	// growth across its load (eager loading only: lazily loaded kernel
+	// images are in driver_internal_bytes)
+	ModuleBytes uint64 `json:"module_bytes"`
+	// kernel images and driver internals: nvml_bytes - driver_bytes - context_bytes - module_bytes
 	DriverInternalBytes int64 `json:"driver_internal_bytes"`
 }
 
@@ -75,7 +80,7 @@ func newJSONGPUs(m *snapshot.GPUMemory) []jsonGPU {
 			NotOfProcesses: g.NotOfProcesses, Processes: []jsonGPUProcess{}}
 		for _, p := range g.Processes {
 			j.Processes = append(j.Processes, jsonGPUProcess{PID: p.PID, Comm: p.Comm, GPU: p.GPU, NVMLBytes: p.NVML,
-				Traced: p.Traced, DriverBytes: p.Driver, ContextBytes: p.Contexts, DriverInternalBytes: p.DriverInternal})
+				Traced: p.Traced, DriverBytes: p.Driver, ContextBytes: p.Contexts, ModuleBytes: p.Modules, DriverInternalBytes: p.DriverInternal})
 		}
 		gpus = append(gpus, j)
 	}

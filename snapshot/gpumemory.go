@@ -42,10 +42,15 @@ type ProcessMemory struct {
 	// Contexts are the CUDA contexts gpu-mem saw the process make on the
 	// GPU: each NVML's growth across its creation.
 	Contexts uint64
-	// DriverInternal is NVML less Driver and Contexts: kernel images, the
-	// driver's internal buffers, contexts made before gpu-mem attached.
-	// Negative where gpu-mem counted more than NVML did (memory NVML had
-	// not seen yet).
+	// Modules are the kernel images of the modules and libraries gpu-mem
+	// saw the process load there and not unload: each NVML's growth
+	// across its load (nothing under lazy loading, the default).
+	Modules uint64
+	// DriverInternal is NVML less Driver, Contexts and Modules: kernel
+	// images loaded lazily (at a kernel's first launch), the driver's
+	// internal buffers, contexts made before gpu-mem attached. Negative
+	// where gpu-mem counted more than NVML did (memory NVML had not seen
+	// yet).
 	DriverInternal int64
 }
 

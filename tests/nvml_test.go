@@ -189,7 +189,7 @@ func TestNVMLInEveryOutput(t *testing.T) {
 	checkNVMLMetrics(t, agent.waitStderrValue("serving metrics at "), w.pid, other.pid)
 	checkNVMLPyroscope(t, r, w.pid)
 	clis["top"].waitStdout(`^GPU 0 \(GPU-00000000-0000-4000-8000-000000000000\): 17\.0 MiB used of 80\.0 GiB \(nvidia-smi\)$`)
-	clis["top"].waitStdout(`^  pid ` + pid + ` \(simwork\), gpu 0: 7\.0 MiB = 1000 B traced \+ 0 B in contexts seen made \+ 7\.0 MiB kernel images and driver internals$`)
+	clis["top"].waitStdout(`^  pid ` + pid + ` \(simwork\), gpu 0: 7\.0 MiB = 1000 B traced \+ 0 B in contexts seen made \+ 0 B in modules seen loaded \+ 7\.0 MiB kernel images and driver internals$`)
 	clis["top"].waitStdout(`^  pid ` + strconv.Itoa(other.pid) + ` \(simwork\): 10\.0 MiB, not traced$`)
 	for _, c := range clis {
 		c.interrupt()

@@ -183,6 +183,14 @@ const (
 	gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V3                  gpumemGpumemOp = 37
 	gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V4                  gpumemGpumemOp = 38
 	gpumemGpumemOpGPUMEM_OP_CTX_DESTROY                    gpumemGpumemOp = 39
+	gpumemGpumemOpGPUMEM_OP_MODULE_LOAD                    gpumemGpumemOp = 48
+	gpumemGpumemOpGPUMEM_OP_MODULE_LOAD_DATA               gpumemGpumemOp = 49
+	gpumemGpumemOpGPUMEM_OP_MODULE_LOAD_DATA_EX            gpumemGpumemOp = 50
+	gpumemGpumemOpGPUMEM_OP_MODULE_LOAD_FAT_BINARY         gpumemGpumemOp = 51
+	gpumemGpumemOpGPUMEM_OP_LIBRARY_LOAD_DATA              gpumemGpumemOp = 52
+	gpumemGpumemOpGPUMEM_OP_LIBRARY_LOAD_FROM_FILE         gpumemGpumemOp = 53
+	gpumemGpumemOpGPUMEM_OP_MODULE_UNLOAD                  gpumemGpumemOp = 54
+	gpumemGpumemOpGPUMEM_OP_LIBRARY_UNLOAD                 gpumemGpumemOp = 55
 )
 
 type gpumemGpumemProcess struct {

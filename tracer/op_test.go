@@ -36,12 +36,20 @@ func TestOpsAgreeWithBPF(t *testing.T) {
 		memory.OpCtxCreateV3:               gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V3,
 		memory.OpCtxCreateV4:               gpumemGpumemOpGPUMEM_OP_CTX_CREATE_V4,
 		memory.OpCtxDestroy:                gpumemGpumemOpGPUMEM_OP_CTX_DESTROY,
+		memory.OpModuleLoad:                gpumemGpumemOpGPUMEM_OP_MODULE_LOAD,
+		memory.OpModuleLoadData:            gpumemGpumemOpGPUMEM_OP_MODULE_LOAD_DATA,
+		memory.OpModuleLoadDataEx:          gpumemGpumemOpGPUMEM_OP_MODULE_LOAD_DATA_EX,
+		memory.OpModuleLoadFatBinary:       gpumemGpumemOpGPUMEM_OP_MODULE_LOAD_FAT_BINARY,
+		memory.OpLibraryLoadData:           gpumemGpumemOpGPUMEM_OP_LIBRARY_LOAD_DATA,
+		memory.OpLibraryLoadFromFile:       gpumemGpumemOpGPUMEM_OP_LIBRARY_LOAD_FROM_FILE,
+		memory.OpModuleUnload:              gpumemGpumemOpGPUMEM_OP_MODULE_UNLOAD,
+		memory.OpLibraryUnload:             gpumemGpumemOpGPUMEM_OP_LIBRARY_UNLOAD,
 	} {
 		if uint16(op) != uint16(bpf) {
 			t.Errorf("%s is %d in Go, %d in BPF", op.Symbol(), op, bpf)
 		}
 	}
-	if n := len(memory.Ops()); n != 26 {
-		t.Errorf("%d ops named, want every one of the 26", n)
+	if n := len(memory.Ops()); n != 34 {
+		t.Errorf("%d ops named, want every one of the 34", n)
 	}
 }

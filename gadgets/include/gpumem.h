@@ -47,6 +47,17 @@ enum gpumem_op {
 	GPUMEM_OP_CTX_CREATE_V3,                 /* cuCtxCreate_v3 */
 	GPUMEM_OP_CTX_CREATE_V4,                 /* cuCtxCreate_v4 */
 	GPUMEM_OP_CTX_DESTROY,                   /* cuCtxDestroy_v2 */
+
+	/* Module and library loads and unloads: with eager loading, a load puts
+	 * its kernel images on the device (user space sizes them by NVML). */
+	GPUMEM_OP_MODULE_LOAD = 48,              /* cuModuleLoad */
+	GPUMEM_OP_MODULE_LOAD_DATA,              /* cuModuleLoadData */
+	GPUMEM_OP_MODULE_LOAD_DATA_EX,           /* cuModuleLoadDataEx */
+	GPUMEM_OP_MODULE_LOAD_FAT_BINARY,        /* cuModuleLoadFatBinary */
+	GPUMEM_OP_LIBRARY_LOAD_DATA,             /* cuLibraryLoadData */
+	GPUMEM_OP_LIBRARY_LOAD_FROM_FILE,        /* cuLibraryLoadFromFile */
+	GPUMEM_OP_MODULE_UNLOAD,                 /* cuModuleUnload */
+	GPUMEM_OP_LIBRARY_UNLOAD,                /* cuLibraryUnload */
 };
 
 static __always_inline bool gpumem_op_is_free(__u16 op)
@@ -56,7 +67,17 @@ static __always_inline bool gpumem_op_is_free(__u16 op)
 
 static __always_inline bool gpumem_op_is_context(__u16 op)
 {
-	return op >= GPUMEM_OP_CTX_SET_CURRENT;
+	return op >= GPUMEM_OP_CTX_SET_CURRENT && op <= GPUMEM_OP_CTX_DESTROY;
+}
+
+static __always_inline bool gpumem_op_is_module(__u16 op)
+{
+	return op >= GPUMEM_OP_MODULE_LOAD && op <= GPUMEM_OP_LIBRARY_UNLOAD;
+}
+
+static __always_inline bool gpumem_op_unloads_module(__u16 op)
+{
+	return op == GPUMEM_OP_MODULE_UNLOAD || op == GPUMEM_OP_LIBRARY_UNLOAD;
 }
 
 /* The device of a call made with no context gpu-mem knows: made before it

@@ -4,8 +4,9 @@ Usage: check_nvml.py GPUMEM OUTDIR [NVML_LIBRARY]
 Starts `GPUMEM record --format json` of every process (the profiler first,
 as a node's agent is), then, at once on one GPU: the vLLM-shaped runner
 (torch_views.py), a real transformers model with cuBLAS and cuDNN
-(nvml_hold.py model), the same with CUDA_MODULE_LOADING=EAGER, and JAX
-(nvml_hold.py jax). Once each holds its memory, stops the recorder (its
+(nvml_hold.py model), the same with CUDA_MODULE_LOADING=EAGER, JAX
+(nvml_hold.py jax), and torch loading a 64 MiB module through
+cuModuleLoadData, eagerly and lazily (nvml_hold.py modules). Once each holds its memory, stops the recorder (its
 report: OUTDIR/nvml.json, its log OUTDIR/nvml.stderr), reads
 nvidia-smi --query-compute-apps=pid,used_memory and memory.used, and
 compares, printing PASS or FAIL lines:
@@ -15,11 +16,16 @@ compares, printing PASS or FAIL lines:
   number (gpus[].processes[].nvml_bytes) against nvidia-smi's;
 - each made its context while traced: a context part above 0, charged to
   a stack through cuDevicePrimaryCtxRetain or cuCtxCreate;
+- with CUDA_MODULE_LOADING=EAGER, the module's load charged (a row of kind
+  module of at least its 64 MiB __device__ array, on a stack through
+  cuModuleLoadData and load_module), and module_bytes the same;
 - the GPU: nvidia-smi's memory.used against gpu-mem's gpus[].used_bytes,
   within 1 MiB, and against the sum of its rows on the GPU (all
   processes, traced or not) plus not_of_processes_bytes.
-Prints each process's parts (traced, contexts, kernel images and driver
-internals), lazy against eager. NVML_LIBRARY: where libnvidia-ml.so.1 is
+Prints each process's parts (traced, contexts, modules, kernel images and
+driver internals), lazy against eager (lazily, the module's images load at
+a kernel's first launch, not in cuModuleLoadData: they stay in
+driver-internal; its __device__ array may or may not). NVML_LIBRARY: where libnvidia-ml.so.1 is
 (default: found through nvidia-ml-py's own load, /proc/self/maps).
 """
 import json
@@ -82,6 +88,8 @@ workloads = {
     "model (lazy)": ([sys.executable, os.path.join(here, "nvml_hold.py"), "model"], {}),
     "model (eager)": ([sys.executable, os.path.join(here, "nvml_hold.py"), "model"], {"CUDA_MODULE_LOADING": "EAGER"}),
     "jax": ([sys.executable, os.path.join(here, "nvml_hold.py"), "jax"], {}),
+    "modules (eager)": ([sys.executable, os.path.join(here, "nvml_hold.py"), "modules"], {"CUDA_MODULE_LOADING": "EAGER"}),
+    "modules (lazy)": ([sys.executable, os.path.join(here, "nvml_hold.py"), "modules"], {}),
 }
 procs = {}
 for name, (cmd, extra) in workloads.items():
@@ -136,10 +144,20 @@ for name, pid in pids.items():
         any(f["function"] in ("cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4")
             for f in s["frames"]) for s in contexts),
           f"{name}: its context ({parts.get('context', 0) / MiB:.1f} MiB) charged to the stack that made it")
+if "modules (eager)" in pids:
+    pid = pids["modules (eager)"]
+    mods = [s for s in r["stacks"] if s["pid"] == pid and s["kind"] == "module"]
+    loaded = sum(s["live_bytes"] for s in mods)
+    check(loaded >= 64 * MiB and any(
+        any(f["function"] == "cuModuleLoadData" for f in s["frames"]) and any(f["function"] == "load_module" for f in s["frames"])
+        for s in mods), f"modules (eager): {loaded / MiB:.1f} MiB of kind module, at least 64 MiB, through cuModuleLoadData and load_module")
+    p = listed.get(pid)
+    check(p is not None and p.get("module_bytes") == loaded, f"modules (eager): module_bytes {p and p.get('module_bytes')} = its module rows' {loaded}")
 check(abs(gpu["used_bytes"] - used_mib * MiB) <= MiB, f"GPU 0: gpu-mem's used {gpu['used_bytes']} B = nvidia-smi's memory.used {used_mib} MiB within 1 MiB")
 on_gpu = sum(s["live_bytes"] for s in r["stacks"] if s["kind"] != "tensor" and s["gpu"] == "0")
 check(abs(on_gpu + gpu["not_of_processes_bytes"] - used_mib * MiB) <= MiB * max(1, len(gpu["processes"])),
       f"GPU 0: gpu-mem's rows {on_gpu} B + of no process {gpu['not_of_processes_bytes']} B = memory.used")
-print("lazy against eager: driver-internal (kernel images and driver internals) "
-      + ", ".join(f"{n} {listed[pids[n]]['driver_internal_bytes'] / MiB:.1f} MiB" for n in ("model (lazy)", "model (eager)") if n in pids and pids[n] in listed))
+print("lazy against eager: modules, driver-internal (kernel images and driver internals) "
+      + ", ".join(f"{n} {listed[pids[n]]['module_bytes'] / MiB:.1f} MiB, {listed[pids[n]]['driver_internal_bytes'] / MiB:.1f} MiB"
+                  for n in ("model (lazy)", "model (eager)", "modules (lazy)", "modules (eager)") if n in pids and pids[n] in listed))
 sys.exit(1 if failed else 0)

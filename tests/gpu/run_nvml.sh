@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every byte nvidia-smi shows, explained per process (issue 31): gpumem
 # records every process first, with NVML; then the vLLM-shaped runner, a
-# transformers model (lazy and eager module loading) and JAX hold memory on
+# transformers model (lazy and eager module loading), JAX and torch loading
+# a 64 MiB module (cuModuleLoadData, eager and lazy) hold memory on
 # one GPU at once, and check_nvml.py compares nvidia-smi's per-process
 # numbers with gpu-mem's (PASS/FAIL lines); then nvmlcost times one read of
 # the driver's NVML (the agent's cost per sample).

@@ -19,6 +19,10 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUexecAffinityParam_st CUexecAffinityParam;
 typedef struct CUctxCreateParams_st CUctxCreateParams;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
+typedef enum CUjit_option_enum { CU_JIT_MAX_REGISTERS = 0 } CUjit_option;
+typedef enum CUlibraryOption_enum { CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0 } CUlibraryOption;
 
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 #define CU_MEM_LOCATION_TYPE_HOST 2
@@ -46,6 +50,9 @@ typedef struct CUmemAllocationProp_st {
 #define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_INVALID_DEVICE 101
 #define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_IMAGE 200
+#define CUDA_ERROR_FILE_NOT_FOUND 301
+#define CUDA_ERROR_INVALID_HANDLE 400
 
 CUresult cuInit(unsigned int flags);
 CUresult cuDriverGetVersion(int *version);
@@ -88,6 +95,22 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
 		  unsigned long long flags);
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+
+CUresult cuModuleLoad(CUmodule *module, const char *fname);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+			    CUjit_option *options, void **optionValues);
+CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin);
+CUresult cuModuleUnload(CUmodule hmod);
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+			   void **jitOptionsValues, unsigned int numJitOptions,
+			   CUlibraryOption *libraryOptions, void **libraryOptionValues,
+			   unsigned int numLibraryOptions);
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+			       void **jitOptionsValues, unsigned int numJitOptions,
+			       CUlibraryOption *libraryOptions, void **libraryOptionValues,
+			       unsigned int numLibraryOptions);
+CUresult cuLibraryUnload(CUlibrary library);
 
 #ifdef __cplusplus
 }

@@ -18,8 +18,14 @@
  * (tests/simnvml) reads: SIMCUDA_CONTEXT_BYTES (default 518 MiB, an H200's
  * bare context) for each context made (the primary one at its first
  * retain), plus the device memory its allocations hold, rounded up as
- * allocated (managed memory and VMM memory on the host count nowhere).
- * Contexts and that file are not limited by SIMCUDA_CAPACITY.
+ * allocated (managed memory and VMM memory on the host count nowhere),
+ * plus the kernel images of the modules and libraries loaded and not
+ * unloaded. Loading is eager: a load puts its images on the device of the
+ * calling thread's current context (a module load fails without one; a
+ * library's goes nowhere then). A simulated image (the data a load is
+ * given, or the file it names) is text: the device bytes of its kernel
+ * images, in decimal, so that a test chooses what NVML grows by.
+ * Contexts, images and that file are not limited by SIMCUDA_CAPACITY.
  */
 #include "cuda.h"
 
@@ -56,6 +62,21 @@ struct block {
 struct CUctx_st {
 	int device;
 	int primary;
+};
+
+/* A module or library loaded: where its kernel images are, and their
+ * bytes; -1: on no device. */
+struct image {
+	int device;
+	size_t bytes;
+};
+
+struct CUmod_st {
+	struct image image;
+};
+
+struct CUlib_st {
+	struct image image;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -605,4 +626,159 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void 
 	}
 	pthread_mutex_unlock(&lock);
 	return b ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- modules and libraries ---- */
+
+/* load_image puts a simulated image of text (its device bytes, in decimal)
+ * on device, or on no device when device is negative. */
+static CUresult load_image(struct image *out, const void *image, int device)
+{
+	if (!image)
+		return CUDA_ERROR_INVALID_VALUE;
+	char *end;
+	unsigned long long bytes = strtoull(image, &end, 10);
+	if (end == image)
+		return CUDA_ERROR_INVALID_IMAGE;
+	*out = (struct image){.device = device, .bytes = bytes};
+	if (device >= 0) {
+		pthread_mutex_lock(&lock);
+		charge_nvml(device, (long long)bytes);
+		pthread_mutex_unlock(&lock);
+	}
+	return CUDA_SUCCESS;
+}
+
+/* read_image reads a simulated image from a file into buf. */
+static CUresult read_image(const char *path, char *buf, size_t size)
+{
+	if (!path)
+		return CUDA_ERROR_INVALID_VALUE;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return CUDA_ERROR_FILE_NOT_FOUND;
+	size_t n = fread(buf, 1, size - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return CUDA_SUCCESS;
+}
+
+static void unload_image(struct image *image)
+{
+	if (image->device < 0)
+		return;
+	pthread_mutex_lock(&lock);
+	charge_nvml(image->device, -(long long)image->bytes);
+	pthread_mutex_unlock(&lock);
+}
+
+/* load_module loads a module into the current context. */
+static CUresult load_module(CUmodule *module, const void *image)
+{
+	if (!module)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct CUmod_st *m = calloc(1, sizeof(*m));
+	if (!m)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult rc = load_image(&m->image, image, current()->device);
+	if (rc != CUDA_SUCCESS) {
+		free(m);
+		return rc;
+	}
+	*module = m;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+	char image[64];
+	CUresult rc = read_image(fname, image, sizeof(image));
+	return rc == CUDA_SUCCESS ? load_module(module, image) : rc;
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+	return load_module(module, image);
+}
+
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+			    CUjit_option *options, void **optionValues)
+{
+	(void)numOptions;
+	(void)options;
+	(void)optionValues;
+	return load_module(module, image);
+}
+
+CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+	return load_module(module, fatCubin);
+}
+
+CUresult cuModuleUnload(CUmodule hmod)
+{
+	if (!hmod)
+		return CUDA_ERROR_INVALID_HANDLE;
+	unload_image(&hmod->image);
+	free(hmod);
+	return CUDA_SUCCESS;
+}
+
+/* load_library loads a library, context-independent: eagerly into the
+ * current context, as the driver does into every context there is. */
+static CUresult load_library(CUlibrary *library, const void *code)
+{
+	if (!library)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct CUlib_st *l = calloc(1, sizeof(*l));
+	if (!l)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult rc = load_image(&l->image, code, current() ? current()->device : -1);
+	if (rc != CUDA_SUCCESS) {
+		free(l);
+		return rc;
+	}
+	*library = l;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+			   void **jitOptionsValues, unsigned int numJitOptions,
+			   CUlibraryOption *libraryOptions, void **libraryOptionValues,
+			   unsigned int numLibraryOptions)
+{
+	(void)jitOptions;
+	(void)jitOptionsValues;
+	(void)numJitOptions;
+	(void)libraryOptions;
+	(void)libraryOptionValues;
+	(void)numLibraryOptions;
+	return load_library(library, code);
+}
+
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+			       void **jitOptionsValues, unsigned int numJitOptions,
+			       CUlibraryOption *libraryOptions, void **libraryOptionValues,
+			       unsigned int numLibraryOptions)
+{
+	(void)jitOptions;
+	(void)jitOptionsValues;
+	(void)numJitOptions;
+	(void)libraryOptions;
+	(void)libraryOptionValues;
+	(void)numLibraryOptions;
+	char image[64];
+	CUresult rc = read_image(fileName, image, sizeof(image));
+	return rc == CUDA_SUCCESS ? load_library(library, image) : rc;
+}
+
+CUresult cuLibraryUnload(CUlibrary library)
+{
+	if (!library)
+		return CUDA_ERROR_INVALID_HANDLE;
+	unload_image(&library->image);
+	free(library);
+	return CUDA_SUCCESS;
 }

@@ -37,6 +37,16 @@
  *                  freed; after a second line, first_spike again and a
  *                  higher spike from higher_spike, freed; each run expects
  *                  its peaks
+ *   modules MODULE LIBRARY
+ *                  kernel images (the simulated driver's images are text:
+ *                  their device bytes) in four runs: a module of MODULE
+ *                  bytes loaded (cuModuleLoadData, from load_kernels); a
+ *                  library of LIBRARY bytes (cuLibraryLoadData, from
+ *                  load_library); the module unloaded; the library
+ *                  unloaded
+ *   loads BYTES    every module and library load function once, each an
+ *                  image of BYTES bytes (from a file for cuModuleLoad and
+ *                  cuLibraryLoadFromFile), kept until exit
  *   demo           a small model's weights, activations and a leak; with
  *                  SIMWORK_NOWAIT it then holds its memory for a minute
  *   train          a training loop over 1.4 s (docs/timeline.png): weights
@@ -498,6 +508,55 @@ static void spike_scenario(void)
 	       24 * MiB, 26 * MiB);
 }
 
+/* ---- modules ---- */
+
+NOINLINE static CUmodule load_kernels(const char *image)
+{
+	CUmodule m;
+	CHECK(cuModuleLoadData(&m, image));
+	return m;
+}
+
+NOINLINE static CUlibrary load_library(const char *image)
+{
+	CUlibrary l;
+	CHECK(cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0));
+	return l;
+}
+
+static void modules_scenario(const char *module_bytes, const char *library_bytes)
+{
+	CUmodule m = load_kernels(module_bytes);
+	printf("done\nexpect module=%s\n", module_bytes);
+	wait_line();
+	CUlibrary l = load_library(library_bytes);
+	printf("done\nexpect library=%s\n", library_bytes);
+	wait_line();
+	CHECK(cuModuleUnload(m));
+	printf("done\nexpect\n");
+	wait_line();
+	CHECK(cuLibraryUnload(l));
+	printf("done\nexpect\n");
+}
+
+static void loads_scenario(const char *bytes)
+{
+	char path[] = "/tmp/simwork-image-XXXXXX";
+	int fd = mkstemp(path);
+	if (fd < 0 || write(fd, bytes, strlen(bytes)) != (ssize_t)strlen(bytes) || close(fd))
+		exit(1);
+	CUmodule m[4];
+	CUlibrary l[2];
+	CHECK(cuModuleLoad(&m[0], path));
+	CHECK(cuModuleLoadData(&m[1], bytes));
+	CHECK(cuModuleLoadDataEx(&m[2], bytes, 0, NULL, NULL));
+	CHECK(cuModuleLoadFatBinary(&m[3], bytes));
+	CHECK(cuLibraryLoadData(&l[0], bytes, NULL, NULL, 0, NULL, NULL, 0));
+	CHECK(cuLibraryLoadFromFile(&l[1], path, NULL, NULL, 0, NULL, NULL, 0));
+	unlink(path);
+	printf("done\nexpect loads=6\n");
+}
+
 /* ---- demo ---- */
 
 NOINLINE static void load_weights(CUdeviceptr *layers, int n)
@@ -614,7 +673,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|grow FIRST SECOND FREED|pairs N|stacks N [FIRST]|deep N|devices|retain|spike|demo|train\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|grow FIRST SECOND FREED|pairs N|stacks N [FIRST]|deep N|devices|retain|spike|modules MODULE LIBRARY|loads BYTES|demo|train\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -650,6 +709,10 @@ int main(int argc, char **argv)
 		retain_scenario();
 	else if (!strcmp(scenario, "spike"))
 		spike_scenario();
+	else if (!strcmp(scenario, "modules") && argc == 4)
+		modules_scenario(argv[2], argv[3]);
+	else if (!strcmp(scenario, "loads") && argc == 3)
+		loads_scenario(argv[2]);
 	else if (!strcmp(scenario, "demo"))
 		demo();
 	else if (!strcmp(scenario, "train"))
