@@ -390,7 +390,9 @@ func allocatorFunctions(path string) (map[string]allocatorFunction, error) {
 			return nil, fmt.Errorf("read symbols of %s: %w", path, err)
 		}
 		for _, s := range syms {
-			if elf.ST_TYPE(s.Info) != elf.STT_FUNC || s.Value == 0 {
+			// A name with a dot is a part or a clone of a function (.cold,
+			// .part.0, .isra.0): not its entry.
+			if elf.ST_TYPE(s.Info) != elf.STT_FUNC || s.Value == 0 || strings.Contains(s.Name, ".") {
 				continue
 			}
 			for name, prefixes := range functionPrefixes {
