@@ -348,10 +348,10 @@ const (
 
 const nativeAllocator = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator"
 
-// A function may have had another name: torch 2.1 and 2.2 began and ended
+// A function may have had another name: torch 2.1 began and ended
 // allocating to a pool per stream (beginAllocateStreamToPool(device,
-// stream, pool), endAllocateStreamToPool(device, stream)), 2.3 on per
-// filter; the probes read neither's arguments.
+// stream, pool), endAllocateStreamToPool(device, stream)), 2.2 on per
+// filter (pytorch#114647); the probes read neither's arguments.
 var functionPrefixes = map[string][]string{
 	restoreFunction:        {nativeAllocator + "22setCheckpointPoolStateE"},
 	rawAllocFunction:       {nativeAllocator + "9raw_allocE"},
