@@ -1121,6 +1121,20 @@ static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 
 	e->device = GPUMEM_DEVICE_UNKNOWN;
 }
 
+/* Threads allocating to a private pool of PyTorch's allocator: between
+ * NativeCachingAllocator::beginAllocateToPool and endAllocateToPool (a
+ * CUDA graph's capture, graph trees' warm-up and recording,
+ * torch.cuda.use_mem_pool), the allocations they make, segments and
+ * tensors, belong to the pool (docs/pytorch-allocator-books.md). The
+ * count of pools the thread has begun and not ended. An LRU map: a thread
+ * that never ends (an exception between the two) makes room for others. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024); /* threads allocating to a pool at once */
+	__type(key, __u64);        /* pid_tgid */
+	__type(value, __u32);
+} pool_threads SEC(".maps");
+
 /* capture_allocation adds an allocation's Python and native stacks, and
  * marks its process so that its exit is reported. Without native_walk, a
  * call with Python frames keeps the probed instruction alone: the Python
@@ -1129,6 +1143,9 @@ static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpume
 {
 	capture_python(e);
 	e->ustack_len = capture_stack(ctx, e, native_walk || e->pystack_len == 0 || e->stack_flags);
+	__u64 id = bpf_get_current_pid_tgid();
+	if (bpf_map_lookup_elem(&pool_threads, &id))
+		e->stack_flags |= GPUMEM_GRAPH_POOL; /* after the walk, which other flags force */
 	__u8 one = 1;
 	if (!bpf_map_lookup_elem(&traced_pids, &e->proc.pid) &&
 	    bpf_map_update_elem(&traced_pids, &e->proc.pid, &one, BPF_ANY))
@@ -1741,6 +1758,43 @@ int gpumem_raw_delete(struct pt_regs *ctx)
 	return report_address(GPUMEM_OP_TENSOR_FREE, PT_REGS_PARM2(ctx), false); /* after this */
 }
 
+/* NativeCachingAllocator::beginAllocateToPool(device, MempoolId_t,
+ * filter): the calling thread allocates to a private pool until
+ * endAllocateToPool. The filter (the capture's stream, or the thread, as
+ * graph trees and use_mem_pool give it) is not read: the thread stands for
+ * it. */
+SEC("uprobe.multi/libc10_cuda")
+int gpumem_pool_begin(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 one = 1;
+
+	if (filtered_out(id >> 32))
+		return 0;
+	__u32 *depth = bpf_map_lookup_elem(&pool_threads, &id);
+	if (depth)
+		(*depth)++; /* the thread's own entry: no other writer */
+	else if (bpf_map_update_elem(&pool_threads, &id, &one, BPF_ANY))
+		count_loss(GPUMEM_LOSS_ALLOCATOR_CALL);
+	return 0;
+}
+
+/* NativeCachingAllocator::endAllocateToPool(device, MempoolId_t). */
+SEC("uprobe.multi/libc10_cuda")
+int gpumem_pool_end(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 *depth = bpf_map_lookup_elem(&pool_threads, &id);
+
+	if (!depth)
+		return 0;
+	if (*depth <= 1)
+		bpf_map_delete_elem(&pool_threads, &id);
+	else
+		(*depth)--;
+	return 0;
+}
+
 /* At each of its return instructions (not a return probe: see
  * allocatorFunction in tracer). */
 SEC("uprobe.multi/libc10_cuda")
@@ -1766,6 +1820,7 @@ int gpumem_restore_return(struct pt_regs *ctx)
 	begin_event(e, GPUMEM_OP_TENSOR_ALLOC, 0, false);
 	e->device = r.device;
 	capture_allocation(ctx, e, tensor_native_stacks);
+	e->stack_flags |= GPUMEM_GRAPH_POOL; /* a checkpoint is of a graph's pool */
 	bpf_loop(n, restore_segment, &w, 0);
 	release_scratch();
 	return 0;

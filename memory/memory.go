@@ -233,6 +233,12 @@ func Ops() map[string]Op {
 	return bySymbol
 }
 
+// GraphPool names the frame innermost in the stacks of allocations made for
+// a private pool of PyTorch's allocator (a CUDA graph's): its segments and
+// tensors. Outputs tell a graph's pool from the allocator's cache by it, and
+// flame graphs show it under the stack that captured the graph.
+const GraphPool = "[CUDA graph pool]"
+
 // Symbol is the driver function's name.
 func (o Op) Symbol() string {
 	if info, ok := ops[o]; ok {

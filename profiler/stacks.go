@@ -49,8 +49,9 @@ func (s stack) named() bool { return s.raw == nil }
 
 // rawStack is a stack as its first event carried it, kept until named.
 type rawStack struct {
-	key string // what the ID hashes
-	op  memory.Op
+	key       string // what the ID hashes
+	op        memory.Op
+	graphPool bool // made for a CUDA graph's pool (tracer.GraphPool)
 }
 
 func newStackTable() stackTable {
@@ -102,14 +103,21 @@ func (t *stackTable) drop(id accounting.StackID) {
 }
 
 // stackKey appends the key of an event's stack to buf: its process,
-// driver function, native frame count, native addresses and Python frames.
+// driver function, native frame count, whether it was made for a graph's
+// pool, native addresses and Python frames. The same stack allocating for a
+// graph's pool and outside one is two stacks: the pool's names it.
 func stackKey(buf []byte, ev *tracer.Event) []byte {
 	k := binary.LittleEndian.AppendUint32(buf, ev.PID)
 	k = binary.LittleEndian.AppendUint16(k, uint16(ev.Op))
 	k = binary.LittleEndian.AppendUint16(k, uint16(len(ev.Stack)))
+	k = append(k, byte(ev.Flags&tracer.GraphPool/tracer.GraphPool))
 	k = append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)...)
 	return append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))...)
 }
+
+// keyHeader is the size of a key's process, driver function, native frame
+// count and graph pool mark, before its frames.
+const keyHeader = 9
 
 // pid is the process of a raw stack.
 func (r *rawStack) pid() uint32 { return binary.LittleEndian.Uint32([]byte(r.key[:4])) }
@@ -118,7 +126,7 @@ func (r *rawStack) pid() uint32 { return binary.LittleEndian.Uint32([]byte(r.key
 func (r *rawStack) native() []uint64 {
 	out := make([]uint64, r.nativeLen())
 	for i := range out {
-		out[i] = binary.LittleEndian.Uint64([]byte(r.key[8+8*i : 16+8*i]))
+		out[i] = binary.LittleEndian.Uint64([]byte(r.key[keyHeader+8*i : keyHeader+8+8*i]))
 	}
 	return out
 }
@@ -129,7 +137,7 @@ func (r *rawStack) nativeLen() int { return int(binary.LittleEndian.Uint16([]byt
 // read from its key.
 func (r *rawStack) pyFrames() []tracer.PyFrame {
 	const size = int(unsafe.Sizeof(tracer.PyFrame{}))
-	data := r.key[8+8*r.nativeLen():]
+	data := r.key[keyHeader+8*r.nativeLen():]
 	out := make([]tracer.PyFrame, len(data)/size)
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(out))), len(out)*size), data)
 	return out

@@ -73,7 +73,7 @@ func (s *stackStore) intern(ev *tracer.Event) accounting.StackID {
 	if found {
 		return id
 	}
-	raw := &rawStack{key: string(k), op: ev.Op}
+	raw := &rawStack{key: string(k), op: ev.Op, graphPool: ev.Flags&tracer.GraphPool != 0}
 	s.table.add(id, check, raw)
 	s.byPID[ev.PID] = append(s.byPID[ev.PID], id)
 	s.unresolved = append(s.unresolved, id)
@@ -170,7 +170,7 @@ func (s *stackStore) storeFrames(ids []accounting.StackID, raws []*rawStack, nam
 	defer s.mu.Unlock()
 	for i, id := range ids {
 		if st, ok := s.table.m[id]; ok && raws[i] != nil && st.raw == raws[i] {
-			st.frames = s.internFrames(st.raw.op, named[i])
+			st.frames = s.internFrames(st.raw, named[i])
 			delete(s.python, st.raw)
 			st.raw = nil // named now
 			s.table.m[id] = st
@@ -178,20 +178,32 @@ func (s *stackStore) storeFrames(ids []accounting.StackID, raws []*rawStack, nam
 	}
 }
 
-// internFrames returns the stack's frames, after the driver function's, in
-// the frame table, referenced until the stack is dropped.
-func (s *stackStore) internFrames(op memory.Op, frames []symbolize.Frame) []uint32 {
-	out := make([]uint32, 0, len(frames)+1)
-	out = append(out, s.frames.intern(driverFrame(op)))
+// internFrames returns the stack's frames, after its innermost ones
+// (innerFrames), in the frame table, referenced until the stack is dropped.
+func (s *stackStore) internFrames(raw *rawStack, frames []symbolize.Frame) []uint32 {
+	inner := innerFrames(raw)
+	out := make([]uint32, 0, len(inner)+len(frames))
+	for _, f := range inner {
+		out = append(out, s.frames.intern(f))
+	}
 	for _, f := range frames {
 		out = append(out, s.frames.intern(f))
 	}
 	return out
 }
 
-// driverFrame is the frame of the driver function a stack ends in.
-func driverFrame(op memory.Op) symbolize.Frame {
-	return symbolize.Frame{Function: op.Symbol(), Module: "libcuda.so.1"}
+// graphPoolFrame marks the stacks of allocations made for a CUDA graph's
+// pool (memory.GraphPool).
+var graphPoolFrame = symbolize.Frame{Function: memory.GraphPool}
+
+// innerFrames are the frames a stack ends in, innermost first: the graph
+// pool's mark when it was made for one, then the driver function's.
+func innerFrames(raw *rawStack) []symbolize.Frame {
+	driver := symbolize.Frame{Function: raw.op.Symbol(), Module: "libcuda.so.1"}
+	if raw.graphPool {
+		return []symbolize.Frame{graphPoolFrame, driver}
+	}
+	return []symbolize.Frame{driver}
 }
 
 // stackFrames are a stack's frames; before it is named, its driver
@@ -211,10 +223,13 @@ func (s *stackStore) stackFrames(id accounting.StackID) []*symbolize.Frame {
 }
 
 // unnamedFrames are what is known of the frames of a stack not named yet:
-// its driver function and the Python frames read so far. No reference is
+// its innermost frames and the Python frames read so far. No reference is
 // taken on them. The caller holds s.mu.
 func (s *stackStore) unnamedFrames(raw *rawStack) []*symbolize.Frame {
-	frames := []*symbolize.Frame{s.frames.find(driverFrame(raw.op))}
+	var frames []*symbolize.Frame
+	for _, f := range innerFrames(raw) {
+		frames = append(frames, s.frames.find(f))
+	}
 	for _, f := range pystack.Merge(nil, s.python[raw]) {
 		frames = append(frames, s.frames.find(f))
 	}

@@ -354,10 +354,16 @@ func (p *Profiler) closeTensors() {
 // functionsFollowed says, in the line that reports an allocator attached,
 // which of the allocator's own functions the library lacks: their changes
 // to the books (a CUDA graph pool's checkpoint restore, raw frees) pass no
-// USDT site and are not followed (docs/pytorch-allocator-books.md).
+// USDT site and are not followed, and without the pool's begin and end a
+// graph's pool is counted as allocator cache
+// (docs/pytorch-allocator-books.md).
 func functionsFollowed(p *tracer.AllocatorProbes) string {
 	if len(p.Missing) == 0 {
-		return ", setCheckpointPoolState, raw_alloc and raw_delete"
+		return ", setCheckpointPoolState, raw_alloc, raw_delete, beginAllocateToPool and endAllocateToPool"
 	}
-	return fmt.Sprintf(" (no %s: what it changes is not followed)", strings.Join(p.Missing, ", "))
+	what := "what it changes is not followed"
+	if slices.ContainsFunc(p.Missing, func(f string) bool { return strings.HasSuffix(f, "AllocateToPool") }) {
+		what += "; CUDA graphs' pools are counted as allocator cache"
+	}
+	return fmt.Sprintf(" (no %s: %s)", strings.Join(p.Missing, ", "), what)
 }

@@ -66,13 +66,14 @@ type flamePage struct {
 // summaryRow is a ProcessGPU for the page; Cache is null where it means
 // nothing (see ProcessGPU.Cache).
 type summaryRow struct {
-	Process  string  `json:"process"`
-	PID      uint32  `json:"pid"`
-	GPU      string  `json:"gpu"`
-	Held     uint64  `json:"held"`
-	Tensors  uint64  `json:"tensors"`
-	Segments uint64  `json:"segments"`
-	Cache    *uint64 `json:"cache"`
+	Process   string  `json:"process"`
+	PID       uint32  `json:"pid"`
+	GPU       string  `json:"gpu"`
+	Held      uint64  `json:"held"`
+	Tensors   uint64  `json:"tensors"`
+	Segments  uint64  `json:"segments"`
+	GraphPool uint64  `json:"graph_pool"`
+	Cache     *uint64 `json:"cache"`
 	// TensorsSince says from when the process's on-demand tensor view
 	// holds; empty for one on from the start.
 	TensorsSince string `json:"tensors_since,omitempty"`
@@ -105,7 +106,7 @@ func WriteHTML(w io.Writer, r *snapshot.Snapshot) error {
 	}
 	for _, p := range ByProcessGPU(rows) {
 		row := summaryRow{Process: processName(p.Comm, p.PID), PID: p.PID, GPU: p.GPU, Held: p.Held, Tensors: p.Tensors, Segments: p.Segments,
-			TensorsSince: views[p.PID], DriverOff: driverOff[p.PID]}
+			GraphPool: p.GraphPool, TensorsSince: views[p.PID], DriverOff: driverOff[p.PID]}
 		if cache, ok := p.Cache(); ok {
 			row.Cache = &cache
 		}

@@ -79,8 +79,11 @@ func Top(r *snapshot.Snapshot, grew map[accounting.Key]int64) []TopRow {
 
 // HottestFrame names the code a reader acts on: the innermost Python frame,
 // else the native frame that called the driver (frame 0 is the driver
-// function itself).
+// function itself, after a graph pool's mark).
 func HottestFrame(frames []*symbolize.Frame) string {
+	if GraphPoolRow(frames) {
+		frames = frames[1:]
+	}
 	for _, f := range frames {
 		if f.File != "" {
 			return f.Name()

@@ -50,20 +50,27 @@ type ProcessGPU struct {
 	// Tensors is the tensor view: what its tensors hold.
 	Tensors uint64
 	// Segments is the part of Held that PyTorch's caching allocator got
-	// from the driver (AllocatorSegment): what PyTorch calls reserved.
+	// from the driver (AllocatorSegment) for its own pools: what PyTorch
+	// calls reserved, less GraphPool.
 	Segments uint64
+	// GraphPool is the part of Held that the allocator got for CUDA graphs'
+	// private pools (GraphPoolRow), charged to the stacks that captured
+	// them; GraphPoolTensors the part of Tensors allocated in them.
+	GraphPool, GraphPoolTensors uint64
 }
 
-// Cache is the allocator's cache: its segments less the tensors in them,
-// PyTorch's reserved minus allocated (here with the tensors' own sizes, so
-// the allocator's rounding counts as cache). false when the segments hold
-// less than the tensors: segments made before gpu-mem attached are not
-// seen, and the difference would mean nothing.
+// Cache is the allocator's cache: the segments of its own pools less the
+// tensors in them, PyTorch's reserved minus allocated outside graph pools
+// (here with the tensors' own sizes, so the allocator's rounding counts as
+// cache). false when the segments hold less than the tensors: segments made
+// before gpu-mem attached are not seen, and the difference would mean
+// nothing.
 func (p ProcessGPU) Cache() (uint64, bool) {
-	if p.Segments < p.Tensors {
+	tensors := p.Tensors - p.GraphPoolTensors
+	if p.Segments < tensors {
 		return 0, false
 	}
-	return p.Segments - p.Tensors, true
+	return p.Segments - tensors, true
 }
 
 // ByProcessGPU sums live bytes per process and GPU in each view, ordered by
@@ -84,14 +91,21 @@ func ByProcessGPU(rows []snapshot.Row) []ProcessGPU {
 			out = append(out, ProcessGPU{PID: row.PID, Comm: row.Comm, GPU: k.gpu})
 		}
 		p := &out[i]
+		live, pool := row.LiveBytes(), GraphPoolRow(row.Frames)
 		switch {
 		case row.Kind.View() == memory.ViewTensor:
-			p.Tensors += row.LiveBytes()
+			p.Tensors += live
+			if pool {
+				p.GraphPoolTensors += live
+			}
+		case pool && AllocatorSegment(row.Frames):
+			p.Held += live
+			p.GraphPool += live
 		case AllocatorSegment(row.Frames):
-			p.Held += row.LiveBytes()
-			p.Segments += row.LiveBytes()
+			p.Held += live
+			p.Segments += live
 		default:
-			p.Held += row.LiveBytes()
+			p.Held += live
 		}
 	}
 	slices.SortFunc(out, func(a, b ProcessGPU) int {
@@ -114,4 +128,10 @@ func AllocatorSegment(frames []*symbolize.Frame) bool {
 	return slices.ContainsFunc(frames, func(f *symbolize.Frame) bool {
 		return strings.Contains(f.Name(), allocatorNamespace)
 	})
+}
+
+// GraphPoolRow says whether a row's memory was made for a CUDA graph's
+// private pool: its stack ends in memory.GraphPool's frame.
+func GraphPoolRow(frames []*symbolize.Frame) bool {
+	return len(frames) > 0 && frames[0].Module == "" && frames[0].Function == memory.GraphPool
 }

@@ -67,6 +67,42 @@ func TestByProcessGPU(t *testing.T) {
 	}
 }
 
+// TestGraphPoolPart: a CUDA graph's pool (rows whose stacks end in the
+// pool's mark) is a part of its own: its segments out of the allocator's,
+// its tensors out of those the cache is reckoned against; its stacks' hottest
+// frame is the capture's, not the mark.
+func TestGraphPoolPart(t *testing.T) {
+	pool := &symbolize.Frame{Function: memory.GraphPool}
+	record := &symbolize.Frame{Function: "CUDAGraphNode._record", File: "cudagraph_trees.py", Line: 9}
+	rows := append(viewRows(),
+		snapshot.Row{Key: accounting.Key{PID: 7, Stack: 6, Kind: memory.KindDevice}, Comm: "python3",
+			Frames: []*symbolize.Frame{pool, allocFrames[0], allocFrames[1], record}, Counters: accounting.Counters{AllocBytes: 62 * MiB, AllocCount: 2}},
+		snapshot.Row{Key: accounting.Key{PID: 7, Stack: 7, Kind: memory.KindTensor}, Comm: "python3",
+			Frames: []*symbolize.Frame{pool, tensorFrames[0], tensorFrames[1], record}, Counters: accounting.Counters{AllocBytes: 50 * MiB, AllocCount: 1}})
+	got := ByProcessGPU(rows)[0]
+	want := ProcessGPU{PID: 7, Comm: "python3", GPU: "0", Held: 88 * MiB, Tensors: 62 * MiB, Segments: 20 * MiB,
+		GraphPool: 62 * MiB, GraphPoolTensors: 50 * MiB}
+	if got != want {
+		t.Fatalf("got %+v\nwant %+v", got, want)
+	}
+	if cache, ok := got.Cache(); !ok || cache != 8*MiB {
+		t.Errorf("cache %d, %v; want 8 MiB, the graph pool's left out", cache, ok)
+	}
+	var page bytes.Buffer
+	if err := WriteHTML(&page, snapshot.Snapshot{}.With(rows...)); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"segments":20971520,"graph_pool":65011712,"cache":8388608`; !strings.Contains(page.String(), want) {
+		t.Errorf("the HTML report's summary lacks %s", want)
+	}
+	if name := HottestFrame(rows[len(rows)-2].Frames); name != "CUDAGraphNode._record" {
+		t.Errorf("hottest frame %q", name)
+	}
+	if name := HottestFrame([]*symbolize.Frame{pool, allocFrames[0], allocFrames[1]}); name != allocFrames[1].Function {
+		t.Errorf("hottest native frame %q, want the driver's caller", name)
+	}
+}
+
 // TestFoldedPerView: folded output holds one view, never both.
 func TestFoldedPerView(t *testing.T) {
 	r := snapshot.Snapshot{}.With(viewRows()...)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -51,6 +52,72 @@ func TestCUDAGraphTree(t *testing.T) {
 	w.exit()
 }
 
+// TestCUDAGraphPool: the segments a CUDA graph's private pool holds (the
+// simulated allocator's, made between beginAllocateToPool and
+// endAllocateToPool) are charged to the stacks that captured the graph
+// (warmup_run, record_graph) as the graph pool's part of the driver view,
+// equal to the pool's reserved bytes; the allocator cache is the other
+// segments less the tensors outside the pool; releasing the pool and
+// emptying the cache ends the pool's segments (their driver frees).
+func TestCUDAGraphPool(t *testing.T) {
+	python := pythons(t)[2]
+	s, w := startTensors(t, profiler.Config{Library: simLib}, python, "graph_tree")
+	fmt.Fprintln(w.stdin)
+	live := w.values("live")
+	if live["pool_reserved"] == 0 || live["pool_requested"] == 0 {
+		t.Fatalf("the workload's pool holds nothing midway: %v", live)
+	}
+	r := s.report()
+	checkGraphPool(t, "midway", r, w.pid, live)
+	capturedBy := map[string]uint64{}
+	for _, row := range r.Rows() {
+		if row.PID == uint32(w.pid) && row.Kind.View() == memory.ViewDriver && report.GraphPoolRow(row.Frames) {
+			if py := pythonFrames(row.Frames); len(py) > 0 {
+				capturedBy[py[0].Function] += row.LiveBytes()
+			}
+		}
+	}
+	if capturedBy["warmup_run"]+capturedBy["record_graph"] != live["pool_reserved"] || len(capturedBy) != 2 {
+		t.Errorf("the pool's segments are charged to %v, want warmup_run and record_graph, %d in all", capturedBy, live["pool_reserved"])
+	}
+	expect := w.run()
+	r = s.report()
+	checkGraphPool(t, "at the end", r, w.pid, expect)
+	var made, freed uint64
+	for _, row := range r.Rows() {
+		if row.PID == uint32(w.pid) && row.Kind.View() == memory.ViewDriver && report.GraphPoolRow(row.Frames) {
+			made, freed = made+row.AllocBytes, freed+row.FreeBytes
+		}
+	}
+	if made != live["pool_reserved"] || freed != made {
+		t.Errorf("the pool's segments: %d made, %d freed; want the %d midway, all freed", made, freed, live["pool_reserved"])
+	}
+	assertNoLosses(t, r)
+	w.exit()
+}
+
+// checkGraphPool compares process pid's parts of GPU 0 with the allocator's
+// books: the graph pool's segments and tensors, the other segments, the
+// cache.
+func checkGraphPool(t *testing.T, when string, r *snapshot.Snapshot, pid int, books map[string]uint64) {
+	t.Helper()
+	for _, p := range report.ByProcessGPU(r.Rows()) {
+		if p.PID != uint32(pid) || p.GPU != "0" {
+			continue
+		}
+		cache, ok := p.Cache()
+		want := books["reserved"] - books["pool_reserved"] - (books["tensor_live"] - books["pool_requested"])
+		if p.GraphPool != books["pool_reserved"] || p.GraphPoolTensors != books["pool_requested"] ||
+			p.Segments != books["reserved"]-books["pool_reserved"] || !ok || cache != want {
+			t.Errorf("%s: graph pool %d (tensors %d), segments %d, cache %d (%v); the allocator's pool %d (tensors %d), other segments %d, cache %d",
+				when, p.GraphPool, p.GraphPoolTensors, p.Segments, cache, ok,
+				books["pool_reserved"], books["pool_requested"], books["reserved"]-books["pool_reserved"], want)
+		}
+		return
+	}
+	t.Errorf("%s: no memory of pid %d on GPU 0", when, pid)
+}
+
 // checkTensorBooks compares process pid's tensor view in r, its live bytes
 // and its peak, with the allocator's own books (tensor_live, tensor_peak).
 func checkTensorBooks(t *testing.T, when string, r *snapshot.Snapshot, pid int, books map[string]uint64) {
@@ -88,7 +155,7 @@ func TestCUDAGraphTreeOutputs(t *testing.T) {
 	record := func(name string, args ...string) *cli {
 		c := startCLI(t, append([]string{"record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--top", "0",
 			"-o", filepath.Join(dir, name)}, args...)...)
-		c.waitStderr("PyTorch allocator probes, setCheckpointPoolState, raw_alloc and raw_delete")
+		c.waitStderr("PyTorch allocator probes, setCheckpointPoolState, raw_alloc, raw_delete, beginAllocateToPool and endAllocateToPool")
 		c.waitStderr(fmt.Sprintf("pid %d: Python", w.pid))
 		return c
 	}

@@ -61,10 +61,11 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 			t.Fatalf("bpftool does not list the agent's link %v", id)
 		}
 	}
-	// The allocator's: its USDT sites', and seven on its own functions
+	// The allocator's: its USDT sites', and nine on its own functions
 	// (the entries and ret instructions of setCheckpointPoolState, raw_alloc
-	// and raw_alloc_with_stream; raw_delete's entry).
-	if onFile[driver] != 1 || onFile[allocator] != 8 || len(links) != 9 {
+	// and raw_alloc_with_stream; the entries of raw_delete,
+	// beginAllocateToPool and endAllocateToPool).
+	if onFile[driver] != 1 || onFile[allocator] != 10 || len(links) != 11 {
 		t.Fatalf("the agent's uprobe_multi links: %v", links)
 	}
 

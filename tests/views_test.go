@@ -172,7 +172,7 @@ func checkHTMLViews(t *testing.T, path string, pid int, want viewTotals) {
 			t.Errorf("%s view: load_weights %s bytes, want %d", tc.view, got, tc.weight)
 		}
 		row := regexp.MustCompile(`<tr data-pid="` + strconv.Itoa(pid) + `" data-gpu="0" ([^>]*)>`).FindStringSubmatch(dom)
-		wantRow := fmt.Sprintf(`data-held="%d" data-tensors="%d" data-segments="%d" data-cache="%d"`,
+		wantRow := fmt.Sprintf(`data-held="%d" data-tensors="%d" data-segments="%d" data-graph-pool="0" data-cache="%d"`,
 			want.driver, want.tensor, want.reserved, want.reserved-want.tensor)
 		if row == nil || row[1] != wantRow {
 			t.Errorf("summary row %q, want %s", row, wantRow)

@@ -49,6 +49,10 @@ const (
 	PyNoThread      = StackFlags(gpumemGpumemStackFlagGPUMEM_PY_NO_THREAD)     // a Python process, but no thread state
 	PyReadError     = StackFlags(gpumemGpumemStackFlagGPUMEM_PY_READ_ERROR)    // the frame chain broke
 	NativeTruncated = StackFlags(gpumemGpumemStackFlagGPUMEM_NATIVE_TRUNCATED) // outermost native frames dropped
+	// GraphPool marks an allocation made for a private pool of PyTorch's
+	// allocator (a CUDA graph's): while its thread allocated to the pool,
+	// or by a checkpoint restore.
+	GraphPool = StackFlags(gpumemGpumemStackFlagGPUMEM_GRAPH_POOL)
 )
 
 const (

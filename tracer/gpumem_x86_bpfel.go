@@ -321,6 +321,7 @@ const (
 	gpumemGpumemStackFlagGPUMEM_PY_NO_THREAD     gpumemGpumemStackFlag = 2
 	gpumemGpumemStackFlagGPUMEM_PY_READ_ERROR    gpumemGpumemStackFlag = 4
 	gpumemGpumemStackFlagGPUMEM_NATIVE_TRUNCATED gpumemGpumemStackFlag = 8
+	gpumemGpumemStackFlagGPUMEM_GRAPH_POOL       gpumemGpumemStackFlag = 16
 )
 
 type gpumemGpumemStackKey struct {
@@ -390,6 +391,7 @@ const (
 	gpumemMapOtelGenericParams                       = "otel_generic_params"
 	gpumemMapOtelTcKprobe                            = "otel_tc_kprobe"
 	gpumemMapOtelTcPerf                              = "otel_tc_perf"
+	gpumemMapPoolThreads                             = "pool_threads"
 	gpumemMapProcessContexts                         = "process_contexts"
 	gpumemMapProcesses                               = "processes"
 	gpumemMapPythonProcs                             = "python_procs"
@@ -449,6 +451,8 @@ const (
 	gpumemProgGpumemLeaveCuMemAllocV2                = "gpumem_leave_cuMemAlloc_v2"
 	gpumemProgGpumemLeaveCuMemCreate                 = "gpumem_leave_cuMemCreate"
 	gpumemProgGpumemLeaveCuMemHostAlloc              = "gpumem_leave_cuMemHostAlloc"
+	gpumemProgGpumemPoolBegin                        = "gpumem_pool_begin"
+	gpumemProgGpumemPoolEnd                          = "gpumem_pool_end"
 	gpumemProgGpumemRawAllocEnter                    = "gpumem_raw_alloc_enter"
 	gpumemProgGpumemRawAllocReturn                   = "gpumem_raw_alloc_return"
 	gpumemProgGpumemRawDelete                        = "gpumem_raw_delete"
@@ -581,6 +585,8 @@ type gpumemProgramSpecs struct {
 	GpumemLeaveCuMemAllocV2                *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemAlloc_v2"`
 	GpumemLeaveCuMemCreate                 *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemCreate"`
 	GpumemLeaveCuMemHostAlloc              *ebpf.ProgramSpec `ebpf:"gpumem_leave_cuMemHostAlloc"`
+	GpumemPoolBegin                        *ebpf.ProgramSpec `ebpf:"gpumem_pool_begin"`
+	GpumemPoolEnd                          *ebpf.ProgramSpec `ebpf:"gpumem_pool_end"`
 	GpumemRawAllocEnter                    *ebpf.ProgramSpec `ebpf:"gpumem_raw_alloc_enter"`
 	GpumemRawAllocReturn                   *ebpf.ProgramSpec `ebpf:"gpumem_raw_alloc_return"`
 	GpumemRawDelete                        *ebpf.ProgramSpec `ebpf:"gpumem_raw_delete"`
@@ -612,6 +618,7 @@ type gpumemMapSpecs struct {
 	OtelGenericParams    *ebpf.MapSpec `ebpf:"otel_generic_params"`
 	OtelTcKprobe         *ebpf.MapSpec `ebpf:"otel_tc_kprobe"`
 	OtelTcPerf           *ebpf.MapSpec `ebpf:"otel_tc_perf"`
+	PoolThreads          *ebpf.MapSpec `ebpf:"pool_threads"`
 	ProcessContexts      *ebpf.MapSpec `ebpf:"process_contexts"`
 	Processes            *ebpf.MapSpec `ebpf:"processes"`
 	PythonProcs          *ebpf.MapSpec `ebpf:"python_procs"`
@@ -710,6 +717,7 @@ type gpumemMaps struct {
 	OtelGenericParams    *ebpf.Map `ebpf:"otel_generic_params"`
 	OtelTcKprobe         *ebpf.Map `ebpf:"otel_tc_kprobe"`
 	OtelTcPerf           *ebpf.Map `ebpf:"otel_tc_perf"`
+	PoolThreads          *ebpf.Map `ebpf:"pool_threads"`
 	ProcessContexts      *ebpf.Map `ebpf:"process_contexts"`
 	Processes            *ebpf.Map `ebpf:"processes"`
 	PythonProcs          *ebpf.Map `ebpf:"python_procs"`
@@ -747,6 +755,7 @@ func (m *gpumemMaps) Close() error {
 		m.OtelGenericParams,
 		m.OtelTcKprobe,
 		m.OtelTcPerf,
+		m.PoolThreads,
 		m.ProcessContexts,
 		m.Processes,
 		m.PythonProcs,
@@ -856,6 +865,8 @@ type gpumemPrograms struct {
 	GpumemLeaveCuMemAllocV2                *ebpf.Program `ebpf:"gpumem_leave_cuMemAlloc_v2"`
 	GpumemLeaveCuMemCreate                 *ebpf.Program `ebpf:"gpumem_leave_cuMemCreate"`
 	GpumemLeaveCuMemHostAlloc              *ebpf.Program `ebpf:"gpumem_leave_cuMemHostAlloc"`
+	GpumemPoolBegin                        *ebpf.Program `ebpf:"gpumem_pool_begin"`
+	GpumemPoolEnd                          *ebpf.Program `ebpf:"gpumem_pool_end"`
 	GpumemRawAllocEnter                    *ebpf.Program `ebpf:"gpumem_raw_alloc_enter"`
 	GpumemRawAllocReturn                   *ebpf.Program `ebpf:"gpumem_raw_alloc_return"`
 	GpumemRawDelete                        *ebpf.Program `ebpf:"gpumem_raw_delete"`
@@ -911,6 +922,8 @@ func (p *gpumemPrograms) Close() error {
 		p.GpumemLeaveCuMemAllocV2,
 		p.GpumemLeaveCuMemCreate,
 		p.GpumemLeaveCuMemHostAlloc,
+		p.GpumemPoolBegin,
+		p.GpumemPoolEnd,
 		p.GpumemRawAllocEnter,
 		p.GpumemRawAllocReturn,
 		p.GpumemRawDelete,

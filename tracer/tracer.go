@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -87,6 +88,9 @@ type objects struct {
 	GpumemRawAllocEnter  *ebpf.Program `ebpf:"gpumem_raw_alloc_enter"`
 	GpumemRawAllocReturn *ebpf.Program `ebpf:"gpumem_raw_alloc_return"`
 	GpumemRawDelete      *ebpf.Program `ebpf:"gpumem_raw_delete"`
+	// The threads allocating to a CUDA graph's private pool.
+	GpumemPoolBegin *ebpf.Program `ebpf:"gpumem_pool_begin"`
+	GpumemPoolEnd   *ebpf.Program `ebpf:"gpumem_pool_end"`
 
 	Events            *ebpf.Map `ebpf:"events"`
 	DriverOff         *ebpf.Map `ebpf:"driver_off"`
@@ -244,7 +248,9 @@ type AllocatorProbes struct {
 	Sites int // USDT sites probed
 	// Missing are the allocator's own functions the library lacks, whose
 	// changes to the books pass no USDT site and are not followed
-	// (docs/pytorch-allocator-books.md): none in torch 2.1 and later.
+	// (docs/pytorch-allocator-books.md), or, for beginAllocateToPool and
+	// endAllocateToPool, graphs' pools are not told from the cache: none in
+	// torch 2.1 and later.
 	Missing []string
 	links   []link.Link
 }
@@ -261,8 +267,9 @@ func (p *AllocatorProbes) Close() error {
 // when pid is 0. The kernel counts the probes in their semaphores, which
 // turns them on, and inserts their traps, only in the processes they are
 // attached for: the others pay nothing. Beside them, probes on the
-// allocator's own setCheckpointPoolState, found by name in the library's
-// symbol tables, follow the restores that pass no USDT site. Closing the
+// allocator's own functions, found by name in the library's symbol
+// tables, follow the restores and raw frees that pass no USDT site, and the
+// threads allocating to a CUDA graph's private pool (tracer.GraphPool). Closing the
 // probes detaches them, as closing the tracer does not.
 func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, error) {
 	t.mu.Lock()
@@ -289,6 +296,8 @@ func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, err
 		{rawAllocFunction, t.objs.GpumemRawAllocEnter, t.objs.GpumemRawAllocReturn},
 		{rawAllocStreamFunction, t.objs.GpumemRawAllocEnter, t.objs.GpumemRawAllocReturn},
 		{rawDeleteFunction, t.objs.GpumemRawDelete, nil},
+		{poolBeginFunction, t.objs.GpumemPoolBegin, nil},
+		{poolEndFunction, t.objs.GpumemPoolEnd, nil},
 	} {
 		fn, ok := sites.functions[f.name]
 		if !ok || f.leave != nil && len(fn.returns) == 0 {
@@ -333,15 +342,23 @@ const (
 	rawAllocFunction       = "NativeCachingAllocator::raw_alloc"
 	rawAllocStreamFunction = "NativeCachingAllocator::raw_alloc_with_stream"
 	rawDeleteFunction      = "NativeCachingAllocator::raw_delete"
+	poolBeginFunction      = "NativeCachingAllocator::beginAllocateToPool"
+	poolEndFunction        = "NativeCachingAllocator::endAllocateToPool"
 )
 
 const nativeAllocator = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator"
 
-var functionPrefixes = map[string]string{
-	restoreFunction:        nativeAllocator + "22setCheckpointPoolStateE",
-	rawAllocFunction:       nativeAllocator + "9raw_allocE",
-	rawAllocStreamFunction: nativeAllocator + "21raw_alloc_with_streamE",
-	rawDeleteFunction:      nativeAllocator + "10raw_deleteE",
+// A function may have had another name: torch 2.1 began and ended
+// allocating to a pool per stream (beginAllocateStreamToPool(device,
+// stream, pool), endAllocateStreamToPool(device, stream)), 2.2 on per
+// filter (pytorch#114647); the probes read neither's arguments.
+var functionPrefixes = map[string][]string{
+	restoreFunction:        {nativeAllocator + "22setCheckpointPoolStateE"},
+	rawAllocFunction:       {nativeAllocator + "9raw_allocE"},
+	rawAllocStreamFunction: {nativeAllocator + "21raw_alloc_with_streamE"},
+	rawDeleteFunction:      {nativeAllocator + "10raw_deleteE"},
+	poolBeginFunction:      {nativeAllocator + "19beginAllocateToPoolE", nativeAllocator + "25beginAllocateStreamToPoolE"},
+	poolEndFunction:        {nativeAllocator + "17endAllocateToPoolE", nativeAllocator + "23endAllocateStreamToPoolE"},
 }
 
 // allocatorFunction is one of the allocator's own functions in a library:
@@ -373,11 +390,13 @@ func allocatorFunctions(path string) (map[string]allocatorFunction, error) {
 			return nil, fmt.Errorf("read symbols of %s: %w", path, err)
 		}
 		for _, s := range syms {
-			if elf.ST_TYPE(s.Info) != elf.STT_FUNC || s.Value == 0 {
+			// A name with a dot is a part or a clone of a function (.cold,
+			// .part.0, .isra.0): not its entry.
+			if elf.ST_TYPE(s.Info) != elf.STT_FUNC || s.Value == 0 || strings.Contains(s.Name, ".") {
 				continue
 			}
-			for name, prefix := range functionPrefixes {
-				if _, ok := found[name]; ok || !strings.HasPrefix(s.Name, prefix) {
+			for name, prefixes := range functionPrefixes {
+				if _, ok := found[name]; ok || !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(s.Name, p) }) {
 					continue
 				}
 				found[name] = allocatorFunction{symbol: s.Name, returns: returnInstructions(f, s)}

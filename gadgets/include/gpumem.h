@@ -109,7 +109,7 @@ enum gpumem_loss {
 	GPUMEM_LOSS_CONTEXTS_FULL,      /* context change not kept (thread_contexts or context_devices full), or a context beyond 16 of a process left at its exit */
 	GPUMEM_LOSS_TENSOR_ARG,         /* tensor event dropped: a USDT argument unreadable */
 	GPUMEM_LOSS_STACK_UNAVAILABLE,  /* stock IG: allocation aggregated without its stack (ig_ustack refused it) */
-	GPUMEM_LOSS_ALLOCATOR_CALL,    /* a call of the allocator's own functions (checkpoint restore, raw_alloc) not followed whole: unreadable, too many blocks, or allocator_calls full */
+	GPUMEM_LOSS_ALLOCATOR_CALL,    /* a call of the allocator's own functions (checkpoint restore, raw_alloc) not followed whole: unreadable, too many blocks, or allocator_calls or pool_threads full */
 	GPUMEM_LOSS_MAX,
 };
 
@@ -119,6 +119,10 @@ enum gpumem_stack_flag {
 	GPUMEM_PY_NO_THREAD = 2,  /* a Python process, but no thread state for this thread */
 	GPUMEM_PY_READ_ERROR = 4, /* the frame chain could not be read to its end */
 	GPUMEM_NATIVE_TRUNCATED = 8, /* deeper than GPUMEM_MAX_STACK_DEPTH: outermost frames dropped */
+	/* made while the thread allocates to a private pool of PyTorch's
+	 * allocator (a CUDA graph's capture or warm-up), or by a checkpoint
+	 * restore (always of a graph's pool) */
+	GPUMEM_GRAPH_POOL = 16,
 };
 
 /* gpumem_pyframe.flags */

@@ -1,10 +1,13 @@
-"""Compares gpu-mem's tensor view with torch's own books.
+"""Compares gpu-mem's tensor view and graph pools with torch's own books.
 
-Usage: check_graphs.py WHAT GPUMEM_JSON PID "live|expect tensor_live=N tensor_peak=N"
+Usage: check_graphs.py WHAT GPUMEM_JSON PID "live|expect tensor_live=N tensor_peak=N pool_reserved=N ..."
 The tensor view of process PID in gpumem record's JSON report (its live
 tensor bytes on GPU 0, and its tensor peak) against torch's requested bytes,
-current and peak. Prints "PASS WHAT ..." or "FAIL WHAT ..." and exits 1 on a
-failure.
+current and peak; and the CUDA graph pools' part of its driver view (the
+live bytes of its stacks that end in the "[CUDA graph pool]" frame) against
+the bytes of torch's segments in private pools (memory_snapshot()'s
+segment_pool_id not (0, 0)). Prints "PASS WHAT ..." or "FAIL WHAT ..." for
+each and exits 1 on a failure.
 """
 import json
 import sys
@@ -26,4 +29,21 @@ top = sorted((s for s in report["stacks"] if s["pid"] == pid and s["kind"] == "t
 for s in top:
     py = [f["function"] for f in s["frames"] if f.get("file")][:3]
     print(f"  {s['live_bytes']:>12} live in {s['live_allocations']} tensors: {' <- '.join(py) or s['frames'][0]['function']}")
-sys.exit(0 if ok else 1)
+
+GRAPH_POOL = "[CUDA graph pool]"
+pools = [s for s in report["stacks"] if s["pid"] == pid and s["kind"] != "tensor" and s["gpu"] == "0" and s["live_bytes"]
+         and s["frames"] and s["frames"][0]["function"] == GRAPH_POOL]
+pool = sum(s["live_bytes"] for s in pools)
+pool_ok = pool == int(books["pool_reserved"])
+print(f"{'PASS' if pool_ok else 'FAIL'} {what} graph pool: driver view's graph pool part {pool}; "
+      f"torch's private pools' segments {books['pool_reserved']} (of reserved {books['reserved']}); "
+      f"diff {pool - int(books['pool_reserved'])}")
+captured = {}
+for s in pools:
+    py = [f["function"] for f in s["frames"] if f.get("file")]
+    where = next((f for f in py if f in ("CUDAGraphNode._record", "CUDAWarmupNode.run", "graph_pool_steps")), None)
+    key = where or " <- ".join(py[:3]) or "(no Python frame)"
+    captured[key] = captured.get(key, 0) + s["live_bytes"]
+for where, nbytes in sorted(captured.items(), key=lambda kv: -kv[1]):
+    print(f"  {nbytes:>12} of the graph pools captured in {where}")
+sys.exit(0 if ok and pool_ok else 1)

@@ -5,7 +5,10 @@
 # shapes; and torch.cuda.graph with a shared pool. For each scenario of
 # torch_graph_trees.py, two gpumem records of the process: one stopped midway
 # ("live"), one at the end; check_graphs.py compares each with torch's
-# requested_bytes current and peak at that moment: PASS or FAIL lines.
+# requested_bytes current and peak at that moment, and the driver view's
+# CUDA graph pool part with the bytes of torch's segments in private pools
+# (torch.cuda.memory_snapshot()'s segment_pool_id not (0, 0)): PASS or FAIL
+# lines, two per record.
 # Usage: tests/gpu/run_graphs.sh GPUMEM OUTDIR [SCENARIO...]
 # (default: every scenario; each runs in its own process, a few minutes each
 # for max-autotune's compilation).

@@ -12,10 +12,13 @@ Usage: torch_graph_trees.py SCENARIO, one of
 The model is built from a LlamaConfig (4 layers, hidden 1024, bf16): nothing
 is downloaded. Protocol (tests/gpu/run_graphs.sh): prints "ready PID", waits
 for a line; runs half of its steps, then prints "live tensor_live=BYTES
-tensor_peak=BYTES" (requested_bytes.all.current and .peak) and waits for a
-line; runs the rest, prints "done" and "expect tensor_live=BYTES
-tensor_peak=BYTES ..." while holding its tensors (the model, the last
-outputs kept by clone), waits for a line, exits.
+tensor_peak=BYTES reserved=BYTES pool_reserved=BYTES pool_requested=BYTES"
+(requested_bytes.all.current and .peak, reserved_bytes.all.current, and the
+bytes of the segments of private pools, the CUDA graphs', in
+torch.cuda.memory_snapshot() and their live tensors' requests) and waits
+for a line; runs the rest, prints "done" and "expect ..." (the same values)
+while holding its tensors (the model, the last outputs kept by clone),
+waits for a line, exits.
 """
 import os
 import sys
@@ -31,10 +34,21 @@ def requested():
     return s["requested_bytes.all.current"], s["requested_bytes.all.peak"]
 
 
+def private_pools():
+    """The segments of GPU 0 in private pools (segment_pool_id not (0, 0):
+    the CUDA graphs' here), as torch.cuda.memory_snapshot() has them: their
+    bytes, and what their live tensors asked for."""
+    segments = [s for s in torch.cuda.memory_snapshot() if s["device"] == 0 and tuple(s["segment_pool_id"]) != (0, 0)]
+    return sum(s["total_size"] for s in segments), sum(s["requested_size"] for s in segments)
+
+
 def say(what):
     torch.cuda.synchronize()
     live, peak = requested()
-    print(f"{what} tensor_live={live} tensor_peak={peak}", flush=True)
+    pool, pool_requested = private_pools()
+    reserved = torch.cuda.memory_stats()["reserved_bytes.all.current"]
+    print(f"{what} tensor_live={live} tensor_peak={peak} reserved={reserved} pool_reserved={pool} "
+          f"pool_requested={pool_requested}", flush=True)
 
 
 def build_model():

@@ -33,6 +33,12 @@
 //   void simtorch_end_allocate_to_pool(int device, uint64_t pool)    capture ends
 //   void simtorch_release_pool(int device, uint64_t pool)  the graph is gone: the pool's
 //                                                          free segments go at the next empty_cache
+//       (through NativeCachingAllocator::beginAllocateToPool, endAllocateToPool and
+//       releasePool, with torch's signatures: gpu-mem's probes on the first two name
+//       the segments a capture makes as its graph's pool)
+//   size_t simtorch_pool_reserved(int device, uint64_t pool)   bytes of the pool's segments, as
+//                                                              memory_snapshot()'s segments of its pool id
+//   size_t simtorch_pool_requested(int device, uint64_t pool)  what the live tensors in them asked for
 //   void *simtorch_get_checkpoint_state(int device, uint64_t pool)  torch._C._cuda_getCheckpointState
 //   void simtorch_free_checkpoint_state(void *state)
 //   size_t simtorch_set_checkpoint_pool_state(int device, void *state, void **freed, size_t *nfreed,
@@ -48,6 +54,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -70,7 +77,7 @@ namespace cuda {
 namespace CUDACachingAllocator {
 
 // A private pool's id, as torch's MempoolId_t: {0, n} from graph_pool_handle.
-using MempoolId_t = std::pair<uint64_t, uint64_t>;
+using MempoolId_t = std::pair<unsigned long long, unsigned long long>; // torch's CaptureId_t pair: the same mangled names
 
 // The checkpoint of a private pool, laid out as torch's: gpu-mem reads
 // PrivatePoolState::segments, SegmentState::blocks and BlockState's size,
@@ -256,6 +263,18 @@ public:
 	{
 		std::lock_guard<std::mutex> lock(mu_);
 		graph_pools_.at(id).use_count--;
+	}
+
+	// pool_bytes sums the pool's blocks: all (its segments, reserved) or the
+	// live tensors' requests.
+	size_t pool_bytes(MempoolId_t id, bool requested)
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		size_t sum = 0;
+		for (auto &[ptr, b] : blocks_)
+			if (b.pool == id)
+				sum += requested ? (b.allocated ? b.requested : 0) : b.size;
+		return sum;
 	}
 
 	// getCheckpointState records every segment of the pool, block by block.
@@ -496,6 +515,20 @@ public:
 			a->empty_cache();
 	}
 
+	// beginAllocateToPool, endAllocateToPool and releasePool have torch's
+	// signatures (the filter says which streams' allocations go to the
+	// pool: here all of them): gpu-mem finds the first two by name and
+	// names the segments allocated between them as the pool's.
+	__attribute__((noinline)) void beginAllocateToPool(DeviceIndex d, MempoolId_t id, std::function<bool(CUstream)> filter)
+	{
+		(void)filter;
+		device(d).begin_allocate_to_pool(id);
+	}
+
+	__attribute__((noinline)) void endAllocateToPool(DeviceIndex d, MempoolId_t id) { device(d).end_allocate_to_pool(id); }
+
+	__attribute__((noinline)) void releasePool(DeviceIndex d, MempoolId_t id) { device(d).release_pool(id); }
+
 	// setCheckpointPoolState has torch's signature: gpu-mem finds it by
 	// name and reads its arguments and result as torch's.
 	__attribute__((noinline)) CheckpointDelta setCheckpointPoolState(DeviceIndex d, std::shared_ptr<AllocatorState> as)
@@ -593,9 +626,14 @@ uint64_t simtorch_graph_pool_handle(void)
 	return next++;
 }
 
-void simtorch_begin_allocate_to_pool(int device, uint64_t pool) { allocator.device(device).begin_allocate_to_pool({0, pool}); }
-void simtorch_end_allocate_to_pool(int device, uint64_t pool) { allocator.device(device).end_allocate_to_pool({0, pool}); }
-void simtorch_release_pool(int device, uint64_t pool) { allocator.device(device).release_pool({0, pool}); }
+void simtorch_begin_allocate_to_pool(int device, uint64_t pool)
+{
+	allocator.beginAllocateToPool((int8_t)device, {0, pool}, [](CUstream) { return true; });
+}
+void simtorch_end_allocate_to_pool(int device, uint64_t pool) { allocator.endAllocateToPool((int8_t)device, {0, pool}); }
+void simtorch_release_pool(int device, uint64_t pool) { allocator.releasePool((int8_t)device, {0, pool}); }
+size_t simtorch_pool_reserved(int device, uint64_t pool) { return allocator.device(device).pool_bytes({0, pool}, false); }
+size_t simtorch_pool_requested(int device, uint64_t pool) { return allocator.device(device).pool_bytes({0, pool}, true); }
 
 void *simtorch_get_checkpoint_state(int device, uint64_t pool)
 {

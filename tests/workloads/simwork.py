@@ -51,9 +51,11 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                caching_allocator_alloc (raw_alloc) held midway; prints "live" (its
                                requested bytes, current and peak, as expect values) midway
                                and waits for a line; expects tensor_live and tensor_peak
-                               (the allocator's requested bytes, current and peak) and
+                               (the allocator's requested bytes, current and peak),
                                peak_in_restore (the weights and the pool's whole 20 MiB
-                               segment, made live at once by a restore)
+                               segment, made live at once by a restore), reserved, and
+                               pool_reserved and pool_requested (the private pool's segments
+                               and its live tensors' requests), midway too
 
     python3 simwork.py stacks  allocations from SIMWORK_STACKS (default 100) functions
                                generated at run time, layer_FIRST to layer_FIRST+N-1
@@ -105,6 +107,8 @@ def load_allocator():
     torch.simtorch_graph_pool_handle.restype = ctypes.c_uint64
     for f in (torch.simtorch_begin_allocate_to_pool, torch.simtorch_end_allocate_to_pool, torch.simtorch_release_pool):
         f.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    for f in (torch.simtorch_pool_reserved, torch.simtorch_pool_requested):
+        f.argtypes, f.restype = [ctypes.c_int, ctypes.c_uint64], ctypes.c_size_t
     torch.simtorch_get_checkpoint_state.argtypes, torch.simtorch_get_checkpoint_state.restype = [ctypes.c_int, ctypes.c_uint64], ctypes.c_void_p
     torch.simtorch_free_checkpoint_state.argtypes = [ctypes.c_void_p]
     torch.simtorch_set_checkpoint_pool_state.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
@@ -542,7 +546,10 @@ def graph_tree():
     scratch = [caching_allocator_alloc(786_435), caching_allocator_alloc(1000, stream=7)]
     print("live " + " ".join(f"{k}={v}" for k, v in
                              {"tensor_live": torch.simtorch_memory_requested(0),
-                              "tensor_peak": torch.simtorch_max_memory_requested(0)}.items()), flush=True)
+                              "tensor_peak": torch.simtorch_max_memory_requested(0),
+                              "reserved": torch.simtorch_memory_reserved(0),
+                              "pool_reserved": torch.simtorch_pool_reserved(0, pool),
+                              "pool_requested": torch.simtorch_pool_requested(0, pool)}.items()), flush=True)
     sys.stdin.readline()
     torch.simtorch_free(replayed_a.pop())
     for ptr in scratch:
@@ -560,7 +567,8 @@ def graph_tree():
     torch.simtorch_empty_cache()
     held_tensors.extend(weights)
     totals.update(tensor_live=torch.simtorch_memory_requested(0), tensor_peak=torch.simtorch_max_memory_requested(0),
-                  peak_in_restore=(8 << 20) + (20 << 20), reserved=torch.simtorch_memory_reserved(0))
+                  peak_in_restore=(8 << 20) + (20 << 20), reserved=torch.simtorch_memory_reserved(0),
+                  pool_reserved=torch.simtorch_pool_reserved(0, pool), pool_requested=torch.simtorch_pool_requested(0, pool))
 
 
 def generated_stacks():
