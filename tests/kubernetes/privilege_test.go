@@ -63,7 +63,7 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 	w := startPython(t, driver.pyEnv)
 	cgrouptest.InContainer(t, w.cmd.Process.Pid, string(pod.UID), containerID)
 	pid := w.cmd.Process.Pid
-	agent.waitSaid(t, fmt.Sprintf("pid %d: Python 3.12 frames", pid), "libcuda.so.1: 24 driver functions", "libc10_cuda.so: 2 PyTorch allocator probes")
+	agent.waitSaid(t, fmt.Sprintf("pid %d: Python 3.12 frames", pid), "libcuda.so.1: 32 driver functions", "libc10_cuda.so: 2 PyTorch allocator probes")
 
 	// What the kernel holds for the agent: the chart's capabilities, in
 	// the bounding, permitted and effective sets, and nothing to pass on.
