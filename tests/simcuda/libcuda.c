@@ -727,9 +727,18 @@ CUresult cuModuleUnload(CUmodule hmod)
 }
 
 /* load_library loads a library, context-independent: eagerly into the
- * current context, as the driver does into every context there is. */
-static CUresult load_library(CUlibrary *library, const void *code)
+ * current context, as the driver does into every context there is. The
+ * simulated images take no JIT or library options. */
+static CUresult load_library(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+			     void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+			     void **libraryOptionValues, unsigned int numLibraryOptions)
 {
+	(void)jitOptions;
+	(void)jitOptionsValues;
+	(void)numJitOptions;
+	(void)libraryOptions;
+	(void)libraryOptionValues;
+	(void)numLibraryOptions;
 	if (!library)
 		return CUDA_ERROR_INVALID_VALUE;
 	struct CUlib_st *l = calloc(1, sizeof(*l));
@@ -749,13 +758,8 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *j
 			   CUlibraryOption *libraryOptions, void **libraryOptionValues,
 			   unsigned int numLibraryOptions)
 {
-	(void)jitOptions;
-	(void)jitOptionsValues;
-	(void)numJitOptions;
-	(void)libraryOptions;
-	(void)libraryOptionValues;
-	(void)numLibraryOptions;
-	return load_library(library, code);
+	return load_library(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+			    libraryOptionValues, numLibraryOptions);
 }
 
 CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
@@ -763,15 +767,11 @@ CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_o
 			       CUlibraryOption *libraryOptions, void **libraryOptionValues,
 			       unsigned int numLibraryOptions)
 {
-	(void)jitOptions;
-	(void)jitOptionsValues;
-	(void)numJitOptions;
-	(void)libraryOptions;
-	(void)libraryOptionValues;
-	(void)numLibraryOptions;
 	char image[64];
 	CUresult rc = read_image(fileName, image, sizeof(image));
-	return rc == CUDA_SUCCESS ? load_library(library, image) : rc;
+	return rc == CUDA_SUCCESS ? load_library(library, image, jitOptions, jitOptionsValues, numJitOptions,
+						 libraryOptions, libraryOptionValues, numLibraryOptions)
+				  : rc;
 }
 
 CUresult cuLibraryUnload(CUlibrary library)
