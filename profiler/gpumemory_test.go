@@ -22,21 +22,7 @@ func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 		g.madeEvent(&tracer.Event{PID: pid, Op: memory.OpCtxCreate, Device: device, Address: address}, stack)
 	}
 	read := func(residual map[processDevice]int64) map[accounting.Key]uint64 {
-		view := &snapshot.GPUMemory{GPUs: []snapshot.GPU{{}}}
-		traced := map[processDevice]*snapshot.ProcessMemory{}
-		for pd, r := range residual {
-			view.GPUs[0].Processes = append(view.GPUs[0].Processes, snapshot.ProcessMemory{PID: pd.pid, Traced: true, DriverInternal: r})
-		}
-		for i := range view.GPUs[0].Processes {
-			pm := &view.GPUs[0].Processes[i]
-			traced[processDevice{pm.PID, 0}] = pm
-		}
-		g.update(reconciled{view: view, residual: residual, traced: traced, untraced: map[accounting.Key]uint64{}, onlyOn: map[uint32]int32{}})
-		live := map[accounting.Key]uint64{}
-		for k, c := range g.rows {
-			live[k] = c.LiveBytes()
-		}
-		return live
+		return readResidual(g, 0, residual, map[accounting.Key]uint64{})
 	}
 	ctx := func(pid uint32, stack accounting.StackID) accounting.Key {
 		return accounting.Key{PID: pid, Stack: stack, Kind: memory.KindContext}
@@ -91,20 +77,10 @@ func TestModulesSizedAgainstTheReadBeforeThem(t *testing.T) {
 		g.madeEvent(&tracer.Event{PID: pid, Op: op, Timestamp: at, Address: address}, stack)
 	}
 	read := func(at uint64, residual map[processDevice]int64, untraced map[accounting.Key]uint64) map[accounting.Key]uint64 {
-		view := &snapshot.GPUMemory{GPUs: []snapshot.GPU{{}}}
-		traced := map[processDevice]*snapshot.ProcessMemory{}
-		for pd, r := range residual {
-			view.GPUs[0].Processes = append(view.GPUs[0].Processes, snapshot.ProcessMemory{PID: pd.pid, Traced: true, DriverInternal: r})
-		}
-		for i := range view.GPUs[0].Processes {
-			pm := &view.GPUs[0].Processes[i]
-			traced[processDevice{pm.PID, 0}] = pm
-		}
-		g.update(reconciled{at: at, view: view, residual: residual, traced: traced, untraced: untraced, onlyOn: map[uint32]int32{}})
-		live := map[accounting.Key]uint64{}
-		for k, c := range g.rows {
-			if k.Kind == memory.KindModule || k.Kind == memory.KindContext {
-				live[k] = c.LiveBytes()
+		live := readResidual(g, at, residual, untraced)
+		for k := range live {
+			if k.Kind != memory.KindModule && k.Kind != memory.KindContext {
+				delete(live, k)
 			}
 		}
 		return live
@@ -141,4 +117,25 @@ func TestModulesSizedAgainstTheReadBeforeThem(t *testing.T) {
 	if got[module(8, 5)] != 40 {
 		t.Errorf("a module of a process attached to: %v, want 40 bytes", got)
 	}
+}
+
+// readResidual has g take a read of NVML at time at: the processes of
+// residual traced on GPU 0, with those bytes beyond their traced memory,
+// and untraced's rows. It returns every row's live bytes.
+func readResidual(g *gpuMemory, at uint64, residual map[processDevice]int64, untraced map[accounting.Key]uint64) map[accounting.Key]uint64 {
+	view := &snapshot.GPUMemory{GPUs: []snapshot.GPU{{}}}
+	traced := map[processDevice]*snapshot.ProcessMemory{}
+	for pd, r := range residual {
+		view.GPUs[0].Processes = append(view.GPUs[0].Processes, snapshot.ProcessMemory{PID: pd.pid, Traced: true, DriverInternal: r})
+	}
+	for i := range view.GPUs[0].Processes {
+		pm := &view.GPUs[0].Processes[i]
+		traced[processDevice{pm.PID, 0}] = pm
+	}
+	g.update(reconciled{at: at, view: view, residual: residual, traced: traced, untraced: untraced, onlyOn: map[uint32]int32{}})
+	live := map[accounting.Key]uint64{}
+	for k, c := range g.rows {
+		live[k] = c.LiveBytes()
+	}
+	return live
 }

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"net"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -141,15 +140,7 @@ func TestEveryModuleLoadTraced(t *testing.T) {
 // TestModuleChargedToItsStack does).
 func TestModulesInEveryOutput(t *testing.T) {
 	env := nvmlState(t, 7*MiB)
-	r := &pyroscopetest.Receiver{}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pyroscopetest.Serve(t, r, lis)
-	lib := []string{"--nvml-library", simNVML()}
-	agent, driver := startAgentFirst(t, 1, append(lib, "--metrics-address", "127.0.0.1:0",
-		"--pyroscope-url", "http://"+lis.Addr().String(), "--pyroscope-interval", "200ms")...)
+	agent, driver, r, lib := startNVMLAgent(t)
 	w := startWorkload(t, append(env, driver.env...), simwork, "modules", strconv.Itoa(3*MiB), strconv.Itoa(5*MiB))
 	pid := strconv.Itoa(w.pid)
 	top := startCLI(t, append([]string{"top", "--interval", "200ms", "--pid", pid, "--library", driver.path}, lib...)...)

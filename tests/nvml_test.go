@@ -159,15 +159,7 @@ func TestNVMLInEveryOutput(t *testing.T) {
 	other := startWorkload(t, env, simwork, "hold", strconv.Itoa(3*MiB))
 	other.run()
 	dir := t.TempDir()
-	r := &pyroscopetest.Receiver{}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pyroscopetest.Serve(t, r, lis)
-	lib := []string{"--nvml-library", simNVML()}
-	agent, driver := startAgentFirst(t, 1, append(lib, "--metrics-address", "127.0.0.1:0",
-		"--pyroscope-url", "http://"+lis.Addr().String(), "--pyroscope-interval", "200ms")...)
+	agent, driver, r, lib := startNVMLAgent(t)
 	w := startWorkload(t, append(env, driver.env...), simwork, "hold", "1000")
 	pid := strconv.Itoa(w.pid)
 	target := append([]string{"--pid", pid, "--library", driver.path}, lib...)
@@ -399,4 +391,21 @@ func TestContextChargedToItsStack(t *testing.T) {
 		t.Errorf("view %+v", pm)
 	}
 	w.exit()
+}
+
+// startNVMLAgent starts a Pyroscope receiver, then the agent, first, on the
+// simulated NVML: serving metrics, pushing to the receiver every 200 ms.
+// lib names the simulated NVML, for the commands started after it.
+func startNVMLAgent(t *testing.T) (agent *cli, driver agentDriver, r *pyroscopetest.Receiver, lib []string) {
+	t.Helper()
+	r = &pyroscopetest.Receiver{}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pyroscopetest.Serve(t, r, lis)
+	lib = []string{"--nvml-library", simNVML()}
+	agent, driver = startAgentFirst(t, 1, append(lib, "--metrics-address", "127.0.0.1:0",
+		"--pyroscope-url", "http://"+lis.Addr().String(), "--pyroscope-interval", "200ms")...)
+	return agent, driver, r, lib
 }
