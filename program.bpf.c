@@ -1135,6 +1135,36 @@ struct {
 	__type(value, __u32);
 } pool_threads SEC(".maps");
 
+/* How many threads pool_threads holds: while none, an allocation skips its
+ * lookup there (an array's lookup is a load; a hash's, a hash). An entry
+ * the LRU map drops leaves it high: lookups that find nothing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} pool_thread_count SEC(".maps");
+
+/* in_pool says whether the thread of process pid, thread tid allocates to
+ * a private pool. */
+static __always_inline bool in_pool(__u32 pid, __u32 tid)
+{
+	__u32 zero = 0;
+	__u64 *threads = bpf_map_lookup_elem(&pool_thread_count, &zero);
+	if (!threads || *threads == 0)
+		return false;
+	__u64 id = (__u64)pid << 32 | tid;
+	return bpf_map_lookup_elem(&pool_threads, &id) != NULL;
+}
+
+static __always_inline void count_pool_threads(__s64 by)
+{
+	__u32 zero = 0;
+	__u64 *threads = bpf_map_lookup_elem(&pool_thread_count, &zero);
+	if (threads)
+		__sync_fetch_and_add(threads, by);
+}
+
 /* capture_allocation adds an allocation's Python and native stacks, and
  * marks its process so that its exit is reported. Without native_walk, a
  * call with Python frames keeps the probed instruction alone: the Python
@@ -1143,8 +1173,7 @@ static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpume
 {
 	capture_python(e);
 	e->ustack_len = capture_stack(ctx, e, native_walk || e->pystack_len == 0 || e->stack_flags);
-	__u64 id = bpf_get_current_pid_tgid();
-	if (bpf_map_lookup_elem(&pool_threads, &id))
+	if (in_pool(e->proc.pid, e->proc.tid))
 		e->stack_flags |= GPUMEM_GRAPH_POOL; /* after the walk, which other flags force */
 	__u8 one = 1;
 	if (!bpf_map_lookup_elem(&traced_pids, &e->proc.pid) &&
@@ -1776,6 +1805,8 @@ int gpumem_pool_begin(struct pt_regs *ctx)
 		(*depth)++; /* the thread's own entry: no other writer */
 	else if (bpf_map_update_elem(&pool_threads, &id, &one, BPF_ANY))
 		count_loss(GPUMEM_LOSS_ALLOCATOR_CALL);
+	else
+		count_pool_threads(1);
 	return 0;
 }
 
@@ -1788,10 +1819,10 @@ int gpumem_pool_end(struct pt_regs *ctx)
 
 	if (!depth)
 		return 0;
-	if (*depth <= 1)
-		bpf_map_delete_elem(&pool_threads, &id);
-	else
+	if (*depth > 1)
 		(*depth)--;
+	else if (bpf_map_delete_elem(&pool_threads, &id) == 0)
+		count_pool_threads(-1);
 	return 0;
 }
 

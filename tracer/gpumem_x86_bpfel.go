@@ -391,6 +391,7 @@ const (
 	gpumemMapOtelGenericParams                       = "otel_generic_params"
 	gpumemMapOtelTcKprobe                            = "otel_tc_kprobe"
 	gpumemMapOtelTcPerf                              = "otel_tc_perf"
+	gpumemMapPoolThreadCount                         = "pool_thread_count"
 	gpumemMapPoolThreads                             = "pool_threads"
 	gpumemMapProcessContexts                         = "process_contexts"
 	gpumemMapProcesses                               = "processes"
@@ -618,6 +619,7 @@ type gpumemMapSpecs struct {
 	OtelGenericParams    *ebpf.MapSpec `ebpf:"otel_generic_params"`
 	OtelTcKprobe         *ebpf.MapSpec `ebpf:"otel_tc_kprobe"`
 	OtelTcPerf           *ebpf.MapSpec `ebpf:"otel_tc_perf"`
+	PoolThreadCount      *ebpf.MapSpec `ebpf:"pool_thread_count"`
 	PoolThreads          *ebpf.MapSpec `ebpf:"pool_threads"`
 	ProcessContexts      *ebpf.MapSpec `ebpf:"process_contexts"`
 	Processes            *ebpf.MapSpec `ebpf:"processes"`
@@ -717,6 +719,7 @@ type gpumemMaps struct {
 	OtelGenericParams    *ebpf.Map `ebpf:"otel_generic_params"`
 	OtelTcKprobe         *ebpf.Map `ebpf:"otel_tc_kprobe"`
 	OtelTcPerf           *ebpf.Map `ebpf:"otel_tc_perf"`
+	PoolThreadCount      *ebpf.Map `ebpf:"pool_thread_count"`
 	PoolThreads          *ebpf.Map `ebpf:"pool_threads"`
 	ProcessContexts      *ebpf.Map `ebpf:"process_contexts"`
 	Processes            *ebpf.Map `ebpf:"processes"`
@@ -755,6 +758,7 @@ func (m *gpumemMaps) Close() error {
 		m.OtelGenericParams,
 		m.OtelTcKprobe,
 		m.OtelTcPerf,
+		m.PoolThreadCount,
 		m.PoolThreads,
 		m.ProcessContexts,
 		m.Processes,
