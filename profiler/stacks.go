@@ -49,9 +49,8 @@ func (s stack) named() bool { return s.raw == nil }
 
 // rawStack is a stack as its first event carried it, kept until named.
 type rawStack struct {
-	key       string // what the ID hashes
-	op        memory.Op
-	graphPool bool // made for a CUDA graph's pool (tracer.GraphPool)
+	key string // what the ID hashes
+	op  memory.Op
 }
 
 func newStackTable() stackTable {
@@ -110,7 +109,11 @@ func stackKey(buf []byte, ev *tracer.Event) []byte {
 	k := binary.LittleEndian.AppendUint32(buf, ev.PID)
 	k = binary.LittleEndian.AppendUint16(k, uint16(ev.Op))
 	k = binary.LittleEndian.AppendUint16(k, uint16(len(ev.Stack)))
-	k = append(k, byte(ev.Flags&tracer.GraphPool/tracer.GraphPool))
+	var graphPool byte
+	if ev.Flags&tracer.GraphPool != 0 {
+		graphPool = 1
+	}
+	k = append(k, graphPool)
 	k = append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)...)
 	return append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))...)
 }
@@ -118,6 +121,9 @@ func stackKey(buf []byte, ev *tracer.Event) []byte {
 // keyHeader is the size of a key's process, driver function, native frame
 // count and graph pool mark, before its frames.
 const keyHeader = 9
+
+// graphPool says whether a raw stack was made for a CUDA graph's pool.
+func (r *rawStack) graphPool() bool { return r.key[8] != 0 }
 
 // pid is the process of a raw stack.
 func (r *rawStack) pid() uint32 { return binary.LittleEndian.Uint32([]byte(r.key[:4])) }

@@ -73,7 +73,7 @@ func (s *stackStore) intern(ev *tracer.Event) accounting.StackID {
 	if found {
 		return id
 	}
-	raw := &rawStack{key: string(k), op: ev.Op, graphPool: ev.Flags&tracer.GraphPool != 0}
+	raw := &rawStack{key: string(k), op: ev.Op}
 	s.table.add(id, check, raw)
 	s.byPID[ev.PID] = append(s.byPID[ev.PID], id)
 	s.unresolved = append(s.unresolved, id)
@@ -200,7 +200,7 @@ var graphPoolFrame = symbolize.Frame{Function: memory.GraphPool}
 // pool's mark when it was made for one, then the driver function's.
 func innerFrames(raw *rawStack) []symbolize.Frame {
 	driver := symbolize.Frame{Function: raw.op.Symbol(), Module: "libcuda.so.1"}
-	if raw.graphPool {
+	if raw.graphPool() {
 		return []symbolize.Frame{graphPoolFrame, driver}
 	}
 	return []symbolize.Frame{driver}
