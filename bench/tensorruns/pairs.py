@@ -1,0 +1,43 @@
+"""Tensor allocations and frees on the simulated allocator, from Python at a
+chosen stack depth: the load bench/tensorruns/run.sh measures the tensor
+program's run time under.
+
+Usage: pairs.py DEPTH (N pairs from the environment, default 100000).
+Prints "ready PID", waits for a line, makes one pair and waits 2 s (the
+agent attaches the allocator's probes at the process's first driver call),
+then makes N pairs at DEPTH Python frames and prints "ns_per_pair X".
+"""
+import ctypes
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../../tests/workloads"))
+import simwork  # noqa: E402
+
+
+def pairs(n):
+    p = ctypes.c_void_p()
+    start = time.perf_counter()
+    for _ in range(n):
+        simwork.torch.simtorch_malloc(0, 4096, ctypes.byref(p))
+        simwork.torch.simtorch_free(p)
+    return time.perf_counter() - start
+
+
+def at_depth(depth, n):
+    return pairs(n) if depth <= 1 else at_depth(depth - 1, n)
+
+
+def main():
+    depth, n = int(sys.argv[1]), int(os.environ.get("N", "100000"))
+    simwork.load_driver()
+    simwork.load_allocator()
+    print("ready", os.getpid(), flush=True)
+    sys.stdin.readline()
+    at_depth(depth, 1)
+    time.sleep(2)
+    print("ns_per_pair", at_depth(depth, n) / n * 1e9, flush=True)
+
+
+main()
