@@ -1231,7 +1231,9 @@ static __always_inline void begin_context(struct gpumem_event *e, const struct g
 	begin_event(e, call->op, 0, false);
 	e->timestamp = bpf_ktime_get_ns();
 	e->address = context;
-	e->bytes = 0;
+	/* When the call began: NVML read before it is what the call grew the
+	 * process's number from (a read during it saw part of the growth). */
+	e->bytes = call->timestamp;
 	if (gpumem_op_is_module(call->op))
 		e->device = current_device(call, e->proc.tid);
 	else

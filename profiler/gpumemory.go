@@ -64,9 +64,10 @@ type gpuMemory struct {
 }
 
 // pastReads bounds the reads kept: a charge is sized against the last
-// read that ended before its call returned, which its event follows
-// within the tracer's poll (10 ms) when the machine is not starved.
-const pastReads = 16
+// read that ended before its call began, and reads are asked for at every
+// context and module made (a framework loads hundreds of modules at its
+// start, a context with eager loading takes a second or more).
+const pastReads = 64
 
 // pastRead is what one read found, for sizing what was made after it.
 type pastRead struct {
@@ -82,7 +83,7 @@ type pastRead struct {
 type madeCharge struct {
 	row     accounting.Key // its process, the stack that made it, KindContext or KindModule, its device
 	address uint64         // the context's or module's handle
-	at      uint64         // when its call returned (BPF clock)
+	at      uint64         // when its call began (BPF clock)
 	bytes   uint64
 	sized   bool
 }
@@ -138,39 +139,42 @@ func (g *gpuMemory) await() {
 }
 
 // sampleGPUs reads NVML and reconciles it with the books: the job's run.
-// The books are summed first, every event sent before accounted, and NVML
-// read right after: what a context made just before grew NVML's number by
-// is its own, the allocations made after it in the books already.
+// The books are summed on both sides of the read, every event sent before
+// accounted: what a context made just before grew NVML's number by is its
+// own, the allocations made after it in the books already, and a process
+// whose traced memory moved during the read is known to be unsettled in it.
 func (p *Profiler) sampleGPUs() {
 	g := p.gpus
 	if !p.nvmlLoaded() {
 		return
 	}
-	if p.running.Load() { // else nothing reads the events, and none come
-		_ = p.flush() // an error: the tracer is closed, nothing comes any more
-	}
-	live := p.books.liveOnDevices()
 	g.libMu.Lock()
+	defer g.libMu.Unlock()
 	if g.lib == nil { // closed meanwhile
-		g.libMu.Unlock()
 		return
 	}
-	err := g.lib.Read(&g.sample)
-	var r reconciled
-	if err == nil {
-		r = p.reconcile(&g.sample, live)
-		r.at = bpfNow()
-	}
-	g.libMu.Unlock()
-	if err != nil {
+	before := p.liveOnDevices()
+	if err := g.lib.Read(&g.sample); err != nil {
 		if msg := err.Error(); msg != g.lastErr { // said once, not at every scan
 			g.lastErr = msg
 			p.cfg.Logf("NVML: read: %v", err)
 		}
 		return
 	}
+	at := bpfNow()
+	r := p.reconcile(&g.sample, before, p.liveOnDevices())
+	r.at = at
 	g.lastErr = ""
 	g.update(r)
+}
+
+// liveOnDevices is the traced memory live per process and CUDA ordinal,
+// every event sent before accounted.
+func (p *Profiler) liveOnDevices() map[processDevice]uint64 {
+	if p.running.Load() { // else nothing reads the events, and none come
+		_ = p.flush() // an error: the tracer is closed, nothing comes any more
+	}
+	return p.books.liveOnDevices()
 }
 
 // nvmlLoaded loads NVML at the first run of the job, and says whether
@@ -190,9 +194,14 @@ func (p *Profiler) nvmlLoaded() bool {
 // number less its traced memory per CUDA ordinal, and the rows of the
 // untraced processes.
 type reconciled struct {
-	at       uint64 // when the read ended, on the clock of BPF timestamps
-	view     *snapshot.GPUMemory
+	at   uint64 // when the read ended, on the clock of BPF timestamps
+	view *snapshot.GPUMemory
+	// residual is each traced process's NVML number less the more of its
+	// traced memory before and after the read: never what an allocation
+	// made during the read grew NVML by. settled are those whose traced
+	// memory did not move during the read, whose residual is exact.
 	residual map[processDevice]int64
+	settled  map[processDevice]bool
 	traced   map[processDevice]*snapshot.ProcessMemory // in view
 	untraced map[accounting.Key]uint64
 	// onlyOn is the ordinal of each traced process NVML lists on one GPU
@@ -201,8 +210,8 @@ type reconciled struct {
 }
 
 // reconcile joins an NVML sample with the traced memory live (per process
-// and CUDA ordinal).
-func (p *Profiler) reconcile(s *nvml.Sample, live map[processDevice]uint64) reconciled {
+// and CUDA ordinal) before and after it.
+func (p *Profiler) reconcile(s *nvml.Sample, before, after map[processDevice]uint64) reconciled {
 	procs := map[uint32]*process{}
 	onGPUs := map[uint32]int{} // how many GPUs each process is on
 	for _, gpu := range s.GPUs {
@@ -213,7 +222,7 @@ func (p *Profiler) reconcile(s *nvml.Sample, live map[processDevice]uint64) reco
 	}
 	p.procs.known(procs)
 	r := reconciled{view: &snapshot.GPUMemory{Time: s.Time, GPUs: make([]snapshot.GPU, 0, len(s.GPUs))},
-		residual: map[processDevice]int64{}, traced: map[processDevice]*snapshot.ProcessMemory{}, untraced: map[accounting.Key]uint64{},
+		residual: map[processDevice]int64{}, settled: map[processDevice]bool{}, traced: map[processDevice]*snapshot.ProcessMemory{}, untraced: map[accounting.Key]uint64{},
 		onlyOn: map[uint32]int32{}}
 	for _, gpu := range s.GPUs {
 		devices := map[uint32]int32{} // the traced processes' ordinals of the GPU
@@ -226,13 +235,15 @@ func (p *Profiler) reconcile(s *nvml.Sample, live map[processDevice]uint64) reco
 			if proc != nil {
 				device = proc.ordinal(gpu)
 				pm.Traced, pm.Comm = true, proc.Comm
-				pm.Driver = live[processDevice{pr.PID, device}]
-				if onGPUs[pr.PID] == 1 { // made in a context gpu-mem did not see created: on this GPU
-					pm.Driver += live[processDevice{pr.PID, memory.DeviceUnknown}]
+				onOneGPU := onGPUs[pr.PID] == 1
+				if onOneGPU {
 					r.onlyOn[pr.PID] = device
 				}
+				was, now := tracedOn(before, pr.PID, device, onOneGPU), tracedOn(after, pr.PID, device, onOneGPU)
+				pm.Driver = max(was, now)
 				pm.DriverInternal = int64(pr.Used) - int64(pm.Driver)
 				r.residual[processDevice{pr.PID, device}] = pm.DriverInternal
+				r.settled[processDevice{pr.PID, device}] = was == now
 				devices[pr.PID] = device
 			} else {
 				pm.Comm = readComm(p.cfg.ProcRoot, pr.PID)
@@ -251,6 +262,17 @@ func (p *Profiler) reconcile(s *nvml.Sample, live map[processDevice]uint64) reco
 		}
 	}
 	return r
+}
+
+// tracedOn is process pid's traced memory on device in live; with what it
+// made on an unknown device where NVML lists it on one GPU only (made in a
+// context gpu-mem did not see created: on this GPU).
+func tracedOn(live map[processDevice]uint64, pid uint32, device int32, onOneGPU bool) uint64 {
+	n := live[processDevice{pid, device}]
+	if onOneGPU {
+		n += live[processDevice{pid, memory.DeviceUnknown}]
+	}
+	return n
 }
 
 // ordinal is the CUDA ordinal by which the process names gpu: found by
@@ -281,6 +303,7 @@ func (g *gpuMemory) update(r reconciled) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.sizeCharged(r.residual, r.onlyOn)
+	g.fitCharged(r.residual, r.settled)
 	live := r.untraced
 	inContexts, inModules := map[processDevice]uint64{}, map[processDevice]uint64{}
 	for _, c := range g.charged {
@@ -343,6 +366,36 @@ func (g *gpuMemory) sizeCharged(residual map[processDevice]int64, onlyOn map[uin
 	}
 }
 
+// fitCharged has the contexts and modules of each process and GPU whose
+// read is settled give back what their process's NVML number less its
+// traced memory no longer holds: sized by a growth that held more than
+// they made (a lazily loaded module's, with other memory made and freed
+// since), they are cut to what NVML shows, modules before contexts, the
+// newest first. So traced memory, contexts, modules and the rest add up
+// to NVML's number at every settled read.
+func (g *gpuMemory) fitCharged(residual map[processDevice]int64, settled map[processDevice]bool) {
+	over := map[processDevice]uint64{}
+	for _, c := range g.charged {
+		if pd := (processDevice{c.row.PID, c.row.Device}); c.sized && settled[pd] {
+			over[pd] += c.bytes
+		}
+	}
+	for pd, charged := range over {
+		over[pd] = uint64(max(int64(charged)-residual[pd], 0))
+	}
+	byCut := slices.Clone(g.charged)
+	slices.SortStableFunc(byCut, func(a, b *madeCharge) int {
+		return cmp.Or(-cmp.Compare(a.row.Kind, b.row.Kind), -cmp.Compare(a.at, b.at))
+	})
+	for _, c := range byCut {
+		pd := processDevice{c.row.PID, c.row.Device}
+		if cut := min(over[pd], c.bytes); c.sized && cut > 0 {
+			c.bytes -= cut
+			over[pd] -= cut
+		}
+	}
+}
+
 // setRows sets the live bytes of NVML's rows; a row not listed is gone,
 // as a dropped process's rows are (a context's stack goes with its
 // process).
@@ -379,7 +432,7 @@ func (g *gpuMemory) madeEvent(ev *tracer.Event, id accounting.StackID) {
 		g.charged = append(g.charged, &madeCharge{
 			row:     accounting.Key{PID: ev.PID, Stack: id, Kind: kind, Device: ev.Device},
 			address: ev.Address,
-			at:      ev.Timestamp,
+			at:      ev.Began,
 		})
 	} else {
 		g.charged = slices.DeleteFunc(g.charged, func(c *madeCharge) bool {
@@ -392,7 +445,8 @@ func (g *gpuMemory) madeEvent(ev *tracer.Event, id accounting.StackID) {
 
 // before is what process and GPU pd's NVML number less its traced memory
 // was before cs were made: at the last read that ended before the first
-// of them returned (a read may come after a call and before its event),
+// of them began (a read during a call saw part of its growth; one may
+// come after a call and before its event),
 // plus what was made after that read and sized already (its growth is
 // counted once). From nothing where NVML did not list the process then or
 // no read did, and, where gpu-mem did not trace the process then (it

@@ -64,17 +64,60 @@ func TestContextsSizedByNVMLsGrowth(t *testing.T) {
 	}
 }
 
+// TestChargesCutToWhatNVMLShows: a module sized by a growth that held
+// more than it made (a lazy load's, with memory made and freed since)
+// gives back what a later settled read no longer shows, before the
+// context and the oldest module, so that the parts add up to NVML's
+// number; a read during which the process's traced memory moved changes
+// no charge.
+func TestChargesCutToWhatNVMLShows(t *testing.T) {
+	g := (&Profiler{}).newGPUMemory("libnvidia-ml.so.1") // never loaded: its job is not started
+	event := func(op memory.Op, stack accounting.StackID, at, address uint64) {
+		g.madeEvent(&tracer.Event{PID: 7, Op: op, Began: at, Address: address}, stack)
+	}
+	ctx := accounting.Key{PID: 7, Stack: 1, Kind: memory.KindContext}
+	module := func(stack accounting.StackID) accounting.Key {
+		return accounting.Key{PID: 7, Stack: stack, Kind: memory.KindModule}
+	}
+	internal := accounting.Key{PID: 7, Stack: stackDriverInternal, Kind: memory.KindDriverInternal}
+
+	event(memory.OpCtxCreate, 1, 50, 0xa)
+	readResidual(g, 100, map[processDevice]int64{{7, 0}: 1000}, map[accounting.Key]uint64{})
+	event(memory.OpModuleLoadData, 2, 150, 0xb)
+	readResidual(g, 200, map[processDevice]int64{{7, 0}: 1300}, map[accounting.Key]uint64{})
+	event(memory.OpLibraryLoadData, 3, 250, 0xc)
+	readResidual(g, 300, map[processDevice]int64{{7, 0}: 1500}, map[accounting.Key]uint64{})
+
+	unsettled := map[processDevice]bool{{7, 0}: true}
+	got := readUnsettled(g, 400, map[processDevice]int64{{7, 0}: 1100}, map[accounting.Key]uint64{}, unsettled)
+	if want := map[accounting.Key]uint64{ctx: 1000, module(2): 300, module(3): 200, internal: 0}; !maps.Equal(got, want) {
+		t.Errorf("an unsettled read: %v, want %v", got, want)
+	}
+	got = readResidual(g, 500, map[processDevice]int64{{7, 0}: 1250}, map[accounting.Key]uint64{})
+	if want := map[accounting.Key]uint64{ctx: 1000, module(2): 250, module(3): 0, internal: 0}; !maps.Equal(got, want) {
+		t.Errorf("250 bytes less: %v, want %v", got, want)
+	}
+	if pm := g.view.GPUs[0].Processes[0]; pm.Contexts+pm.Modules != 1250 || pm.DriverInternal != 0 {
+		t.Errorf("view %+v, want contexts and modules 1250, driver-internal 0", pm)
+	}
+	got = readResidual(g, 600, map[processDevice]int64{{7, 0}: 1400}, map[accounting.Key]uint64{})
+	if want := map[accounting.Key]uint64{ctx: 1000, module(2): 250, module(3): 0, internal: 150}; !maps.Equal(got, want) {
+		t.Errorf("growing again: %v, want %v (what the modules gave back is not taken again)", got, want)
+	}
+}
+
 // TestModulesSizedAgainstTheReadBeforeThem: a module whose event comes
 // after a read that already saw its growth is sized against the last read
 // that ended before its call returned (300 bytes, not 0); modules made
 // between two reads share the growth; an unload ends a module's row (not
 // a context's of the same address); a process gpu-mem attached to while it
 // ran has its first module sized from its NVML number then, not from
-// nothing.
+// nothing; a context read while it was being made (eager loading takes
+// seconds) is sized from the read before its call began.
 func TestModulesSizedAgainstTheReadBeforeThem(t *testing.T) {
 	g := (&Profiler{}).newGPUMemory("libnvidia-ml.so.1") // never loaded: its job is not started
 	event := func(op memory.Op, pid uint32, stack accounting.StackID, at, address uint64) {
-		g.madeEvent(&tracer.Event{PID: pid, Op: op, Timestamp: at, Address: address}, stack)
+		g.madeEvent(&tracer.Event{PID: pid, Op: op, Began: at, Address: address}, stack)
 	}
 	read := func(at uint64, residual map[processDevice]int64, untraced map[accounting.Key]uint64) map[accounting.Key]uint64 {
 		live := readResidual(g, at, residual, untraced)
@@ -117,22 +160,39 @@ func TestModulesSizedAgainstTheReadBeforeThem(t *testing.T) {
 	if got[module(8, 5)] != 40 {
 		t.Errorf("a module of a process attached to: %v, want 40 bytes", got)
 	}
+
+	read(800, map[processDevice]int64{{9, 0}: 0}, map[accounting.Key]uint64{})
+	read(900, map[processDevice]int64{{9, 0}: 200}, map[accounting.Key]uint64{}) // during the call: part of its growth
+	event(memory.OpCtxCreate, 9, 6, 850, 0xe)
+	got = read(1000, map[processDevice]int64{{9, 0}: 500}, map[accounting.Key]uint64{})
+	if ctx := (accounting.Key{PID: 9, Stack: 6, Kind: memory.KindContext}); got[ctx] != 500 {
+		t.Errorf("a context read while it was made: %v, want 500 bytes, from the read before its call began", got)
+	}
 }
 
 // readResidual has g take a read of NVML at time at: the processes of
 // residual traced on GPU 0, with those bytes beyond their traced memory,
 // and untraced's rows. It returns every row's live bytes.
 func readResidual(g *gpuMemory, at uint64, residual map[processDevice]int64, untraced map[accounting.Key]uint64) map[accounting.Key]uint64 {
+	return readUnsettled(g, at, residual, untraced, nil)
+}
+
+// readUnsettled is readResidual with the processes of unsettled not
+// settled in the read (their traced memory moved during it).
+func readUnsettled(g *gpuMemory, at uint64, residual map[processDevice]int64, untraced map[accounting.Key]uint64,
+	unsettled map[processDevice]bool) map[accounting.Key]uint64 {
 	view := &snapshot.GPUMemory{GPUs: []snapshot.GPU{{}}}
 	traced := map[processDevice]*snapshot.ProcessMemory{}
+	settled := map[processDevice]bool{}
 	for pd, r := range residual {
 		view.GPUs[0].Processes = append(view.GPUs[0].Processes, snapshot.ProcessMemory{PID: pd.pid, Traced: true, DriverInternal: r})
+		settled[pd] = !unsettled[pd]
 	}
 	for i := range view.GPUs[0].Processes {
 		pm := &view.GPUs[0].Processes[i]
 		traced[processDevice{pm.PID, 0}] = pm
 	}
-	g.update(reconciled{at: at, view: view, residual: residual, traced: traced, untraced: untraced, onlyOn: map[uint32]int32{}})
+	g.update(reconciled{at: at, view: view, residual: residual, settled: settled, traced: traced, untraced: untraced, onlyOn: map[uint32]int32{}})
 	live := map[accounting.Key]uint64{}
 	for k, c := range g.rows {
 		live[k] = c.LiveBytes()

@@ -21,6 +21,7 @@ type Event struct {
 	Bytes     uint64    // allocated bytes; requested bytes when the call failed
 	Device    int32     // device ordinal of the calling thread's context, or DeviceUnknown
 	Timestamp uint64    // ns since boot: an allocation's return, a free's entry
+	Began     uint64    // a context made or a module loaded: ns since boot at its call's entry
 	// Stack holds user return addresses, innermost first, taken when the
 	// driver call returned: the first is in the caller of the driver.
 	Stack []uint64
@@ -86,6 +87,9 @@ func decode(raw []byte, ev *Event) error {
 		Stack:     ev.Stack[:0],
 		PyFrames:  ev.PyFrames[:0],
 		Flags:     StackFlags(e.StackFlags),
+	}
+	if ev.Op.MakesContext() || ev.Op.LoadsModule() { // sent in bytes, which they have none of
+		ev.Began, ev.Bytes = e.Bytes, 0
 	}
 	for i := range int(e.PystackLen) {
 		f := (*gpumemGpumemPyframe)(unsafe.Pointer(&raw[headerSize+i*pyFrameSize]))
