@@ -4,7 +4,10 @@
 // it lives.
 package memory
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+)
 
 // Op is the driver function a call event comes from. The values are those
 // of enum gpumem_op (gadgets/include/gpumem.h), which the BPF program
@@ -238,6 +241,15 @@ func Ops() map[string]Op {
 // tensors. Outputs tell a graph's pool from the allocator's cache by it, and
 // flame graphs show it under the stack that captured the graph.
 const GraphPool = "[CUDA graph pool]"
+
+// InAllocator says whether a function, by its demangled name, is PyTorch's
+// CUDA caching allocator's (its C++ namespace, in torch's libc10_cuda.so
+// and in tests/simtorch): a driver allocation whose stack passes through
+// one (DeviceCachingAllocator::alloc_block and the like; ExpandableSegment
+// for expandable segments) is a segment of the allocator.
+func InAllocator(function string) bool {
+	return strings.Contains(function, "CUDACachingAllocator::")
+}
 
 // Symbol is the driver function's name.
 func (o Op) Symbol() string {

@@ -1,6 +1,7 @@
 package profiler
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
@@ -181,7 +182,7 @@ func (s *stackStore) storeFrames(ids []accounting.StackID, raws []*rawStack, nam
 // internFrames returns the stack's frames, after its innermost ones
 // (innerFrames), in the frame table, referenced until the stack is dropped.
 func (s *stackStore) internFrames(raw *rawStack, frames []symbolize.Frame) []uint32 {
-	inner := innerFrames(raw)
+	inner := innerFrames(raw, frames)
 	out := make([]uint32, 0, len(inner)+len(frames))
 	for _, f := range inner {
 		out = append(out, s.frames.intern(f))
@@ -197,13 +198,26 @@ func (s *stackStore) internFrames(raw *rawStack, frames []symbolize.Frame) []uin
 var graphPoolFrame = symbolize.Frame{Function: memory.GraphPool}
 
 // innerFrames are the frames a stack ends in, innermost first: the graph
-// pool's mark when it was made for one, then the driver function's.
-func innerFrames(raw *rawStack) []symbolize.Frame {
+// pool's mark when it was made for one, then the driver function's. named
+// are its frames named (nil before).
+func innerFrames(raw *rawStack, named []symbolize.Frame) []symbolize.Frame {
 	driver := symbolize.Frame{Function: raw.op.Symbol(), Module: "libcuda.so.1"}
-	if raw.graphPool() {
+	if raw.graphPool() && madeByAllocator(raw, named) {
 		return []symbolize.Frame{graphPoolFrame, driver}
 	}
 	return []symbolize.Frame{driver}
+}
+
+// madeByAllocator says whether PyTorch's allocator made a stack's
+// allocation: a tensor, or a driver call with a frame of the allocator's
+// (memory.InAllocator). What else a thread allocating to a pool calls the
+// driver for (cuBLAS's and cuDNN's own memory, the modules they load) is
+// not the pool's. Before the stack is named, only its tensors are known to
+// be.
+func madeByAllocator(raw *rawStack, named []symbolize.Frame) bool {
+	return raw.op.Kind() == memory.KindTensor || slices.ContainsFunc(named, func(f symbolize.Frame) bool {
+		return memory.InAllocator(f.Function)
+	})
 }
 
 // stackFrames are a stack's frames; before it is named, its driver
@@ -227,7 +241,7 @@ func (s *stackStore) stackFrames(id accounting.StackID) []*symbolize.Frame {
 // taken on them. The caller holds s.mu.
 func (s *stackStore) unnamedFrames(raw *rawStack) []*symbolize.Frame {
 	var frames []*symbolize.Frame
-	for _, f := range innerFrames(raw) {
+	for _, f := range innerFrames(raw, nil) {
 		frames = append(frames, s.frames.find(f))
 	}
 	for _, f := range pystack.Merge(nil, s.python[raw]) {

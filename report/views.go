@@ -3,7 +3,6 @@ package report
 import (
 	"cmp"
 	"slices"
-	"strings"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -114,19 +113,14 @@ func ByProcessGPU(rows []snapshot.Row) []ProcessGPU {
 	return out
 }
 
-// allocatorNamespace is the C++ namespace of PyTorch's CUDA caching
-// allocator, in torch's libc10_cuda.so and in tests/simtorch.
-const allocatorNamespace = "CUDACachingAllocator::"
-
 // AllocatorSegment says whether a driver allocation is a segment of
 // PyTorch's caching allocator: its stack passes through the allocator
-// (DeviceCachingAllocator::alloc_block and the like; ExpandableSegment
-// for expandable segments). Only such segments hold tensors, so only they
+// (memory.InAllocator). Only such segments hold tensors, so only they
 // make the allocator's cache; the rest of the driver view (the CUDA
 // context's own allocations, cuBLAS, NCCL) is no cache.
 func AllocatorSegment(frames []*symbolize.Frame) bool {
 	return slices.ContainsFunc(frames, func(f *symbolize.Frame) bool {
-		return strings.Contains(f.Name(), allocatorNamespace)
+		return memory.InAllocator(f.Function)
 	})
 }
 

@@ -56,7 +56,8 @@ func TestCUDAGraphTree(t *testing.T) {
 // simulated allocator's, made between beginAllocateToPool and
 // endAllocateToPool) are charged to the stacks that captured the graph
 // (warmup_run, record_graph) as the graph pool's part of the driver view,
-// equal to the pool's reserved bytes; the allocator cache is the other
+// equal to the pool's reserved bytes; what the warm-up got from the driver
+// itself (a library's workspace) is not the pool's; the allocator cache is the other
 // segments less the tensors outside the pool; releasing the pool and
 // emptying the cache ends the pool's segments (their driver frees).
 func TestCUDAGraphPool(t *testing.T) {
@@ -79,6 +80,17 @@ func TestCUDAGraphPool(t *testing.T) {
 	}
 	if capturedBy["warmup_run"]+capturedBy["record_graph"] != live["pool_reserved"] || len(capturedBy) != 2 {
 		t.Errorf("the pool's segments are charged to %v, want warmup_run and record_graph, %d in all", capturedBy, live["pool_reserved"])
+	}
+	var workspace uint64
+	for _, row := range r.Rows() {
+		py := pythonFrames(row.Frames)
+		if row.PID == uint32(w.pid) && row.Kind == memory.KindDevice && len(py) > 1 && py[1].Function == "warmup_run" &&
+			!report.GraphPoolRow(row.Frames) {
+			workspace += row.LiveBytes()
+		}
+	}
+	if workspace != 3<<20 {
+		t.Errorf("the library's workspace made during the warm-up: %d bytes outside the pool, want %d", workspace, 3<<20)
 	}
 	expect := w.run()
 	r = s.report()

@@ -46,4 +46,8 @@ for s in pools:
     captured[key] = captured.get(key, 0) + s["live_bytes"]
 for where, nbytes in sorted(captured.items(), key=lambda kv: -kv[1]):
     print(f"  {nbytes:>12} of the graph pools captured in {where}")
+if not pool_ok:  # every row of the part, to tell which allocations the difference is made of
+    for s in sorted(pools, key=lambda s: -s["live_bytes"]):
+        py = [f["function"] for f in s["frames"] if f.get("file")]
+        print(f"    {s['live_bytes']:>12} in {s['live_allocations']}: {' <- '.join(py[:10])}")
 sys.exit(0 if ok and pool_ok else 1)

@@ -19,7 +19,13 @@ torch.cuda.memory_snapshot() and their live tensors' requests) and waits
 for a line; runs the rest, prints "done" and "expect ..." (the same values)
 while holding its tensors (the model, the last outputs kept by clone),
 waits for a line, exits.
+
+With GRAPH_SEGMENTS=DIR, torch records its memory history (Python stacks)
+and each of those moments also writes DIR/segments-WHAT.json: every
+segment of GPU 0 (address, size, pool, stream, the Python frames that
+allocated it), to tell which segments a mismatch is made of.
 """
+import json
 import os
 import sys
 
@@ -42,8 +48,21 @@ def private_pools():
     return sum(s["total_size"] for s in segments), sum(s["requested_size"] for s in segments)
 
 
+def dump_segments(what):
+    out = os.environ.get("GRAPH_SEGMENTS")
+    if not out:
+        return
+    segments = [{"address": s["address"], "size": s["total_size"], "pool": list(s["segment_pool_id"]),
+                 "stream": s["stream"], "frames": [f"{f['name']} {os.path.basename(f['filename'])}:{f['line']}"
+                                                    for f in s.get("frames", []) if f["filename"].endswith(".py")][:12]}
+                for s in torch.cuda.memory_snapshot() if s["device"] == 0]
+    with open(os.path.join(out, f"segments-{what}.json"), "w") as f:
+        json.dump(segments, f, indent=1)
+
+
 def say(what):
     torch.cuda.synchronize()
+    dump_segments(what)
     live, peak = requested()
     pool, pool_requested = private_pools()
     reserved = torch.cuda.memory_stats()["reserved_bytes.all.current"]
@@ -127,6 +146,8 @@ def main():
     modes = {"reduce-overhead-infer": ("reduce-overhead", False), "reduce-overhead-train": ("reduce-overhead", True),
              "max-autotune-infer": ("max-autotune", False), "max-autotune-train": ("max-autotune", True)}
     torch.cuda.init()
+    if os.environ.get("GRAPH_SEGMENTS"):
+        torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=1000000)
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()
     steps = graph_pool_steps() if scenario == "graph-pool" else compiled_steps(*modes[scenario])

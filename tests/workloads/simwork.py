@@ -483,13 +483,16 @@ def graph_weights(held):
         held.append(ptr.value)
 
 
-def warmup_run(pool, outputs):
-    """CUDAWarmupNode.run: in the pool, an output (logits) left live."""
+def warmup_run(pool, outputs, workspaces):
+    """CUDAWarmupNode.run: in the pool, an output (logits) left live; and a
+    library's own memory from the driver (cuBLAS's workspace), not the
+    pool's."""
     torch.simtorch_begin_allocate_to_pool(0, pool)
     ptr = ctypes.c_void_p()
     if torch.simtorch_malloc(0, (5 << 20) + 100, ctypes.byref(ptr)):
         raise MemoryError("warmup_run")
     outputs.append(ptr.value)
+    workspaces.append(cuda_malloc(3 << 20))
     torch.simtorch_end_allocate_to_pool(0, pool)
 
 
@@ -533,10 +536,10 @@ def caching_allocator_alloc(nbytes, stream=None):
 
 
 def graph_tree():
-    weights, warm, a_out, b_out = [], [], [], []
+    weights, warm, a_out, b_out, workspaces = [], [], [], [], []
     graph_weights(weights)
     pool = torch.simtorch_graph_pool_handle()
-    warmup_run(pool, warm)
+    warmup_run(pool, warm, workspaces)
     ckpt_a = record_graph(pool, 8 << 20, (2 << 20) + 300, a_out)
     torch.simtorch_free(a_out.pop())  # the user drops A's output; replays make it again
     replayed_a = []  # A replayed: outputs on A's blocks, not the allocator's
@@ -565,6 +568,7 @@ def graph_tree():
     for _ in range(3):  # the warm-up's and the two graphs' uses of the pool end
         torch.simtorch_release_pool(0, pool)
     torch.simtorch_empty_cache()
+    cuda_free(workspaces.pop(), 3 << 20)
     held_tensors.extend(weights)
     totals.update(tensor_live=torch.simtorch_memory_requested(0), tensor_peak=torch.simtorch_max_memory_requested(0),
                   peak_in_restore=(8 << 20) + (20 << 20), reserved=torch.simtorch_memory_reserved(0),
