@@ -134,7 +134,8 @@ func TestEveryModuleLoadTraced(t *testing.T) {
 // in its stacks) and top's line. Top attached after the context was made:
 // it is in its driver-internal part. Each waits for a read of NVML with
 // the process in it before the loads (the agent's scans, top's first
-// line), so that the loads' growth is measured from before them. The two
+// line, record's NVML loaded), so that the loads' growth is measured from
+// before them; record's JSON, pprof and HTML files have them too. The two
 // loads come back to back: top may size both in one read, sharing the 8
 // MiB alike, so the modules' sum is asserted, not each row's (which
 // TestModuleChargedToItsStack does).
@@ -143,7 +144,18 @@ func TestModulesInEveryOutput(t *testing.T) {
 	agent, driver, r, lib := startNVMLAgent(t)
 	w := startWorkload(t, append(env, driver.env...), simwork, "modules", strconv.Itoa(3*MiB), strconv.Itoa(5*MiB))
 	pid := strconv.Itoa(w.pid)
-	top := startCLI(t, append([]string{"top", "--interval", "200ms", "--pid", pid, "--library", driver.path}, lib...)...)
+	target := append([]string{"--pid", pid, "--library", driver.path}, lib...)
+	dir := t.TempDir()
+	file := func(name string) string { return filepath.Join(dir, name) }
+	records := []*cli{
+		startCLI(t, append([]string{"record", "--format", "json", "-o", file("gpu.json")}, target...)...),
+		startCLI(t, append([]string{"record", "--format", "pprof", "-o", file("gpu.pb.gz")}, target...)...),
+		startCLI(t, append([]string{"record", "--format", "html", "-o", file("gpu.html")}, target...)...),
+	}
+	for _, c := range records {
+		c.waitStderr("NVML: driver simulated") // read once the library is loaded: before the loads
+	}
+	top := startCLI(t, append([]string{"top", "--interval", "200ms"}, target...)...)
 	top.waitStdout(`^  pid ` + pid + ` \(simwork\): 7\.0 MiB, not traced$`) // no event of it yet
 	agent.waitStderrValue("serving metrics at ")
 	w.run() // the module
@@ -159,7 +171,60 @@ func TestModulesInEveryOutput(t *testing.T) {
 	}
 	top.waitStdout(`^  pid ` + pid + ` \(simwork\), gpu 0: 15\.0 MiB = 0 B traced \+ 0 B in contexts seen made \+ 8\.0 MiB in modules seen loaded \+ 7\.0 MiB kernel images and driver internals$`)
 	top.interrupt()
+	for _, c := range records {
+		c.interrupt()
+	}
 	w.exit()
+	checkRecordedModules(t, file, w.pid)
+}
+
+// checkRecordedModules reads record's files of pid, which loaded 8 MiB of
+// modules beside 7 MiB of context: the JSON's module rows and its process's
+// module_bytes, pprof's memory in use under load_kernels and load_library,
+// and the HTML's root (nvidia-smi's number).
+func checkRecordedModules(t *testing.T, file func(string) string, pid int) {
+	t.Helper()
+	var r struct {
+		Stacks []struct {
+			PID       int    `json:"pid"`
+			Kind      string `json:"kind"`
+			LiveBytes uint64 `json:"live_bytes"`
+		} `json:"stacks"`
+		GPUs []struct {
+			Processes []struct {
+				PID     int    `json:"pid"`
+				NVML    uint64 `json:"nvml_bytes"`
+				Modules uint64 `json:"module_bytes"`
+			} `json:"processes"`
+		} `json:"gpus"`
+	}
+	readJSON(t, file("gpu.json"), &r)
+	var rows uint64
+	for _, s := range r.Stacks {
+		if s.PID == pid && s.Kind == "module" {
+			rows += s.LiveBytes
+		}
+	}
+	if len(r.GPUs) != 1 || len(r.GPUs[0].Processes) != 1 || rows != 8*MiB {
+		t.Fatalf("JSON: module rows %d bytes, gpus %+v; want %d", rows, r.GPUs, 8*MiB)
+	}
+	if p := r.GPUs[0].Processes[0]; p.PID != pid || p.NVML != 15*MiB || p.Modules != 8*MiB {
+		t.Errorf("JSON process %+v, want nvml_bytes %d, module_bytes %d", p, 15*MiB, 8*MiB)
+	}
+	var loads int64
+	for _, s := range readProfile(t, file("gpu.pb.gz")).Sample {
+		if slices.ContainsFunc(s.Location, func(l *profile.Location) bool {
+			return l.Line[0].Function.Name == "load_kernels" || l.Line[0].Function.Name == "load_library"
+		}) {
+			loads += s.Value[3]
+		}
+	}
+	if loads != 8*MiB {
+		t.Errorf("pprof: %d bytes in use under load_kernels and load_library, want %d", loads, 8*MiB)
+	}
+	if got := frameAttr(t, dumpDOM(t, "file://"+file("gpu.html")), "root", "all processes", "data-bytes"); got != strconv.Itoa(15*MiB) {
+		t.Errorf("HTML root: %s bytes, want %d", got, 15*MiB)
+	}
 }
 
 // pushedLoads is the memory in use that the last push of pid's profile
