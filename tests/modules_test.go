@@ -184,20 +184,7 @@ func TestModulesInEveryOutput(t *testing.T) {
 // and the HTML's root (nvidia-smi's number).
 func checkRecordedModules(t *testing.T, file func(string) string, pid int) {
 	t.Helper()
-	var r struct {
-		Stacks []struct {
-			PID       int    `json:"pid"`
-			Kind      string `json:"kind"`
-			LiveBytes uint64 `json:"live_bytes"`
-		} `json:"stacks"`
-		GPUs []struct {
-			Processes []struct {
-				PID     int    `json:"pid"`
-				NVML    uint64 `json:"nvml_bytes"`
-				Modules uint64 `json:"module_bytes"`
-			} `json:"processes"`
-		} `json:"gpus"`
-	}
+	var r nvmlReport
 	readJSON(t, file("gpu.json"), &r)
 	var rows uint64
 	for _, s := range r.Stacks {

@@ -1,12 +1,10 @@
 package tests
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -214,35 +212,34 @@ func TestNVMLInEveryOutput(t *testing.T) {
 	}
 }
 
+// nvmlReport is what the NVML tests read of record's JSON report: the
+// stacks' live bytes and the GPUs' numbers.
+type nvmlReport struct {
+	Stacks []struct {
+		PID       int    `json:"pid"`
+		Kind      string `json:"kind"`
+		LiveBytes uint64 `json:"live_bytes"`
+	} `json:"stacks"`
+	GPUs []struct {
+		UsedBytes uint64 `json:"used_bytes"`
+		Processes []struct {
+			PID            int    `json:"pid"`
+			NVML           uint64 `json:"nvml_bytes"`
+			Traced         bool   `json:"traced"`
+			Driver         uint64 `json:"driver_bytes"`
+			Contexts       uint64 `json:"context_bytes"`
+			Modules        uint64 `json:"module_bytes"`
+			DriverInternal int64  `json:"driver_internal_bytes"`
+		} `json:"processes"`
+	} `json:"gpus"`
+}
+
 // checkNVMLJSON reads the JSON report: the GPU's and each process's
 // numbers, and the traced process's stacks summing to its NVML number.
 func checkNVMLJSON(t *testing.T, path string, pid, other int) {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r struct {
-		Stacks []struct {
-			PID       int    `json:"pid"`
-			Kind      string `json:"kind"`
-			LiveBytes uint64 `json:"live_bytes"`
-		} `json:"stacks"`
-		GPUs []struct {
-			UsedBytes uint64 `json:"used_bytes"`
-			Processes []struct {
-				PID            int    `json:"pid"`
-				NVML           uint64 `json:"nvml_bytes"`
-				Traced         bool   `json:"traced"`
-				Driver         uint64 `json:"driver_bytes"`
-				Contexts       uint64 `json:"context_bytes"`
-				DriverInternal int64  `json:"driver_internal_bytes"`
-			} `json:"processes"`
-		} `json:"gpus"`
-	}
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatal(err)
-	}
+	var r nvmlReport
+	readJSON(t, path, &r)
 	live := map[string]uint64{}
 	for _, s := range r.Stacks {
 		live[strconv.Itoa(s.PID)+" "+s.Kind] += s.LiveBytes
