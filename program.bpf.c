@@ -820,8 +820,19 @@ static __always_inline __u64 thread_pointer(void)
  * costs one read of user memory instead of three. */
 #define GPUMEM_PY_TSTATE_HEAD 256
 
+/* aligned_u64 is the 8 bytes at bytes[i], i a multiple of 8 in an 8-byte
+ * aligned buffer: the fields read so are pointers, 8-byte aligned (package
+ * pystack refuses a layout where one is not), at 8-byte aligned offsets
+ * of aligned thread states and frames. One load, where the compiler,
+ * knowing only a byte's alignment, would assemble them byte by byte: 8
+ * loads and 14 shifts and ors a field. */
+static __always_inline __u64 aligned_u64(const __u8 *bytes, __u64 i)
+{
+	return *(const __u64 *)__builtin_assume_aligned(&bytes[i], 8);
+}
+
 struct tstate_head {
-	__u8 bytes[GPUMEM_PY_TSTATE_HEAD];
+	__u8 bytes[GPUMEM_PY_TSTATE_HEAD] __attribute__((aligned(8)));
 	__u16 lo; /* the offset of bytes[0] in the thread state: its frame's */
 };
 
@@ -845,7 +856,7 @@ static __always_inline __u64 tstate_u64(const struct tstate_head *h, __u16 off)
 	__u64 i = (__u16)(off - h->lo);
 	if (i > sizeof(h->bytes) - 8)
 		return 0;
-	return *(const __u64 *)&h->bytes[i];
+	return aligned_u64(h->bytes, i);
 }
 
 /* find_thread_state reads the PyThreadState of the calling thread into h,
@@ -887,7 +898,7 @@ static __always_inline bool find_thread_state(struct tstate_head *h, const struc
 #define GPUMEM_PY_SLOT GPUMEM_PY_STACK_WINDOW
 
 struct stack_window {
-	__u8 bytes[GPUMEM_PY_STACK_WINDOW + GPUMEM_PY_FRAME_HEAD]; /* the window, then the slot */
+	__u8 bytes[GPUMEM_PY_STACK_WINDOW + GPUMEM_PY_FRAME_HEAD] __attribute__((aligned(8))); /* the window, then the slot */
 	__u64 lo;
 	__u64 len; /* 0: nothing read */
 };
@@ -901,7 +912,9 @@ struct {
 
 /* read_stack_window reads the thread's data stack chunk, from its start or
  * as far below the top frame as the window holds, up to the top frame's
- * head. */
+ * head. A window from the chunk's start holds the chunk's size
+ * (_PyStackChunk: previous, size, top, data), checked there after the
+ * read: a read of user memory fewer (about 60 ns) than reading it first. */
 static __always_inline void read_stack_window(struct stack_window *w, const struct gpumem_python *py,
 					      const struct tstate_head *h, __u64 top)
 {
@@ -909,13 +922,19 @@ static __always_inline void read_stack_window(struct stack_window *w, const stru
 	if (py->tstate_datastack_chunk == GPUMEM_PY_NO_FIELD || !top)
 		return;
 	__u64 chunk = tstate_u64(h, py->tstate_datastack_chunk);
-	__u64 chunk_size = read_ptr(chunk + 8); /* _PyStackChunk: previous, size, top, data */
 	__u64 end = top + GPUMEM_PY_FRAME_HEAD;
-	if (!chunk || top < chunk || end > chunk + chunk_size)
+	if (!chunk || top < chunk)
 		return;
-	__u64 lo = end - chunk > GPUMEM_PY_STACK_WINDOW ? end - GPUMEM_PY_STACK_WINDOW : chunk;
+	__u64 lo = chunk;
+	if (end - chunk > GPUMEM_PY_STACK_WINDOW) {
+		if (end > chunk + read_ptr(chunk + 8))
+			return;
+		lo = end - GPUMEM_PY_STACK_WINDOW;
+	}
 	__u64 len = end - lo;
 	if (len > GPUMEM_PY_STACK_WINDOW || bpf_probe_read_user(w->bytes, len, (void *)lo))
+		return;
+	if (lo == chunk && end > chunk + aligned_u64(w->bytes, 8))
 		return;
 	w->lo = lo;
 	w->len = len;
@@ -927,8 +946,8 @@ static __always_inline void read_stack_window(struct stack_window *w, const stru
 
 static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame)
 {
-	if (frame >= w->lo && frame - w->lo + GPUMEM_PY_FRAME_HEAD <= w->len)
-		return frame - w->lo;
+	if (frame >= w->lo && frame - w->lo + GPUMEM_PY_FRAME_HEAD <= w->len && !((frame - w->lo) & 7))
+		return frame - w->lo; /* aligned as the window, for aligned_u64 */
 	if (bpf_probe_read_user(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_HEAD, (void *)frame) &&
 	    bpf_probe_read_user(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_MIN, (void *)frame))
 		return GPUMEM_PY_UNREADABLE;
@@ -942,7 +961,7 @@ static __always_inline __u64 frame_u64(const struct stack_window *w, __u64 at, _
 	__u64 i = at + off;
 	if (i > sizeof(w->bytes) - 8)
 		return 0;
-	return *(const __u64 *)&w->bytes[i];
+	return aligned_u64(w->bytes, i);
 }
 
 static __always_inline __u8 frame_u8(const struct stack_window *w, __u64 at, __u16 off)
