@@ -132,7 +132,9 @@ type field struct {
 }
 
 // checkReadAtOnce says whether the fields the walk follows lie where the
-// BPF program reads them.
+// BPF program reads them, and those it reads as 8 bytes (the instruction
+// too, cut to its size after) at offsets that are multiples of 8 from where
+// it reads them: it loads those at once (aligned_u64).
 func (l Layout) checkReadAtOnce() error {
 	thread := []field{{"thread id", l.TstateThreadID, 8}, {"data stack chunk", l.TstateDatastackChunk, 8}}
 	if err := checkFields("thread state's", thread, l.TstateFrame, tstateHead); err != nil {
@@ -146,7 +148,13 @@ func (l Layout) checkReadAtOnce() error {
 		{"previous", l.FramePrevious, 8}, {"code", l.FrameCode, 8}, {"instruction", l.FrameInstr, uint16(l.InstrSize)},
 		{"owner", l.FrameOwner, 1}, {"is_entry", l.FrameIsEntry, 1},
 	}
-	return checkFields("frame's", frame, 0, end)
+	if err := checkFields("frame's", frame, 0, end); err != nil {
+		return err
+	}
+	if err := checkAligned("thread state's", thread, l.TstateFrame); err != nil {
+		return err
+	}
+	return checkAligned("frame's", frame[:3], 0)
 }
 
 // checkFields says whether fields lie within n bytes from offset from.
@@ -154,6 +162,17 @@ func checkFields(of string, fields []field, from, n uint16) error {
 	for _, f := range fields {
 		if f.off != no && (f.off < from || f.off+f.size > from+n) {
 			return fmt.Errorf("a %s %s at offset %d: outside the %d bytes from %d read at once", of, f.name, f.off, n, from)
+		}
+	}
+	return nil
+}
+
+// checkAligned says whether fields lie at multiples of 8 bytes from offset
+// from.
+func checkAligned(of string, fields []field, from uint16) error {
+	for _, f := range fields {
+		if f.off != no && (f.off-from)%8 != 0 {
+			return fmt.Errorf("a %s %s at offset %d: not a multiple of 8 bytes from %d", of, f.name, f.off, from)
 		}
 	}
 	return nil

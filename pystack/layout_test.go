@@ -157,8 +157,9 @@ func TestDetectRejectsOtherProcesses(t *testing.T) {
 }
 
 // TestFieldsReadAtOnce: every version's thread state and frame fields lie
-// in the bytes the BPF program reads of them at once, and a layout with
-// one outside them is refused.
+// in the bytes the BPF program reads of them at once, those it loads as 8
+// bytes aligned, and a layout with one outside them or misaligned is
+// refused.
 func TestFieldsReadAtOnce(t *testing.T) {
 	for version, l := range layouts {
 		if err := l.checkReadAtOnce(); err != nil {
@@ -172,6 +173,8 @@ func TestFieldsReadAtOnce(t *testing.T) {
 		{func(l *Layout) { l.FrameOwner = frameMin }, "a frame's owner at offset 72: outside the 72 bytes from 0 read at once"},
 		{func(l *Layout) { l.TstateDatastackChunk = 72 + tstateHead - 4 }, "a thread state's data stack chunk at offset 324: outside the 256 bytes from 72 read at once"},
 		{func(l *Layout) { l.TstateThreadID = 64 }, "a thread state's thread id at offset 64: outside the 256 bytes from 72 read at once"},
+		{func(l *Layout) { l.TstateThreadID = 156 }, "a thread state's thread id at offset 156: not a multiple of 8 bytes from 72"},
+		{func(l *Layout) { l.FrameInstr = 60 }, "a frame's instruction at offset 60: not a multiple of 8 bytes from 0"},
 	} {
 		l := layouts["3.13"]
 		c.change(&l)

@@ -366,6 +366,7 @@ type gpumemTstateHead struct {
 	_     structs.HostLayout
 	Bytes [256]uint8
 	Lo    uint16
+	_     [6]byte
 }
 
 // Names of all BPF objects in the ELF.
