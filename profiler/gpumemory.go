@@ -2,6 +2,7 @@ package profiler
 
 import (
 	"cmp"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,9 +47,9 @@ type gpuMemory struct {
 	none     atomic.Bool // the library could not be loaded: nothing to keep
 
 	libMu  sync.Mutex
-	loaded bool       // once tried
-	lib    *nvml.NVML // nil without NVML, and once closed
-	sample nvml.Sample
+	loaded bool        // once tried
+	lib    *nvml.NVML  // nil without NVML, and once closed
+	sample nvml.Sample // the job's alone, read under libMu
 
 	lastErr string // the last read's error, said once: the job's alone
 
@@ -148,24 +149,40 @@ func (p *Profiler) sampleGPUs() {
 	if !p.nvmlLoaded() {
 		return
 	}
-	g.libMu.Lock()
-	defer g.libMu.Unlock()
-	if g.lib == nil { // closed meanwhile
+	before := p.liveOnDevices()
+	at, err := g.read()
+	if errors.Is(err, errClosed) {
 		return
 	}
-	before := p.liveOnDevices()
-	if err := g.lib.Read(&g.sample); err != nil {
+	if err != nil {
 		if msg := err.Error(); msg != g.lastErr { // said once, not at every scan
 			g.lastErr = msg
 			p.cfg.Logf("NVML: read: %v", err)
 		}
 		return
 	}
-	at := bpfNow()
 	r := p.reconcile(&g.sample, before, p.liveOnDevices())
 	r.at = at
 	g.lastErr = ""
 	g.update(r)
+}
+
+// errClosed says NVML was closed before a read.
+var errClosed = errors.New("NVML closed")
+
+// read reads NVML into the sample, and says when the read ended, on the
+// clock of BPF timestamps. The lock is not held beyond it: waiting for the
+// events (liveOnDevices) under it would hold up a close.
+func (g *gpuMemory) read() (uint64, error) {
+	g.libMu.Lock()
+	defer g.libMu.Unlock()
+	if g.lib == nil {
+		return 0, errClosed
+	}
+	if err := g.lib.Read(&g.sample); err != nil {
+		return 0, err
+	}
+	return bpfNow(), nil
 }
 
 // liveOnDevices is the traced memory live per process and CUDA ordinal,
