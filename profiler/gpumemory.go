@@ -463,9 +463,8 @@ func (g *gpuMemory) madeEvent(ev *tracer.Event, id accounting.StackID) {
 // before is what process and GPU pd's NVML number less its traced memory
 // was before cs were made: at the last read that ended before the first
 // of them began (a read during a call saw part of its growth; one may
-// come after a call and before its event),
-// plus what was made after that read and sized already (its growth is
-// counted once). From nothing where NVML did not list the process then or
+// come after a call and before its event), plus what was made after that
+// read and sized already (its growth is counted once). From nothing where NVML did not list the process then or
 // no read did, and, where gpu-mem did not trace the process then (it
 // attached to it while it ran), from its NVML number for modules alone
 // (not theirs), from nothing for a context (NVML may have listed the

@@ -108,7 +108,7 @@ func TestChargesCutToWhatNVMLShows(t *testing.T) {
 
 // TestModulesSizedAgainstTheReadBeforeThem: a module whose event comes
 // after a read that already saw its growth is sized against the last read
-// that ended before its call returned (300 bytes, not 0); modules made
+// that ended before its call began (300 bytes, not 0); modules made
 // between two reads share the growth; an unload ends a module's row (not
 // a context's of the same address); a process gpu-mem attached to while it
 // ran has its first module sized from its NVML number then, not from

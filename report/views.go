@@ -97,7 +97,7 @@ func ByProcessGPU(rows []snapshot.Row) []ProcessGPU {
 			if pool {
 				p.GraphPoolTensors += live
 			}
-		case pool && AllocatorSegment(row.Frames):
+		case pool: // only the allocator's segments carry the mark (memory.InAllocator)
 			p.Held += live
 			p.GraphPool += live
 		case AllocatorSegment(row.Frames):
