@@ -86,17 +86,35 @@ struct {
 	__type(value, struct gpumem_python);
 } python_procs SEC(".maps");
 
-/* Each thread's PyThreadState, so that the interpreter's thread list is
- * walked once per thread; checked before use. Task local storage, kept
- * with the thread and freed with it: its lookup reads the task, where a
- * hash keyed by thread costs a hash and a helper call (about 40 ns each
- * allocation). */
+/* What a thread's allocations need of its process, kept with the thread:
+ * task local storage, freed with it, whose lookup reads the task where
+ * python_procs' and traced_pids' hashes cost about 80 ns an allocation
+ * between them. */
+struct python_thread {
+	struct gpumem_python py; /* the process's walk, when python */
+	__u64 tstate;            /* the thread's PyThreadState, checked before use; 0: not found */
+	__u64 generation;        /* python_generation when python and py were read */
+	__u64 cspan;             /* the C stack's window: as far as its walks found shims (struct stack_window) */
+	__u8 read;               /* python and py were read */
+	__u8 python;             /* the process is in python_procs */
+	__u8 traced;             /* the process is in traced_pids */
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, __u64);
+	__type(value, struct python_thread);
 } python_threads SEC(".maps");
+
+/* Bumped by user space after each change to python_procs: a thread's copy
+ * read at another generation is read again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} python_generation SEC(".maps");
 
 /* Each thread's stack of current contexts, and each context's device. */
 struct {
@@ -164,14 +182,15 @@ struct {
 	__type(value, __u64);
 } scratch_users SEC(".maps");
 
-/* Put the enums user space needs into BTF for the generated Go bindings, the
- * way IG's GADGET_TRACER anchors its event type. */
+/* Put the enums and the records user space needs into BTF for the generated
+ * Go bindings, the way IG's GADGET_TRACER anchors its event type. */
 const enum gpumem_event_type *gpumem_event_type_btf __attribute__((unused));
 const enum gpumem_loss *gpumem_loss_btf __attribute__((unused));
 const enum gpumem_op *gpumem_op_btf __attribute__((unused));
 const enum gpumem_stack_flag *gpumem_stack_flag_btf __attribute__((unused));
 const enum gpumem_pyframe_flag *gpumem_pyframe_flag_btf __attribute__((unused));
 const enum gpumem_usdt_arg_kind *gpumem_usdt_arg_kind_btf __attribute__((unused));
+const struct gpumem_tensor_free *gpumem_tensor_free_btf __attribute__((unused));
 
 
 GADGET_TRACER_MAP(events, GPUMEM_RINGBUF_BYTES);
@@ -249,7 +268,7 @@ static __always_inline struct gpumem_event *reserve_header(void)
 	return e;
 }
 
-static __always_inline void submit(struct gpumem_event *e)
+static __always_inline void submit(void *e)
 {
 	bpf_ringbuf_submit(e, wakeup_flags());
 }
@@ -865,27 +884,21 @@ static __always_inline __u64 tstate_u64(const struct tstate_head *h, __u16 off)
 	return aligned_u64(h->bytes, i);
 }
 
-/* find_thread_state reads the PyThreadState of the calling thread into h,
+/* find_thread_state reads the PyThreadState of the calling thread t into h,
  * found by its thread pointer: PyThreadState.thread_id is pthread_self(),
  * which on x86-64 is the fs base. The GIL holder is not used: ctypes and
  * PyTorch release the GIL around native calls. False when there is none,
  * or its fields cannot be read. */
-static __always_inline bool find_thread_state(struct tstate_head *h, const struct gpumem_python *py)
+static __always_inline bool find_thread_state(struct tstate_head *h, struct python_thread *t)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 self = thread_pointer(task);
+	__u64 self = thread_pointer(bpf_get_current_task_btf());
 
-	__u64 *cached = bpf_task_storage_get(&python_threads, task, 0, 0);
-	if (cached && read_tstate_head(h, py, *cached) && tstate_u64(h, py->tstate_thread_id) == self)
+	if (t->tstate && read_tstate_head(h, &t->py, t->tstate) && tstate_u64(h, t->py.tstate_thread_id) == self)
 		return true;
-	struct find_thread c = {.py = *py, .self = self};
+	struct find_thread c = {.py = t->py, .self = self};
 	bpf_loop(GPUMEM_MAX_INTERPRETERS * (GPUMEM_MAX_THREADS + 1), find_thread_step, &c, 0);
-	if (!c.found || !read_tstate_head(h, py, c.found))
-		return false;
-	cached = bpf_task_storage_get(&python_threads, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (cached)
-		*cached = c.found;
-	return true;
+	t->tstate = c.found;
+	return c.found && read_tstate_head(h, &t->py, c.found);
 }
 
 /* A frame's first bytes, read at once: every field the walk follows lies in
@@ -907,10 +920,26 @@ static __always_inline bool find_thread_state(struct tstate_head *h, const struc
 #define GPUMEM_PY_STACK_WINDOW 16384
 #define GPUMEM_PY_SLOT GPUMEM_PY_STACK_WINDOW
 
+/* The C stack's window (3.12+): shim frames live on the C stack, each
+ * beside the _PyCFrame of its evaluation loop (3.12), a nested call's C
+ * frames apart (about 700-800 bytes for a Python __call__, as nn.Module's:
+ * the window holds ten).
+ * A walk reads the C stack once from the thread's _PyCFrame (3.11, 3.12:
+ * the read of the top frame it replaces), as far above it as the thread's
+ * walks found shims; frames inside it are read from it. 3.13 has no
+ * _PyCFrame: its shims are read one by one. */
+#define GPUMEM_PY_CSTACK_WINDOW 8192
+#define GPUMEM_PY_CSTACK (GPUMEM_PY_SLOT + GPUMEM_PY_FRAME_HEAD)
+
 struct stack_window {
-	__u8 bytes[GPUMEM_PY_STACK_WINDOW + GPUMEM_PY_FRAME_HEAD] __attribute__((aligned(8))); /* the window, then the slot */
+	/* the data stack's window, the slot, the C stack's window (and room
+	 * for a frame's head past it, which the verifier cannot tell unused) */
+	__u8 bytes[GPUMEM_PY_STACK_WINDOW + GPUMEM_PY_FRAME_HEAD + GPUMEM_PY_CSTACK_WINDOW + GPUMEM_PY_FRAME_HEAD]
+		__attribute__((aligned(8)));
 	__u64 lo;
-	__u64 len; /* 0: nothing read */
+	__u64 len;  /* 0: nothing read */
+	__u64 clo;  /* the C stack's window */
+	__u64 clen; /* 0: nothing read */
 };
 
 struct {
@@ -950,14 +979,45 @@ static __always_inline void read_stack_window(struct stack_window *w, const stru
 	w->len = len;
 }
 
-/* locate_frame returns where frame's head is in w: in the window, or read
- * into the slot; GPUMEM_PY_UNREADABLE when it cannot be read. */
+/* read_cstack_window reads the C stack's window from at, span bytes (at
+ * least a frame's head); false when they cannot be read. */
+static __always_inline bool read_cstack_window(struct stack_window *w, __u64 at, __u64 span)
+{
+	if (span < GPUMEM_PY_FRAME_HEAD)
+		span = GPUMEM_PY_FRAME_HEAD;
+	if (span > GPUMEM_PY_CSTACK_WINDOW)
+		span = GPUMEM_PY_CSTACK_WINDOW;
+	w->clo = at;
+	w->clen = 0;
+	if (bpf_probe_read_user(&w->bytes[GPUMEM_PY_CSTACK], span, (void *)at))
+		return false;
+	w->clen = span;
+	return true;
+}
+
+/* locate_frame returns where frame's head is in w: in the data stack's
+ * window, or in the slot, copied from the C stack's window or read;
+ * GPUMEM_PY_UNREADABLE when it cannot be read. A frame read alone within the C stack's
+ * window's reach from its start widens *cspan to it. */
 #define GPUMEM_PY_UNREADABLE (~0ULL)
 
-static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame)
+static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame, __u64 *cspan)
 {
 	if (frame >= w->lo && frame - w->lo + GPUMEM_PY_FRAME_HEAD <= w->len)
 		return frame - w->lo;
+	__u64 reach = frame - w->clo + GPUMEM_PY_FRAME_HEAD;
+	if (frame >= w->clo && reach <= w->clen) {
+		/* Copied into the slot, so that a frame is in one of two places:
+		 * a third doubles the paths the verifier walks, as an inlined copy
+		 * does. The mask changes nothing (clen is at most the window's
+		 * size, a power of 2): it tells the verifier the copy's bounds. */
+		__u64 off = (reach - GPUMEM_PY_FRAME_HEAD) & (GPUMEM_PY_CSTACK_WINDOW - 1);
+		if (bpf_probe_read_kernel(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_HEAD, &w->bytes[GPUMEM_PY_CSTACK + off]))
+			return GPUMEM_PY_UNREADABLE;
+		return GPUMEM_PY_SLOT;
+	}
+	if (frame >= w->clo && reach <= GPUMEM_PY_CSTACK_WINDOW && reach > *cspan)
+		*cspan = reach; /* the thread's next walks read as far */
 	if (bpf_probe_read_user(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_HEAD, (void *)frame) &&
 	    bpf_probe_read_user(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_MIN, (void *)frame))
 		return GPUMEM_PY_UNREADABLE;
@@ -1010,6 +1070,7 @@ static __always_inline void read_frame(const struct gpumem_python *py, const str
 struct walk_frames {
 	struct gpumem_python py;
 	__u64 frame;
+	__u64 cspan; /* the C stack's window: as far as the thread's walks found shims */
 	__u32 n;
 	__u16 flags;
 };
@@ -1024,7 +1085,7 @@ static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_even
 		c->flags |= GPUMEM_PY_TRUNCATED;
 		return false;
 	}
-	__u64 at = locate_frame(w, c->frame);
+	__u64 at = locate_frame(w, c->frame, &c->cspan);
 	if (at == GPUMEM_PY_UNREADABLE) {
 		c->flags |= GPUMEM_PY_READ_ERROR;
 		return false;
@@ -1058,27 +1119,67 @@ static long walk_frames_step(__u64 index, struct walk_frames *c)
 	return 0;
 }
 
-/* capture_python walks the calling thread's Python frames, innermost first,
- * into e->pystack. */
-static __always_inline void capture_python(struct gpumem_event *e)
+/* current_frame reads the top frame from the thread's _PyCFrame at cframe
+ * (3.11, 3.12), with the C stack above it as far as span. */
+static __always_inline __u64 current_frame(struct stack_window *w, __u64 cframe, __u16 off, __u64 span)
 {
-	struct gpumem_python *py = bpf_map_lookup_elem(&python_procs, &e->proc.pid);
-	if (!py)
+	if (off < GPUMEM_PY_FRAME_HEAD - 8 && read_cstack_window(w, cframe, span))
+		return frame_u64(w, GPUMEM_PY_CSTACK, off);
+	return read_ptr(cframe + off);
+}
+
+/* thread_of returns the calling thread's python_thread, its process's walk
+ * read again when python_procs changed since; NULL when the thread's
+ * storage cannot be made. */
+static __always_inline struct python_thread *thread_of(__u32 pid)
+{
+	__u32 zero = 0;
+	__u64 *generation = bpf_map_lookup_elem(&python_generation, &zero);
+	struct python_thread *t =
+		bpf_task_storage_get(&python_threads, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t || !generation)
+		return NULL;
+	__u64 now = *(volatile __u64 *)generation; /* before python_procs, which changes first */
+	if (t->read && t->generation == now)
+		return t;
+	struct gpumem_python *py = bpf_map_lookup_elem(&python_procs, &pid);
+	t->python = py != NULL;
+	if (py)
+		t->py = *py;
+	t->generation = now;
+	t->read = 1;
+	return t;
+}
+
+/* capture_python walks the calling thread t's Python frames, innermost
+ * first, into e->pystack. A thread whose storage could not be made has its
+ * Python process's frames flagged missing. */
+static __always_inline void capture_python(struct gpumem_event *e, struct python_thread *t)
+{
+	if (!t) {
+		if (bpf_map_lookup_elem(&python_procs, &e->proc.pid))
+			e->stack_flags = GPUMEM_PY_NO_THREAD;
+		return;
+	}
+	if (!t->python)
 		return;
 	__u32 zero = 0;
 	struct tstate_head *h = bpf_map_lookup_elem(&tstate_heads, &zero);
 	struct stack_window *w = bpf_map_lookup_elem(&stack_windows, &zero);
 	if (!h || !w)
 		return;
-	if (!find_thread_state(h, py)) {
+	if (!find_thread_state(h, t)) {
 		e->stack_flags = GPUMEM_PY_NO_THREAD;
 		return;
 	}
-	struct walk_frames c = {.py = *py, .frame = tstate_u64(h, py->tstate_frame)};
+	struct gpumem_python *py = &t->py;
+	struct walk_frames c = {.py = *py, .frame = tstate_u64(h, py->tstate_frame), .cspan = t->cspan};
+	w->clo = w->clen = 0;
 	if (py->cframe_current_frame != GPUMEM_PY_NO_FIELD)
-		c.frame = read_ptr(c.frame + py->cframe_current_frame);
+		c.frame = current_frame(w, c.frame, py->cframe_current_frame, c.cspan);
 	read_stack_window(w, py, h, c.frame);
 	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_FRAMES_PER_STEP, walk_frames_step, &c, 0);
+	t->cspan = c.cspan;
 	if (c.frame && !c.flags)
 		c.flags = GPUMEM_PY_TRUNCATED; /* more shims than the walk allows */
 	e->pystack_len = c.n;
@@ -1200,14 +1301,21 @@ static __always_inline void count_pool_threads(__s64 by)
  * frames say where it comes from. */
 static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpumem_event *e, bool native_walk)
 {
-	capture_python(e);
+	struct python_thread *t = thread_of(e->proc.pid);
+	capture_python(e, t);
 	e->ustack_len = capture_stack(ctx, e, native_walk || e->pystack_len == 0 || e->stack_flags);
 	if (in_pool(e->proc.pid, e->proc.tid))
 		e->stack_flags |= GPUMEM_GRAPH_POOL; /* after the walk, which other flags force */
+	if (t && t->traced)
+		return; /* traced_pids keeps a process until its last thread exits */
 	__u8 one = 1;
 	if (!bpf_map_lookup_elem(&traced_pids, &e->proc.pid) &&
-	    bpf_map_update_elem(&traced_pids, &e->proc.pid, &one, BPF_ANY))
+	    bpf_map_update_elem(&traced_pids, &e->proc.pid, &one, BPF_ANY)) {
 		count_loss(GPUMEM_LOSS_PROCESSES_FULL);
+		return;
+	}
+	if (t)
+		t->traced = 1;
 }
 
 /* pop_call takes the calling thread's innermost call in flight; NULL when
@@ -1296,6 +1404,27 @@ static __always_inline void report_allocation(struct pt_regs *ctx, struct gpumem
 	output(e, event_size(e));
 }
 
+/* report_tensor_free sends a tensor free as a record of its own
+ * (struct gpumem_tensor_free): PyTorch frees a tensor as often as it makes
+ * one, and a call event's header is two cache lines of the ring buffer,
+ * with a comm and a process zeroed, where a tensor free needs a third of
+ * one. Stock IG never sees it: only gpumem attaches the tensor probes. */
+static __always_inline int report_tensor_free(__u64 address)
+{
+	struct gpumem_tensor_free *f = bpf_ringbuf_reserve(&events, sizeof(*f), 0);
+	if (!f) {
+		count_lost_event();
+		return 0;
+	}
+	__u64 id = bpf_get_current_pid_tgid();
+	f->timestamp = bpf_ktime_get_ns();
+	f->address = address;
+	f->pid = id >> 32;
+	f->tid = (__u32)id;
+	submit(f);
+	return 0;
+}
+
 /* report_address sends an event that names one address: a free, at its
  * entry, before the driver could hand the pointer out again, so that user
  * space orders a free and a reuse of the same pointer racing on two
@@ -1304,6 +1433,8 @@ static __always_inline void report_allocation(struct pt_regs *ctx, struct gpumem
  * a pointer gpu-mem never saw allocated, an unknown free to user space. */
 static __always_inline int report_address(__u16 op, __u64 address, bool stock_ig)
 {
+	if (op == GPUMEM_OP_TENSOR_FREE)
+		return report_tensor_free(address);
 	struct gpumem_event *e = reserve_header();
 	if (!e)
 		return 0;

@@ -97,7 +97,8 @@ const (
 )
 
 // note notes the process of an event and says whether it is a registered
-// Python process. For an event with stacks, a Python process not yet
+// Python process. An empty comm (a tensor free's record has none) leaves
+// the comm known. For an event with stacks, a Python process not yet
 // registered is asked to be: its next allocations carry Python frames. A
 // process first noted by a context it made is read again at its first
 // allocation: it may have moved into its pod's cgroup between the two.
@@ -116,9 +117,11 @@ func (t *processTable) note(pid uint32, comm string, what noted) (python bool) {
 		t.procs[pid] = &process{Process: snapshot.Process{Comm: comm}, allocated: allocation}
 		t.toRead = append(t.toRead, pid)
 		t.reading.ask()
-	case p.Comm != comm || (allocation && !p.allocated):
+	case (comm != "" && p.Comm != comm) || (allocation && !p.allocated):
 		next := *p
-		next.Comm = comm
+		if comm != "" {
+			next.Comm = comm
+		}
 		if allocation && !p.allocated {
 			next.allocated = true
 			t.toRead = append(t.toRead, pid)

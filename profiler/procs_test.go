@@ -38,3 +38,19 @@ func TestNoteAsksForPythonOnce(t *testing.T) {
 		t.Errorf("kept after the exit: %v", procs.notReady)
 	}
 }
+
+// TestNoteKeepsCommOfTensorFrees: a tensor free's record has no comm; the
+// one the process's allocations carried stays, and a renamed process
+// takes its new one.
+func TestNoteKeepsCommOfTensorFrees(t *testing.T) {
+	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} })
+	procs := p.procs
+	comm := func() string { return procs.procs[7].Comm }
+	procs.note(7, "python3", notedAllocation)
+	if procs.note(7, "", notedRelease); comm() != "python3" {
+		t.Errorf("after a tensor free: comm %q, want python3", comm())
+	}
+	if procs.note(7, "pt_main_thread", notedAllocation); comm() != "pt_main_thread" {
+		t.Errorf("renamed: comm %q, want pt_main_thread", comm())
+	}
+}

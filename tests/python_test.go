@@ -41,6 +41,8 @@ var pySites = []struct {
 	{1034, "Loader.Shard.nbytes", ""},
 	{1035, "Base.release", ""},
 	{1036, "Base.create", ""},
+	{1041, "Layer.__call__", ""},
+	{1042, "Layer.__call__", ""},
 }
 
 func pythonFrames(frames []*symbolize.Frame) []*symbolize.Frame {
@@ -138,6 +140,15 @@ func TestPythonSites(t *testing.T) {
 			}
 			if f := bySize[1001].Frames; f[0].Function != "cuMemAlloc_v2" || f[1].File != "" {
 				t.Errorf("native frames of the call not first: %v", frameNames(f))
+			}
+			// Calls entered from C, each with its shim frame (3.12+): all
+			// of them, the first walk's and the second's, which reads
+			// them from the C stack's window its first found.
+			for _, size := range []uint64{1041, 1042} {
+				nested := strings.Repeat("Layer.__call__ <- ", 12)
+				if got, want := strings.Join(frameNames(pythonFrames(bySize[size].Frames)), " <- "), "cuda_malloc <- "+nested+"sites <- main <- <module>"; got != want {
+					t.Errorf("%d bytes: stack %s, want %s", size, got, want)
+				}
 			}
 			// 200-deep recursion: the innermost 128 frames are kept.
 			deep := pythonFrames(bySize[1020].Frames)

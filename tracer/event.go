@@ -57,13 +57,19 @@ const (
 )
 
 const (
-	headerSize  = int(unsafe.Offsetof(gpumemGpumemEvent{}.Pystack))
-	pyFrameSize = int(unsafe.Sizeof(gpumemGpumemPyframe{}))
+	headerSize     = int(unsafe.Offsetof(gpumemGpumemEvent{}.Pystack))
+	pyFrameSize    = int(unsafe.Sizeof(gpumemGpumemPyframe{}))
+	tensorFreeSize = int(unsafe.Sizeof(gpumemGpumemTensorFree{}))
 )
 
-// decode reads one ring buffer record: the C struct gpumem_event's header,
-// then pystack_len Python frames, then ustack_len native frames.
+// decode reads one ring buffer record: a tensor free (the C struct
+// gpumem_tensor_free, told by its size), or the C struct gpumem_event's
+// header, then pystack_len Python frames, then ustack_len native frames.
 func decode(raw []byte, ev *Event) error {
+	if len(raw) == tensorFreeSize {
+		decodeTensorFree(raw, ev)
+		return nil
+	}
 	if len(raw) < headerSize {
 		return fmt.Errorf("short event: %d bytes, want at least %d", len(raw), headerSize)
 	}
@@ -102,4 +108,20 @@ func decode(raw []byte, ev *Event) error {
 		ev.Stack = append(ev.Stack, binary.LittleEndian.Uint64(raw[stackAt+i*8:]))
 	}
 	return nil
+}
+
+// decodeTensorFree reads a tensor free's record, which carries no comm: the
+// process's is the one its allocations carried.
+func decodeTensorFree(raw []byte, ev *Event) {
+	f := (*gpumemGpumemTensorFree)(unsafe.Pointer(&raw[0]))
+	*ev = Event{
+		Op:        memory.OpTensorFree,
+		PID:       f.Pid,
+		TID:       f.Tid,
+		Address:   f.Address,
+		Timestamp: f.Timestamp,
+		Device:    memory.DeviceUnknown,
+		Stack:     ev.Stack[:0],
+		PyFrames:  ev.PyFrames[:0],
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"unsafe"
+
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // FuzzDecode: any ring buffer record decodes or is refused, never read
@@ -15,6 +17,13 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var ev Event
 		err := decode(raw, &ev)
+		if len(raw) == tensorFreeSize {
+			f := (*gpumemGpumemTensorFree)(unsafe.Pointer(&raw[0]))
+			if err != nil || ev.Op != memory.OpTensorFree || ev.PID != f.Pid || ev.TID != f.Tid || ev.Address != f.Address || ev.Timestamp != f.Timestamp || len(ev.Stack)+len(ev.PyFrames) != 0 {
+				t.Fatalf("a tensor free's record decoded as %+v, %v", ev, err)
+			}
+			return
+		}
 		if len(raw) < headerSize {
 			if err == nil {
 				t.Fatalf("a %d-byte record decoded", len(raw))

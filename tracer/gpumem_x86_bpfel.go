@@ -332,6 +332,14 @@ type gpumemGpumemStackKey struct {
 	Pad     uint32
 }
 
+type gpumemGpumemTensorFree struct {
+	_         structs.HostLayout
+	Timestamp uint64
+	Address   uint64
+	Pid       uint32
+	Tid       uint32
+}
+
 type gpumemGpumemUsdtArgKind uint32
 
 const (
@@ -355,11 +363,25 @@ type gpumemGpumemUsdtSite struct {
 	_  [6]byte
 }
 
+type gpumemPythonThread struct {
+	_          structs.HostLayout
+	Py         gpumemGpumemPython
+	Tstate     uint64
+	Generation uint64
+	Cspan      uint64
+	Read       uint8
+	Python     uint8
+	Traced     uint8
+	_          [5]byte
+}
+
 type gpumemStackWindow struct {
 	_     structs.HostLayout
-	Bytes [16512]uint8
+	Bytes [24832]uint8
 	Lo    uint64
 	Len   uint64
+	Clo   uint64
+	Clen  uint64
 }
 
 type gpumemTstateHead struct {
@@ -396,6 +418,7 @@ const (
 	gpumemMapPoolThreads                             = "pool_threads"
 	gpumemMapProcessContexts                         = "process_contexts"
 	gpumemMapProcesses                               = "processes"
+	gpumemMapPythonGeneration                        = "python_generation"
 	gpumemMapPythonProcs                             = "python_procs"
 	gpumemMapPythonThreads                           = "python_threads"
 	gpumemMapScratch                                 = "scratch"
@@ -490,6 +513,7 @@ const (
 	gpumemVarGpumemOpBtf                             = "gpumem_op_btf"
 	gpumemVarGpumemPyframeFlagBtf                    = "gpumem_pyframe_flag_btf"
 	gpumemVarGpumemStackFlagBtf                      = "gpumem_stack_flag_btf"
+	gpumemVarGpumemTensorFreeBtf                     = "gpumem_tensor_free_btf"
 	gpumemVarGpumemUsdtArgKindBtf                    = "gpumem_usdt_arg_kind_btf"
 	gpumemVarIgBuildIdMaxEntries                     = "ig_build_id_max_entries"
 	gpumemVarTargComm                                = "targ_comm"
@@ -624,6 +648,7 @@ type gpumemMapSpecs struct {
 	PoolThreads          *ebpf.MapSpec `ebpf:"pool_threads"`
 	ProcessContexts      *ebpf.MapSpec `ebpf:"process_contexts"`
 	Processes            *ebpf.MapSpec `ebpf:"processes"`
+	PythonGeneration     *ebpf.MapSpec `ebpf:"python_generation"`
 	PythonProcs          *ebpf.MapSpec `ebpf:"python_procs"`
 	PythonThreads        *ebpf.MapSpec `ebpf:"python_threads"`
 	Scratch              *ebpf.MapSpec `ebpf:"scratch"`
@@ -671,6 +696,7 @@ type gpumemVariableSpecs struct {
 	GpumemOpBtf                            *ebpf.VariableSpec `ebpf:"gpumem_op_btf"`
 	GpumemPyframeFlagBtf                   *ebpf.VariableSpec `ebpf:"gpumem_pyframe_flag_btf"`
 	GpumemStackFlagBtf                     *ebpf.VariableSpec `ebpf:"gpumem_stack_flag_btf"`
+	GpumemTensorFreeBtf                    *ebpf.VariableSpec `ebpf:"gpumem_tensor_free_btf"`
 	GpumemUsdtArgKindBtf                   *ebpf.VariableSpec `ebpf:"gpumem_usdt_arg_kind_btf"`
 	IgBuildIdMaxEntries                    *ebpf.VariableSpec `ebpf:"ig_build_id_max_entries"`
 	TargComm                               *ebpf.VariableSpec `ebpf:"targ_comm"`
@@ -724,6 +750,7 @@ type gpumemMaps struct {
 	PoolThreads          *ebpf.Map `ebpf:"pool_threads"`
 	ProcessContexts      *ebpf.Map `ebpf:"process_contexts"`
 	Processes            *ebpf.Map `ebpf:"processes"`
+	PythonGeneration     *ebpf.Map `ebpf:"python_generation"`
 	PythonProcs          *ebpf.Map `ebpf:"python_procs"`
 	PythonThreads        *ebpf.Map `ebpf:"python_threads"`
 	Scratch              *ebpf.Map `ebpf:"scratch"`
@@ -763,6 +790,7 @@ func (m *gpumemMaps) Close() error {
 		m.PoolThreads,
 		m.ProcessContexts,
 		m.Processes,
+		m.PythonGeneration,
 		m.PythonProcs,
 		m.PythonThreads,
 		m.Scratch,
@@ -811,6 +839,7 @@ type gpumemVariables struct {
 	GpumemOpBtf                            *ebpf.Variable `ebpf:"gpumem_op_btf"`
 	GpumemPyframeFlagBtf                   *ebpf.Variable `ebpf:"gpumem_pyframe_flag_btf"`
 	GpumemStackFlagBtf                     *ebpf.Variable `ebpf:"gpumem_stack_flag_btf"`
+	GpumemTensorFreeBtf                    *ebpf.Variable `ebpf:"gpumem_tensor_free_btf"`
 	GpumemUsdtArgKindBtf                   *ebpf.Variable `ebpf:"gpumem_usdt_arg_kind_btf"`
 	IgBuildIdMaxEntries                    *ebpf.Variable `ebpf:"ig_build_id_max_entries"`
 	TargComm                               *ebpf.Variable `ebpf:"targ_comm"`

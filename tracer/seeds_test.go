@@ -39,8 +39,8 @@ func comm(s string) (c [16]int8) {
 
 // eventSeeds are records as the BPF program writes them: a PyTorch
 // allocation with its Python and native frames, a free, a failed
-// allocation, a tensor from the USDT probe, an exit, and one of each limit
-// (128 Python frames, 127 native ones).
+// allocation, a tensor from the USDT probe, a tensor free, an exit, and
+// one of each limit (128 Python frames, 127 native ones).
 func eventSeeds() []fuzzseed.Seed {
 	call := uint16(gpumemGpumemEventTypeGPUMEM_EVENT_CALL)
 	alloc := func() *gpumemGpumemEvent {
@@ -73,6 +73,9 @@ func eventSeeds() []fuzzseed.Seed {
 	for i := range full.Ustack {
 		full.Ustack[i] = 0x400000 + uint64(i)
 	}
+	tensorFree := bytes.Clone(unsafe.Slice((*byte)(unsafe.Pointer(&gpumemGpumemTensorFree{
+		Timestamp: 81234567990, Address: 0x7f3a40001000, Pid: 4242, Tid: 4243,
+	})), tensorFreeSize))
 	claims := alloc()
 	claims.UstackLen = 127 // more native frames than the record holds
 	raw := encodeEvent(claims)
@@ -85,6 +88,7 @@ func eventSeeds() []fuzzseed.Seed {
 		fuzzseed.Of("full", encodeEvent(full)),
 		fuzzseed.Of("claims-more", raw[:len(raw)-8]),
 		fuzzseed.Of("short", encodeEvent(alloc())[:headerSize-1]),
+		fuzzseed.Of("tensor-free", tensorFree),
 	}
 }
 

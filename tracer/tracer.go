@@ -48,6 +48,9 @@ type Tracer struct {
 	links     []link.Link
 	usdtSites uint32                    // entries of usdt_sites in use
 	sites     map[fileID]allocatorSites // by library file, under whatever path
+
+	pythonMu         sync.Mutex // a change to python_procs and its generation's bump, in turn
+	pythonGeneration uint64
 }
 
 // New loads the BPF program and starts watching process exits. Nothing is
@@ -98,6 +101,7 @@ type objects struct {
 	Inflight          *ebpf.Map `ebpf:"inflight"`
 	Losses            *ebpf.Map `ebpf:"losses"`
 	PythonProcs       *ebpf.Map `ebpf:"python_procs"`
+	PythonGeneration  *ebpf.Map `ebpf:"python_generation"`
 	TargetPids        *ebpf.Map `ebpf:"target_pids"`
 	UsdtSites         *ebpf.Map `ebpf:"usdt_sites"`
 }
@@ -106,7 +110,7 @@ func (o *objects) Close() error {
 	var errs []error
 	for _, c := range []interface{ Close() error }{o.GpumemEnter, o.GpumemLeave, o.GpumemExit, o.GpumemTensor,
 		o.GpumemRestoreEnter, o.GpumemRestoreReturn, o.GpumemRawAllocEnter, o.GpumemRawAllocReturn,
-		o.GpumemRawDelete, o.DriverOff, o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.TargetPids, o.UsdtSites} {
+		o.GpumemRawDelete, o.DriverOff, o.Events, o.EventsLostSamples, o.Inflight, o.Losses, o.PythonProcs, o.PythonGeneration, o.TargetPids, o.UsdtSites} {
 		errs = append(errs, c.Close()) // nil when not loaded: a no-op
 	}
 	return errors.Join(errs...)
@@ -565,15 +569,32 @@ const PyNoField = 0xffff
 
 // AddPython makes the BPF program capture the Python frames of process pid.
 func (t *Tracer) AddPython(pid uint32, walk PythonWalk) error {
+	t.pythonMu.Lock()
+	defer t.pythonMu.Unlock()
 	if err := t.objs.PythonProcs.Put(pid, walk); err != nil {
 		return fmt.Errorf("register python process %d: %w", pid, err)
 	}
-	return nil
+	return t.bumpPythonGeneration()
 }
 
 // RemovePython forgets an exited Python process.
 func (t *Tracer) RemovePython(pid uint32) {
-	t.objs.PythonProcs.Delete(pid)
+	t.pythonMu.Lock()
+	defer t.pythonMu.Unlock()
+	if t.objs.PythonProcs.Delete(pid) == nil {
+		_ = t.bumpPythonGeneration() // an array's one entry: its update fails only with the map
+	}
+}
+
+// bumpPythonGeneration has every thread read its process's entry of
+// python_procs again: the BPF program keeps a copy per thread. Under
+// pythonMu, so that the generations follow the changes in order.
+func (t *Tracer) bumpPythonGeneration() error {
+	t.pythonGeneration++
+	if err := t.objs.PythonGeneration.Put(uint32(0), t.pythonGeneration); err != nil {
+		return fmt.Errorf("announce a change of python processes: %w", err)
+	}
+	return nil
 }
 
 // SwitchDriverOff stops tracing process pid's driver calls: they are

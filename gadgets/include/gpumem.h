@@ -204,6 +204,16 @@ struct gpumem_event {
 	__u64 ustack[GPUMEM_MAX_STACK_DEPTH];
 };
 
+/* A tensor free (pytorch:free, and the frees of PyTorch's own functions),
+ * sent alone: no comm, no stacks. User space tells it from a gpumem_event by
+ * its size, smaller than a gpumem_event's header. */
+struct gpumem_tensor_free {
+	__u64 timestamp; /* ns since boot, at the free's entry */
+	__u64 address;
+	__u32 pid;
+	__u32 tid;
+};
+
 /* Where a USDT argument is at the probe (package usdt's Arg). */
 enum gpumem_usdt_arg_kind {
 	GPUMEM_USDT_REGISTER = 1, /* in the register at pt_regs offset reg */

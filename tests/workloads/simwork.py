@@ -269,6 +269,17 @@ def thread_four():
     cuda_malloc(1014)
 
 
+class Layer:
+    """Called as nn.Module is: each call enters the evaluation loop from C
+    (a shim frame on the C stack, 3.12+), about 800 bytes of C stack apart."""
+
+    def __call__(self, depth, nbytes):
+        if depth == 0:
+            cuda_malloc(nbytes)
+        else:
+            self(depth - 1, nbytes)
+
+
 def recurse(depth):
     if depth == 0:
         cuda_malloc(1020)
@@ -297,6 +308,13 @@ def sites():
     for t in threads:
         t.join()
     recurse(200)
+    # Twice: the second walk reads the shims its thread's first found, past
+    # the C stack's window (ten calls) and in it.
+    Layer()(NESTED_CALLS - 1, 1041)
+    Layer()(NESTED_CALLS - 1, 1042)
+
+
+NESTED_CALLS = 12
 
 
 def pairs():
