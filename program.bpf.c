@@ -94,7 +94,7 @@ struct python_thread {
 	struct gpumem_python py; /* the process's walk, when python */
 	__u64 tstate;            /* the thread's PyThreadState, checked before use; 0: not found */
 	__u64 generation;        /* python_generation when python and py were read */
-	__u64 cspan;             /* the C stack's window: as far as its walks found shims (struct stack_window) */
+	__u64 cspan;             /* the C stack's window: as far as its last walk found shims (struct stack_window) */
 	__u8 read;               /* python and py were read */
 	__u8 python;             /* the process is in python_procs */
 	__u8 traced;             /* the process is in traced_pids */
@@ -926,7 +926,7 @@ static __always_inline bool find_thread_state(struct tstate_head *h, struct pyth
  * the window holds ten).
  * A walk reads the C stack once from the thread's _PyCFrame (3.11, 3.12:
  * the read of the top frame it replaces), as far above it as the thread's
- * walks found shims; frames inside it are read from it. 3.13 has no
+ * last walk found shims; frames inside it are copied from it. 3.13 has no
  * _PyCFrame: its shims are read one by one. */
 #define GPUMEM_PY_CSTACK_WINDOW 8192
 #define GPUMEM_PY_CSTACK (GPUMEM_PY_SLOT + GPUMEM_PY_FRAME_HEAD)
@@ -995,17 +995,30 @@ static __always_inline bool read_cstack_window(struct stack_window *w, __u64 at,
 	return true;
 }
 
+/* within_cstack_window is reach when a C stack's window holds it (below
+ * the window's start, it wrapped), else 0, computed without a branch: a
+ * branch in the walk doubles the paths the verifier walks (gpumem_leave:
+ * 54% to 68% of its limit). */
+static __always_inline __u64 within_cstack_window(__u64 reach)
+{
+	__u64 over = reach / GPUMEM_PY_CSTACK_WINDOW; /* 0 when it holds it */
+	__u64 holds = ((over | -over) >> 63) - 1;    /* all ones when over is 0 */
+	return reach & holds;
+}
+
 /* locate_frame returns where frame's head is in w: in the data stack's
  * window, or in the slot, copied from the C stack's window or read;
- * GPUMEM_PY_UNREADABLE when it cannot be read. A frame read alone within the C stack's
- * window's reach from its start widens *cspan to it. */
+ * GPUMEM_PY_UNREADABLE when it cannot be read. *creach gathers, or'ed, how
+ * far above the C stack's window's start the frames lie, as far as a
+ * window holds: at least the farthest, less than twice it. */
 #define GPUMEM_PY_UNREADABLE (~0ULL)
 
-static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame, __u64 *cspan)
+static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame, __u64 *creach)
 {
 	if (frame >= w->lo && frame - w->lo + GPUMEM_PY_FRAME_HEAD <= w->len)
 		return frame - w->lo;
 	__u64 reach = frame - w->clo + GPUMEM_PY_FRAME_HEAD;
+	*creach |= within_cstack_window(reach);
 	if (frame >= w->clo && reach <= w->clen) {
 		/* Copied into the slot, so that a frame is in one of two places:
 		 * a third doubles the paths the verifier walks, as an inlined copy
@@ -1016,8 +1029,6 @@ static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame, _
 			return GPUMEM_PY_UNREADABLE;
 		return GPUMEM_PY_SLOT;
 	}
-	if (frame >= w->clo && reach <= GPUMEM_PY_CSTACK_WINDOW && reach > *cspan)
-		*cspan = reach; /* the thread's next walks read as far */
 	if (bpf_probe_read_user(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_HEAD, (void *)frame) &&
 	    bpf_probe_read_user(&w->bytes[GPUMEM_PY_SLOT], GPUMEM_PY_FRAME_MIN, (void *)frame))
 		return GPUMEM_PY_UNREADABLE;
@@ -1070,7 +1081,8 @@ static __always_inline void read_frame(const struct gpumem_python *py, const str
 struct walk_frames {
 	struct gpumem_python py;
 	__u64 frame;
-	__u64 cspan; /* the C stack's window: as far as the thread's walks found shims */
+	__u64 cspan;  /* the C stack's window read: as far as the thread's last walk found shims */
+	__u64 creach; /* as far as this walk finds them */
 	__u32 n;
 	__u16 flags;
 };
@@ -1085,7 +1097,7 @@ static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_even
 		c->flags |= GPUMEM_PY_TRUNCATED;
 		return false;
 	}
-	__u64 at = locate_frame(w, c->frame, &c->cspan);
+	__u64 at = locate_frame(w, c->frame, &c->creach);
 	if (at == GPUMEM_PY_UNREADABLE) {
 		c->flags |= GPUMEM_PY_READ_ERROR;
 		return false;
@@ -1179,7 +1191,7 @@ static __always_inline void capture_python(struct gpumem_event *e, struct python
 		c.frame = current_frame(w, c.frame, py->cframe_current_frame, c.cspan);
 	read_stack_window(w, py, h, c.frame);
 	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_FRAMES_PER_STEP, walk_frames_step, &c, 0);
-	t->cspan = c.cspan;
+	t->cspan = c.creach;
 	if (c.frame && !c.flags)
 		c.flags = GPUMEM_PY_TRUNCATED; /* more shims than the walk allows */
 	e->pystack_len = c.n;
