@@ -15,7 +15,8 @@
 # tensors (the tensor view switched on for the model's process), native
 # (the same with --tensor-native-stacks), base (BASE_GPUMEM agent with its
 # defaults, or BASE_FLAGS, PID replaced by the model's: another build, e.g.
-# the one before a change, side by side),
+# the one before a change, side by side; base2, base3 ... likewise with
+# BASE2_GPUMEM, BASE3_GPUMEM ...),
 # nobudget (the default with --driver-budget=0: the driver view never
 # switched off, whatever it costs; against default where every tensor
 # reaches the driver, PYTORCH_NO_CUDA_MEMORY_CACHING=1).
@@ -92,10 +93,10 @@ for mode in "${windows[@]}"; do
 	all) flags=(--tensors=all) ;;
 	tensors) read -ra flags <<<"${tensor_flags//PID/$py}" ;;
 	native) read -ra flags <<<"${tensor_flags//PID/$py} --tensor-native-stacks" ;;
-	base) read -ra flags <<<"${BASE_FLAGS//PID/$py}" ;;
+	base*) read -ra flags <<<"${BASE_FLAGS//PID/$py}" ;;
 	esac
 	bin=$gpumem
-	[ "$mode" = base ] && bin=$BASE_GPUMEM
+	if [[ $mode == base* ]]; then var="${mode^^}_GPUMEM" && bin=${!var}; fi
 	if [ "$mode" = floor ]; then
 		taskset -c "$agent_cpus" "$floor" "$(grep -m1 -o '/[^ ]*libc10_cuda.so' /proc/$py/maps)" >"$out/floor.stdout" &
 		agent=$!
@@ -108,7 +109,7 @@ for mode in "${windows[@]}"; do
 		# Attached once the driver in the model's process is (and, with
 		# the tensor view, its allocator).
 		want="driver functions"
-		case $mode in tensors | native | all | base) want="PyTorch allocator probes" ;; esac
+		case $mode in tensors | native | all | base*) want="PyTorch allocator probes" ;; esac
 		until grep -q "$want" "$out/agent.stderr"; do
 			kill -0 $agent 2>/dev/null || { cat "$out/agent.stderr" >&2; exit 1; }
 			sleep 0.1
