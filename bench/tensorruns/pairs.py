@@ -3,6 +3,10 @@ chosen stack depth: the load bench/tensorruns/run.sh measures the tensor
 program's run time under.
 
 Usage: pairs.py DEPTH (N pairs from the environment, default 100000).
+PAIRS_STACK says how the DEPTH frames are called: plain (Python calling
+Python, the default), nested (each through a __call__, as nn.Module's:
+a shim frame on the C stack each, as a real model's stacks have), or
+after-nested (plain, once 1000 pairs were made 10 __call__s deep).
 Prints "ready PID", waits for a line, makes one pair and waits 2 s (the
 agent attaches the allocator's probes at the process's first driver call),
 then makes N pairs at DEPTH Python frames and prints "ns_per_pair X".
@@ -25,8 +29,24 @@ def pairs(n):
     return time.perf_counter() - start
 
 
+def plain(depth, n):
+    return pairs(n) if depth <= 1 else plain(depth - 1, n)
+
+
+class Nested:
+    def __call__(self, depth, n):
+        return pairs(n) if depth <= 1 else self(depth - 1, n)
+
+
 def at_depth(depth, n):
-    return pairs(n) if depth <= 1 else at_depth(depth - 1, n)
+    stack = os.environ.get("PAIRS_STACK", "plain")
+    if stack == "nested":
+        return Nested()(depth, n)
+    if stack == "after-nested":
+        Nested()(10, 1000)
+    elif stack != "plain":
+        sys.exit(f"PAIRS_STACK={stack}: want plain, nested or after-nested")
+    return plain(depth, n)
 
 
 def main():

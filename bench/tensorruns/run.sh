@@ -5,7 +5,8 @@
 # (pairs.py), every build's agent with --tensors=all on the simulated
 # driver and allocator. Prints "BUILD depth=D ns_per_run=X" lines and, at
 # the end, each build's median at each depth. As root, after make build
-# and make sim. Usage: bench/tensorruns/run.sh GPUMEM...
+# and make sim; PAIRS_STACK as pairs.py says. Needs no bpftool: it runs on
+# the GPU machine too. Usage: bench/tensorruns/run.sh GPUMEM...
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 sim=$root/build/sim
@@ -13,6 +14,16 @@ export SIMCUDA_LIB=$sim/libcuda.so.1 SIMTORCH_LIB=$sim/libc10_cuda.so LD_LIBRARY
 python=${PYTHON:-python3}
 sysctl -qw kernel.bpf_stats_enabled=1
 out=$(mktemp -d)
+
+# tensor_program PID: the run time per run of the one program agent PID
+# ran for every pair (gpumem_tensor), from its file descriptor's fdinfo.
+tensor_program() {
+	local f
+	for f in /proc/"$1"/fdinfo/*; do
+		grep -q '^prog_type' "$f" 2>/dev/null || continue
+		awk '/^run_cnt/ {runs = $2} /^run_time_ns/ {ns = $2} END {if (runs >= 200000) print int(ns / runs)}' "$f"
+	done
+}
 
 # runs GPUMEM DEPTH: the run time per run of the agent's gpumem_tensor.
 runs() {
@@ -23,12 +34,7 @@ runs() {
 	read -r _ <&"${W[0]}"
 	echo >&"${W[1]}"
 	read -r _ <&"${W[0]}"
-	local id
-	id=$(bpftool prog show -j | "$python" -c "
-import json, sys
-ps = [p for p in json.load(sys.stdin) if p.get('name') == 'gpumem_tensor' and p.get('run_cnt', 0) >= 200000]
-print(max(ps, key=lambda p: p['id'])['id'])")
-	bpftool prog show id "$id" -j | "$python" -c "import json, sys; p = json.load(sys.stdin); print(p['run_time_ns'] // p['run_cnt'])"
+	tensor_program $agent
 	kill -INT $agent
 	wait $agent || true
 }
