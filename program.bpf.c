@@ -93,9 +93,8 @@ struct {
 struct python_thread {
 	struct gpumem_python py; /* the process's walk, when python */
 	__u64 tstate;            /* the thread's PyThreadState, checked before use; 0: not found */
-	__u64 generation;        /* python_generation when python and py were read */
+	__u64 generation;        /* python_generation when python and py were read; 0: never */
 	__u64 cspan;             /* the C stack's window: as far as its last walk found shims (struct stack_window) */
-	__u8 read;               /* python and py were read */
 	__u8 python;             /* the process is in python_procs */
 	__u8 traced;             /* the process is in traced_pids */
 };
@@ -108,7 +107,9 @@ struct {
 } python_threads SEC(".maps");
 
 /* Bumped by user space after each change to python_procs: a thread's copy
- * read at another generation is read again. */
+ * read at another generation is read again. gpumem starts it at 1, so that
+ * a new thread's storage (0) reads it. Under stock IG it stays 0, and so
+ * does python_procs: no thread reads it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -1081,8 +1082,7 @@ static __always_inline void read_frame(const struct gpumem_python *py, const str
 struct walk_frames {
 	struct gpumem_python py;
 	__u64 frame;
-	__u64 cspan;  /* the C stack's window read: as far as the thread's last walk found shims */
-	__u64 creach; /* as far as this walk finds them */
+	__u64 creach; /* as far as this walk finds shims above the C stack's window's start */
 	__u32 n;
 	__u16 flags;
 };
@@ -1152,14 +1152,13 @@ static __always_inline struct python_thread *thread_of(__u32 pid)
 	if (!t || !generation)
 		return NULL;
 	__u64 now = *(volatile __u64 *)generation; /* before python_procs, which changes first */
-	if (t->read && t->generation == now)
+	if (t->generation == now)
 		return t;
 	struct gpumem_python *py = bpf_map_lookup_elem(&python_procs, &pid);
 	t->python = py != NULL;
 	if (py)
 		t->py = *py;
 	t->generation = now;
-	t->read = 1;
 	return t;
 }
 
@@ -1185,10 +1184,10 @@ static __always_inline void capture_python(struct gpumem_event *e, struct python
 		return;
 	}
 	struct gpumem_python *py = &t->py;
-	struct walk_frames c = {.py = *py, .frame = tstate_u64(h, py->tstate_frame), .cspan = t->cspan};
+	struct walk_frames c = {.py = *py, .frame = tstate_u64(h, py->tstate_frame)};
 	w->clo = w->clen = 0;
 	if (py->cframe_current_frame != GPUMEM_PY_NO_FIELD)
-		c.frame = current_frame(w, c.frame, py->cframe_current_frame, c.cspan);
+		c.frame = current_frame(w, c.frame, py->cframe_current_frame, t->cspan);
 	read_stack_window(w, py, h, c.frame);
 	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_FRAMES_PER_STEP, walk_frames_step, &c, 0);
 	t->cspan = c.creach;
@@ -1445,8 +1444,6 @@ static __always_inline int report_tensor_free(__u64 address)
  * a pointer gpu-mem never saw allocated, an unknown free to user space. */
 static __always_inline int report_address(__u16 op, __u64 address, bool stock_ig)
 {
-	if (op == GPUMEM_OP_TENSOR_FREE)
-		return report_tensor_free(address);
 	struct gpumem_event *e = reserve_header();
 	if (!e)
 		return 0;
@@ -1738,7 +1735,7 @@ int gpumem_tensor(struct pt_regs *ctx)
 	if (s->op == GPUMEM_OP_TENSOR_FREE) {
 		/* No stack: sent straight from the ring buffer, as a driver free is. */
 		__u64 address;
-		return usdt_arg(ctx, &s->args[0], &address) ? report_address(s->op, address, false) : 0;
+		return usdt_arg(ctx, &s->args[0], &address) ? report_tensor_free(address) : 0;
 	}
 	struct gpumem_event *e = hold_scratch();
 	if (!e)
@@ -1861,7 +1858,7 @@ static long restore_freed(__u64 i, void *arg)
 		count_loss(GPUMEM_LOSS_ALLOCATOR_CALL);
 		return 1;
 	}
-	report_address(GPUMEM_OP_TENSOR_FREE, ptr, false);
+	report_tensor_free(ptr);
 	return 0;
 }
 
@@ -1884,7 +1881,7 @@ static long restore_block(__u64 i, void *arg)
 	}
 	if (w->live_only) {
 		if (!b.allocated)
-			report_address(GPUMEM_OP_TENSOR_FREE, b.ptr, false);
+			report_tensor_free(b.ptr);
 		return 0;
 	}
 	__u32 zero = 0;
@@ -1957,7 +1954,7 @@ int gpumem_raw_delete(struct pt_regs *ctx)
 
 	if (filtered_out(pid))
 		return 0;
-	return report_address(GPUMEM_OP_TENSOR_FREE, PT_REGS_PARM2(ctx), false); /* after this */
+	return report_tensor_free(PT_REGS_PARM2(ctx)); /* after this */
 }
 
 /* NativeCachingAllocator::beginAllocateToPool(device, MempoolId_t,

@@ -369,10 +369,9 @@ type gpumemPythonThread struct {
 	Tstate     uint64
 	Generation uint64
 	Cspan      uint64
-	Read       uint8
 	Python     uint8
 	Traced     uint8
-	_          [5]byte
+	_          [6]byte
 }
 
 type gpumemStackWindow struct {

@@ -170,6 +170,9 @@ func (t *Tracer) setup(opts Options) error {
 			return fmt.Errorf("filter pid %d: %w", pid, err)
 		}
 	}
+	if err := t.bumpPythonGeneration(); err != nil { // to 1: threads' storage starts at 0, never read
+		return err
+	}
 	var err error
 	t.exit, err = link.AttachRawTracepoint(link.RawTracepointOptions{
 		Name:    "sched_process_exit",
@@ -588,7 +591,8 @@ func (t *Tracer) RemovePython(pid uint32) {
 
 // bumpPythonGeneration has every thread read its process's entry of
 // python_procs again: the BPF program keeps a copy per thread. Under
-// pythonMu, so that the generations follow the changes in order.
+// pythonMu (or in setup, before the tracer is shared), so that the
+// generations follow the changes in order.
 func (t *Tracer) bumpPythonGeneration() error {
 	t.pythonGeneration++
 	if err := t.objs.PythonGeneration.Put(uint32(0), t.pythonGeneration); err != nil {
