@@ -923,14 +923,21 @@ static __always_inline bool find_thread_state(struct tstate_head *h, struct pyth
 
 /* The C stack's window (3.12+): shim frames live on the C stack, each
  * beside the _PyCFrame of its evaluation loop (3.12), a nested call's C
- * frames apart (about 700-800 bytes for a Python __call__, as nn.Module's:
- * the window holds ten).
+ * frames apart (550-800 bytes for a Python __call__, as nn.Module's: a
+ * transformers Llama's 16 shims lie within 10 KiB; the window holds 40).
  * A walk reads the C stack once from the thread's _PyCFrame (3.11, 3.12:
  * the read of the top frame it replaces), as far above it as the thread's
- * last walk found shims; frames inside it are copied from it. 3.13 has no
- * _PyCFrame: its shims are read one by one. */
-#define GPUMEM_PY_CSTACK_WINDOW 8192
+ * last walk found shims; frames inside it are copied from it. A shim read
+ * alone costs about 140 ns, the window's bytes about 14 ns between two
+ * shims. 3.13 has no _PyCFrame: its shims are read one by one. */
+#define GPUMEM_PY_CSTACK_WINDOW 32768
 #define GPUMEM_PY_CSTACK (GPUMEM_PY_SLOT + GPUMEM_PY_FRAME_HEAD)
+
+/* A window is 48 KiB, more than a per-CPU map's value may be (32 KiB): the
+ * windows are an array with an entry per CPU, which gpumem sizes to the
+ * host's possible CPUs at load. On a CPU past them (stock IG on a larger
+ * host) a walk reads no Python frames and says so. */
+#define GPUMEM_STACK_WINDOWS 256
 
 struct stack_window {
 	/* the data stack's window, the slot, the C stack's window (and room
@@ -944,11 +951,19 @@ struct stack_window {
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GPUMEM_STACK_WINDOWS);
 	__type(key, __u32);
 	__type(value, struct stack_window);
 } stack_windows SEC(".maps");
+
+/* this_cpu_window returns this CPU's stack window: its user is the holder
+ * of this CPU's scratch event (hold_scratch). */
+static __always_inline struct stack_window *this_cpu_window(void)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	return bpf_map_lookup_elem(&stack_windows, &cpu);
+}
 
 /* read_stack_window reads the thread's data stack chunk, from its start or
  * as far below the top frame as the window holds, up to the top frame's
@@ -996,22 +1011,22 @@ static __always_inline bool read_cstack_window(struct stack_window *w, __u64 at,
 	return true;
 }
 
-/* within_cstack_window is reach when a C stack's window holds it (below
- * the window's start, it wrapped), else 0, computed without a branch: a
- * branch in the walk doubles the paths the verifier walks (gpumem_leave:
- * 54% to 68% of its limit). */
-static __always_inline __u64 within_cstack_window(__u64 reach)
+/* cstack_window_holds is all ones when a C stack's window holds reach
+ * (below the window's start, it wrapped), else 0, computed without a
+ * branch: a branch in the walk doubles the paths the verifier walks
+ * (gpumem_leave: 54% to 68% of its limit). */
+static __always_inline __u64 cstack_window_holds(__u64 reach)
 {
 	__u64 over = reach / GPUMEM_PY_CSTACK_WINDOW; /* 0 when it holds it */
-	__u64 holds = ((over | -over) >> 63) - 1;    /* all ones when over is 0 */
-	return reach & holds;
+	return ((over | -over) >> 63) - 1;
 }
 
 /* locate_frame returns where frame's head is in w: in the data stack's
  * window, or in the slot, copied from the C stack's window or read;
- * GPUMEM_PY_UNREADABLE when it cannot be read. *creach gathers, or'ed, how
- * far above the C stack's window's start the frames lie, as far as a
- * window holds: at least the farthest, less than twice it. */
+ * GPUMEM_PY_UNREADABLE when it cannot be read. *creach keeps how far above
+ * the C stack's window's start the last frame it holds lies: the farthest,
+ * as a walk goes up the C stack from its innermost shim. (The larger of
+ * two, computed without a branch, takes the verifier past its limit.) */
 #define GPUMEM_PY_UNREADABLE (~0ULL)
 
 static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame, __u64 *creach)
@@ -1019,7 +1034,8 @@ static __always_inline __u64 locate_frame(struct stack_window *w, __u64 frame, _
 	if (frame >= w->lo && frame - w->lo + GPUMEM_PY_FRAME_HEAD <= w->len)
 		return frame - w->lo;
 	__u64 reach = frame - w->clo + GPUMEM_PY_FRAME_HEAD;
-	*creach |= within_cstack_window(reach);
+	__u64 holds = cstack_window_holds(reach);
+	*creach = (reach & holds) | (*creach & ~holds);
 	if (frame >= w->clo && reach <= w->clen) {
 		/* Copied into the slot, so that a frame is in one of two places:
 		 * a third doubles the paths the verifier walks, as an inlined copy
@@ -1087,6 +1103,51 @@ struct walk_frames {
 	__u16 flags;
 };
 
+/* Masks, all ones when the comparison holds, else 0, computed without a
+ * branch (see cstack_window_holds); a and b below 2^63. */
+static __always_inline __u64 equal_mask(__u64 a, __u64 b)
+{
+	__u64 v = a ^ b;
+	return ((v | -v) >> 63) - 1;
+}
+
+static __always_inline __u64 at_most_mask(__u64 a, __u64 b)
+{
+	return ((b - a) >> 63) - 1;
+}
+
+/* cstack_u64 and cstack_u8 read the C stack's window at offset off,
+ * bounded by a mask instead of a branch. */
+static __always_inline __u64 cstack_u64(const struct stack_window *w, __u64 off)
+{
+	return aligned_u64(w->bytes, GPUMEM_PY_CSTACK + (off & (GPUMEM_PY_CSTACK_WINDOW - 1)));
+}
+
+static __always_inline __u8 cstack_u8(const struct stack_window *w, __u64 off)
+{
+	return w->bytes[GPUMEM_PY_CSTACK + (off & (GPUMEM_PY_CSTACK_WINDOW - 1))];
+}
+
+/* pass_window_shim moves c past its frame when that is a shim the C
+ * stack's window holds, to the shim's caller, and flags f, the frame the
+ * shim entered, an entry. Without a branch: the window's bytes are read
+ * either way, and what is kept is chosen by masks. A shim so passed costs
+ * no step of the walk and no copy into the slot (about 40 ns each: a
+ * Llama's allocation passes 16). A shim the window does not hold is
+ * walked as a frame. */
+static __always_inline void pass_window_shim(struct walk_frames *c, struct gpumem_pyframe *f,
+					     const struct stack_window *w)
+{
+	__u64 reach = c->frame - w->clo + GPUMEM_PY_FRAME_HEAD;
+	__u64 off = reach - GPUMEM_PY_FRAME_HEAD;
+	__u64 held = cstack_window_holds(reach) & at_most_mask(reach, w->clen);
+	__u64 shim = held & ~equal_mask(c->py.owner_cstack, 0) &
+		     equal_mask(cstack_u8(w, off + c->py.frame_owner), c->py.owner_cstack);
+	c->frame = (cstack_u64(w, off + c->py.frame_previous) & shim) | (c->frame & ~shim);
+	c->creach = (reach & shim) | (c->creach & ~shim);
+	f->flags |= GPUMEM_PYFRAME_ENTRY & shim;
+}
+
 /* walk_frame reads one frame into e->pystack and moves c to its caller;
  * false when the walk is over. */
 static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_event *e, struct stack_window *w)
@@ -1106,11 +1167,14 @@ static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_even
 		/* A shim: the frame inside it was entered from C. */
 		if (c->n > 0)
 			e->pystack[(c->n - 1) & (GPUMEM_MAX_PY_FRAMES - 1)].flags |= GPUMEM_PYFRAME_ENTRY;
-	} else {
-		read_frame(&c->py, w, at, c->frame, &e->pystack[c->n & (GPUMEM_MAX_PY_FRAMES - 1)]);
-		c->n++;
+		c->frame = frame_u64(w, at, c->py.frame_previous);
+		return true;
 	}
+	struct gpumem_pyframe *f = &e->pystack[c->n & (GPUMEM_MAX_PY_FRAMES - 1)];
+	read_frame(&c->py, w, at, c->frame, f);
+	c->n++;
 	c->frame = frame_u64(w, at, c->py.frame_previous);
+	pass_window_shim(c, f, w);
 	return true;
 }
 
@@ -1122,7 +1186,7 @@ static long walk_frames_step(__u64 index, struct walk_frames *c)
 {
 	__u32 zero = 0;
 	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	struct stack_window *w = bpf_map_lookup_elem(&stack_windows, &zero);
+	struct stack_window *w = this_cpu_window();
 	if (!e || !w)
 		return 1;
 	for (int i = 0; i < GPUMEM_PY_FRAMES_PER_STEP; i++)
@@ -1176,9 +1240,11 @@ static __always_inline void capture_python(struct gpumem_event *e, struct python
 		return;
 	__u32 zero = 0;
 	struct tstate_head *h = bpf_map_lookup_elem(&tstate_heads, &zero);
-	struct stack_window *w = bpf_map_lookup_elem(&stack_windows, &zero);
-	if (!h || !w)
+	struct stack_window *w = this_cpu_window();
+	if (!h || !w) {
+		e->stack_flags = GPUMEM_PY_READ_ERROR;
 		return;
+	}
 	if (!find_thread_state(h, t)) {
 		e->stack_flags = GPUMEM_PY_NO_THREAD;
 		return;

@@ -143,9 +143,10 @@ func TestPythonSites(t *testing.T) {
 			}
 			// Calls entered from C, each with its shim frame (3.12+): all
 			// of them, the first walk's and the second's, which reads
-			// them from the C stack's window its first found.
+			// them from the C stack's window its first found, and past it
+			// one by one (48 calls: simwork's NESTED_CALLS).
 			for _, size := range []uint64{1041, 1042} {
-				nested := strings.Repeat("Layer.__call__ <- ", 12)
+				nested := strings.Repeat("Layer.__call__ <- ", 48)
 				if got, want := strings.Join(frameNames(pythonFrames(bySize[size].Frames)), " <- "), "cuda_malloc <- "+nested+"sites <- main <- <module>"; got != want {
 					t.Errorf("%d bytes: stack %s, want %s", size, got, want)
 				}

@@ -376,7 +376,7 @@ type gpumemPythonThread struct {
 
 type gpumemStackWindow struct {
 	_     structs.HostLayout
-	Bytes [24832]uint8
+	Bytes [49408]uint8
 	Lo    uint64
 	Len   uint64
 	Clo   uint64

@@ -140,6 +140,13 @@ func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
 	if m := spec.Maps["finish_allocations"]; m != nil {
 		m.Contents = nil // gpumem_finish, trimmed above
 	}
+	if m := spec.Maps["stack_windows"]; m != nil {
+		cpus, err := ebpf.PossibleCPU()
+		if err != nil {
+			return nil, fmt.Errorf("size the stack windows: %w", err)
+		}
+		m.MaxEntries = uint32(cpus) // an entry per CPU
+	}
 	for name, on := range map[string]bool{"filter_pids": len(opts.PIDs) > 0, "tensor_native_stacks": opts.TensorNativeStacks} {
 		if !on {
 			continue // the default, also in objects built before the variable
