@@ -1308,25 +1308,39 @@ static __always_inline __u64 event_size(const struct gpumem_event *e)
 	return size > sizeof(*e) ? sizeof(*e) : size;
 }
 
+/* begin_header fills the header of a call event but its process's
+ * pid, tid and comm (pid and tid only). */
+static __always_inline void begin_header(struct gpumem_event *e, __u16 op, __s32 result)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	e->type = GPUMEM_EVENT_CALL;
+	e->op = op;
+	e->result = result;
+	e->proc = (struct gadget_process){.pid = id >> 32, .tid = (__u32)id};
+	e->ustack_len = 0;
+	e->pystack_len = 0;
+	e->stack_flags = 0;
+	e->device = GPUMEM_DEVICE_UNKNOWN;
+}
+
 /* begin_event fills the header of a call event. Stock IG gets the whole
  * process (parent, credentials, mount namespace for its Kubernetes
  * enrichment); gpumem reads the pid, tid and comm only. */
 static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 result, bool stock_ig)
 {
-	e->type = GPUMEM_EVENT_CALL;
-	e->op = op;
-	e->result = result;
-	if (stock_ig) {
+	begin_header(e, op, result);
+	if (stock_ig)
 		gadget_process_populate(&e->proc);
-	} else {
-		__u64 id = bpf_get_current_pid_tgid();
-		e->proc = (struct gadget_process){.pid = id >> 32, .tid = (__u32)id};
+	else
 		bpf_get_current_comm(e->proc.comm, sizeof(e->proc.comm));
-	}
-	e->ustack_len = 0;
-	e->pystack_len = 0;
-	e->stack_flags = 0;
-	e->device = GPUMEM_DEVICE_UNKNOWN;
+}
+
+/* begin_tensor_event fills the header of a tensor allocation: no comm,
+ * whose read costs about 70 ns; user space has it from the process's
+ * driver calls or /proc. Only gpumem attaches the tensor probes. */
+static __always_inline void begin_tensor_event(struct gpumem_event *e, __u16 op)
+{
+	begin_header(e, op, 0);
 }
 
 /* Threads allocating to a private pool of PyTorch's allocator: between
@@ -1774,7 +1788,7 @@ unreadable:
  * when one cannot be read, which would enter a tensor at address 0. */
 static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_event *e, const struct gpumem_usdt_site *s)
 {
-	begin_event(e, s->op, 0, false);
+	begin_tensor_event(e, s->op);
 	e->timestamp = bpf_ktime_get_ns();
 	e->bytes = 0;
 	if (!usdt_arg(ctx, &s->args[0], &e->address))
@@ -1998,7 +2012,7 @@ int gpumem_raw_alloc_return(struct pt_regs *ctx)
 	struct gpumem_event *e = hold_scratch();
 	if (!e)
 		return 0;
-	begin_event(e, GPUMEM_OP_TENSOR_ALLOC, 0, false);
+	begin_tensor_event(e, GPUMEM_OP_TENSOR_ALLOC);
 	e->timestamp = bpf_ktime_get_ns();
 	e->address = ptr;
 	e->bytes = c.args[0];
@@ -2085,7 +2099,7 @@ int gpumem_restore_return(struct pt_regs *ctx)
 		count_loss(GPUMEM_LOSS_ALLOCATOR_CALL);
 		return 0;
 	}
-	begin_event(e, GPUMEM_OP_TENSOR_ALLOC, 0, false);
+	begin_tensor_event(e, GPUMEM_OP_TENSOR_ALLOC);
 	e->device = r.device;
 	capture_allocation(ctx, e, tensor_native_stacks);
 	e->stack_flags |= GPUMEM_GRAPH_POOL; /* a checkpoint is of a graph's pool */

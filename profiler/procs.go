@@ -212,10 +212,14 @@ func (t *processTable) readNoted() {
 	}
 }
 
-// read reads a new process's GPUs, pod and memory maps.
+// read reads a new process's GPUs, pod and memory maps, and its comm when
+// its first event had none: a tensor allocation's record has none, and
+// it is a process's first event when the agent started after the
+// process's driver calls.
 func (t *processTable) read(pid uint32) {
 	ordinals := gpuinfo.Ordinals(t.devices, t.environ(pid))
 	c := container.OfProcess(t.procRoot, int(pid))
+	comm := readComm(t.procRoot, pid)
 	t.sym.Track(pid)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -226,6 +230,9 @@ func (t *processTable) read(pid uint32) {
 	}
 	next := *p
 	next.GPUs, next.Container = ordinals, c
+	if next.Comm == "" {
+		next.Comm = comm
+	}
 	t.procs[pid] = &next
 }
 

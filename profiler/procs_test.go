@@ -1,6 +1,7 @@
 package profiler
 
 import (
+	"os"
 	"testing"
 	"time"
 )
@@ -52,5 +53,23 @@ func TestNoteKeepsCommOfTensorFrees(t *testing.T) {
 	}
 	if procs.note(7, "pt_main_thread", notedAllocation); comm() != "pt_main_thread" {
 		t.Errorf("renamed: comm %q, want pt_main_thread", comm())
+	}
+}
+
+// TestReadNamesProcessWithoutComm: a tensor allocation's record has no
+// comm; a process first seen by one (the agent started after its driver
+// calls) takes its comm from /proc when it is read.
+func TestReadNamesProcessWithoutComm(t *testing.T) {
+	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} })
+	procs := p.procs
+	pid := uint32(os.Getpid())
+	want := readComm("/proc", pid)
+	if want == "" {
+		t.Fatal("no comm in /proc for this test")
+	}
+	procs.note(pid, "", notedAllocation)
+	procs.read(pid)
+	if got := procs.procs[pid].Comm; got != want {
+		t.Errorf("comm %q, want %q", got, want)
 	}
 }
