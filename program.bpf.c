@@ -927,9 +927,10 @@ static __always_inline bool find_thread_state(struct tstate_head *h, struct pyth
  * transformers Llama's 16 shims lie within 10 KiB; the window holds 40).
  * A walk reads the C stack once from the thread's _PyCFrame (3.11, 3.12:
  * the read of the top frame it replaces), as far above it as the thread's
- * last walk found shims; frames inside it are copied from it. A shim read
- * alone costs about 140 ns, the window's bytes about 14 ns between two
- * shims. 3.13 has no _PyCFrame: its shims are read one by one. */
+ * last walk found shims; a shim inside it is passed where its callee is
+ * read (pass_window_shim), one outside it is read alone. A shim read alone
+ * costs about 140 ns, the window's bytes about 14 ns between two shims.
+ * 3.13 has no _PyCFrame: its shims are read one by one. */
 #define GPUMEM_PY_CSTACK_WINDOW 32768
 #define GPUMEM_PY_CSTACK (GPUMEM_PY_SLOT + GPUMEM_PY_FRAME_HEAD)
 
