@@ -1309,8 +1309,10 @@ static __always_inline __u64 event_size(const struct gpumem_event *e)
 	return size > sizeof(*e) ? sizeof(*e) : size;
 }
 
-/* begin_header fills the header of a call event but its process's
- * pid, tid and comm (pid and tid only). */
+/* begin_header fills the header of a call event with its process's pid
+ * and tid only: the whole header of a tensor allocation, whose comm (a
+ * read of about 70 ns) user space has from the process's driver calls or
+ * /proc. Only gpumem attaches the tensor probes. */
 static __always_inline void begin_header(struct gpumem_event *e, __u16 op, __s32 result)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -1334,14 +1336,6 @@ static __always_inline void begin_event(struct gpumem_event *e, __u16 op, __s32 
 		gadget_process_populate(&e->proc);
 	else
 		bpf_get_current_comm(e->proc.comm, sizeof(e->proc.comm));
-}
-
-/* begin_tensor_event fills the header of a tensor allocation: no comm,
- * whose read costs about 70 ns; user space has it from the process's
- * driver calls or /proc. Only gpumem attaches the tensor probes. */
-static __always_inline void begin_tensor_event(struct gpumem_event *e, __u16 op)
-{
-	begin_header(e, op, 0);
 }
 
 /* Threads allocating to a private pool of PyTorch's allocator: between
@@ -1789,7 +1783,7 @@ unreadable:
  * when one cannot be read, which would enter a tensor at address 0. */
 static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_event *e, const struct gpumem_usdt_site *s)
 {
-	begin_tensor_event(e, s->op);
+	begin_header(e, s->op, 0);
 	e->timestamp = bpf_ktime_get_ns();
 	e->bytes = 0;
 	if (!usdt_arg(ctx, &s->args[0], &e->address))
@@ -2013,7 +2007,7 @@ int gpumem_raw_alloc_return(struct pt_regs *ctx)
 	struct gpumem_event *e = hold_scratch();
 	if (!e)
 		return 0;
-	begin_tensor_event(e, GPUMEM_OP_TENSOR_ALLOC);
+	begin_header(e, GPUMEM_OP_TENSOR_ALLOC, 0);
 	e->timestamp = bpf_ktime_get_ns();
 	e->address = ptr;
 	e->bytes = c.args[0];
@@ -2100,7 +2094,7 @@ int gpumem_restore_return(struct pt_regs *ctx)
 		count_loss(GPUMEM_LOSS_ALLOCATOR_CALL);
 		return 0;
 	}
-	begin_tensor_event(e, GPUMEM_OP_TENSOR_ALLOC);
+	begin_header(e, GPUMEM_OP_TENSOR_ALLOC, 0);
 	e->device = r.device;
 	capture_allocation(ctx, e, tensor_native_stacks);
 	e->stack_flags |= GPUMEM_GRAPH_POOL; /* a checkpoint is of a graph's pool */
