@@ -97,8 +97,10 @@ const (
 )
 
 // note notes the process of an event and says whether it is a registered
-// Python process. An empty comm (a tensor free's record has none) leaves
-// the comm known. For an event with stacks, a Python process not yet
+// Python process. An empty comm (a tensor event's record has none) leaves
+// the comm known, and names a new process from /proc: its first event is a
+// tensor's when the agent started after its driver calls. For an event
+// with stacks, a Python process not yet
 // registered is asked to be: its next allocations carry Python frames. A
 // process first noted by a context it made is read again at its first
 // allocation: it may have moved into its pod's cgroup between the two.
@@ -113,6 +115,9 @@ func (t *processTable) note(pid uint32, comm string, what noted) (python bool) {
 				t.renewed = map[uint32]bool{}
 			}
 			t.renewed[pid] = true
+		}
+		if comm == "" {
+			comm = readComm(t.procRoot, pid) // once a process, so that no output shows it unnamed
 		}
 		t.procs[pid] = &process{Process: snapshot.Process{Comm: comm}, allocated: allocation}
 		t.toRead = append(t.toRead, pid)
@@ -212,14 +217,10 @@ func (t *processTable) readNoted() {
 	}
 }
 
-// read reads a new process's GPUs, pod and memory maps, and its comm when
-// its first event had none: a tensor allocation's record has none, and
-// it is a process's first event when the agent started after the
-// process's driver calls.
+// read reads a new process's GPUs, pod and memory maps.
 func (t *processTable) read(pid uint32) {
 	ordinals := gpuinfo.Ordinals(t.devices, t.environ(pid))
 	c := container.OfProcess(t.procRoot, int(pid))
-	comm := readComm(t.procRoot, pid)
 	t.sym.Track(pid)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -230,9 +231,6 @@ func (t *processTable) read(pid uint32) {
 	}
 	next := *p
 	next.GPUs, next.Container = ordinals, c
-	if next.Comm == "" {
-		next.Comm = comm
-	}
 	t.procs[pid] = &next
 }
 

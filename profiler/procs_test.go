@@ -56,10 +56,10 @@ func TestNoteKeepsCommOfTensorFrees(t *testing.T) {
 	}
 }
 
-// TestReadNamesProcessWithoutComm: a tensor allocation's record has no
+// TestNoteNamesProcessWithoutComm: a tensor allocation's record has no
 // comm; a process first seen by one (the agent started after its driver
-// calls) takes its comm from /proc when it is read.
-func TestReadNamesProcessWithoutComm(t *testing.T) {
+// calls) takes its comm from /proc as it is noted.
+func TestNoteNamesProcessWithoutComm(t *testing.T) {
 	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} })
 	procs := p.procs
 	pid := uint32(os.Getpid())
@@ -68,7 +68,6 @@ func TestReadNamesProcessWithoutComm(t *testing.T) {
 		t.Fatal("no comm in /proc for this test")
 	}
 	procs.note(pid, "", notedAllocation)
-	procs.read(pid)
 	if got := procs.procs[pid].Comm; got != want {
 		t.Errorf("comm %q, want %q", got, want)
 	}
