@@ -1,0 +1,92 @@
+"""What one tensor allocation and free costs the thread that makes them, in
+windows a second apart in one process, for bench/gpu/pair_cost.sh: the
+modes (no tensor probes, the floor's empty programs, the tensor view) are
+switched between windows while the agent runs, so that the machine's drift
+from minute to minute, larger than what the tensor view adds, falls out of
+each round's differences.
+
+Protocol: prints "ready PID"; then, for each line MODE read, measures and
+prints "result mode=MODE us_d5=X us_d40=Y": the median over 5 runs of
+EMPTIES (default 2000) torch.empty(1 MiB) + del, with the Python stack 5
+and 40 frames deep, in microseconds a pair. PAIR_ALLOCATOR=sim makes the
+pairs on the simulated allocator (build/sim) instead of torch's, for a
+machine without a GPU. MODEL_CPU pins the measuring thread to one CPU.
+"""
+import os
+import statistics
+import sys
+import time
+
+EMPTIES = int(os.environ.get("EMPTIES", "2000"))
+
+
+def torch_pairs():
+    import torch
+
+    torch.empty(1, device="cuda")
+
+    def pairs(n):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            del x
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    return pairs
+
+
+def sim_pairs():
+    import ctypes
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../../tests/workloads"))
+    import simwork
+
+    simwork.load_driver()
+    simwork.load_allocator()
+    p = ctypes.c_void_p()
+
+    def pairs(n):
+        start = time.perf_counter()
+        for _ in range(n):
+            simwork.torch.simtorch_malloc(0, 1 << 20, ctypes.byref(p))
+            simwork.torch.simtorch_free(p)
+        return time.perf_counter() - start
+
+    return pairs
+
+
+def stack_depth():
+    frame, n = sys._getframe(1), 0
+    while frame:
+        n, frame = n + 1, frame.f_back
+    return n
+
+
+def at_depth(depth, pairs, n):
+    """pairs(n) with the Python stack depth frames deep, pairs' own included."""
+    if stack_depth() < depth - 1:
+        return at_depth(depth, pairs, n)
+    return pairs(n)
+
+
+def us_a_pair(depth, pairs):
+    at_depth(depth, pairs, EMPTIES)  # warm-up under this mode
+    return statistics.median(at_depth(depth, pairs, EMPTIES) / EMPTIES * 1e6 for _ in range(5))
+
+
+def main():
+    pairs = sim_pairs() if os.environ.get("PAIR_ALLOCATOR") == "sim" else torch_pairs()
+    pairs(10)
+    if "MODEL_CPU" in os.environ:
+        os.sched_setaffinity(0, {int(os.environ["MODEL_CPU"])})
+    print(f"ready {os.getpid()}", flush=True)
+    for line in sys.stdin:
+        mode = line.strip()
+        d5, d40 = us_a_pair(5, pairs), us_a_pair(40, pairs)
+        print(f"result mode={mode} us_d5={d5:.3f} us_d40={d40:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
