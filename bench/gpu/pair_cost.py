@@ -22,19 +22,10 @@ EMPTIES = int(os.environ.get("EMPTIES", "2000"))
 
 def torch_pairs():
     import torch
+    from torch_bench import empty_and_del
 
     torch.empty(1, device="cuda")
-
-    def pairs(n):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(n):
-            x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-            del x
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    return pairs
+    return empty_and_del
 
 
 def sim_pairs():
@@ -52,7 +43,7 @@ def sim_pairs():
         for _ in range(n):
             simwork.torch.simtorch_malloc(0, 1 << 20, ctypes.byref(p))
             simwork.torch.simtorch_free(p)
-        return time.perf_counter() - start
+        return (time.perf_counter() - start) / n * 1e6
 
     return pairs
 
@@ -65,7 +56,7 @@ def stack_depth():
 
 
 def at_depth(depth, pairs, n):
-    """pairs(n) with the Python stack depth frames deep, pairs' own included."""
+    """pairs(n), us a pair, with the Python stack depth frames deep, pairs' own included."""
     if stack_depth() < depth - 1:
         return at_depth(depth, pairs, n)
     return pairs(n)
@@ -73,7 +64,7 @@ def at_depth(depth, pairs, n):
 
 def us_a_pair(depth, pairs):
     at_depth(depth, pairs, EMPTIES)  # warm-up under this mode
-    return statistics.median(at_depth(depth, pairs, EMPTIES) / EMPTIES * 1e6 for _ in range(5))
+    return statistics.median(at_depth(depth, pairs, EMPTIES) for _ in range(5))
 
 
 def main():
