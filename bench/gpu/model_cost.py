@@ -29,6 +29,9 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from depth import at_depth, median_at_depth
+from torch_bench import empty_and_del
+
 STEPS = int(os.environ.get("MODEL_STEPS", 15))
 NEW_TOKENS = int(os.environ.get("MODEL_TOKENS", 48))
 EMPTIES = int(os.environ.get("MODEL_EMPTIES", 5000))
@@ -87,27 +90,6 @@ def tokens_per_s(model, prompt):
     return statistics.median(rates)
 
 
-def empty_at_depth(depth, n):
-    """torch.empty(1 MiB) + del, n times, with the Python stack depth frames deep."""
-    if depth > 1:
-        return empty_at_depth(depth - 1, n)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-        del x
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / n * 1e6
-
-
-def base_depth():
-    """The frames below this one's callers: main, window, and the module."""
-    frame, n = sys._getframe(), 0
-    while frame:
-        n, frame = n + 1, frame.f_back
-    return n
-
-
 def window(mode, model, opt, batch, prompt):
     print(f"window {mode}", flush=True)
     sys.stdin.readline()
@@ -115,11 +97,10 @@ def window(mode, model, opt, batch, prompt):
     for _ in range(3):
         train_step(model, opt, batch)
     generate(model, prompt)
-    empty_at_depth(5, 2000)
-    empty_at_depth(40, 2000)
-    before = base_depth()
-    d5 = statistics.median(empty_at_depth(5 - before, EMPTIES) for _ in range(5))
-    d40 = statistics.median(empty_at_depth(40 - before, EMPTIES) for _ in range(5))
+    at_depth(5, empty_and_del, 2000)
+    at_depth(40, empty_and_del, 2000)
+    d5 = median_at_depth(5, empty_and_del, EMPTIES)
+    d40 = median_at_depth(40, empty_and_del, EMPTIES)
     a = allocations()
     ms = step_ms(model, opt, batch)
     per_step = (allocations() - a) / STEPS

@@ -4,7 +4,8 @@ bench/gpu/model.sh printed (kept in bench/gpu/h200/).
 Usage: model_report.py [--jax JAX_TXT] NOCACHE_TXT MODEL_MD MODEL_TXT...
 Each MODEL_TXT is one run (one process), reported on its own: each figure is
 the median of its rounds, with the spread (lowest-highest); ratios are
-against no agent in the same process. A target is met when every run meets
+against no agent in the same process; its "# note: " lines are said under
+its heading. A target is met when every run meets
 it. The tensor micro-benchmark
 (torch.empty + del at Python depth 5 and 40) is reported as the cost added
 over no agent, against the floor's (empty programs on the same USDT sites).
@@ -32,6 +33,11 @@ def read(path):
         kv = dict(x.split("=", 1) for x in line.split() if "=" in x)
         rows.setdefault(kv["mode"], []).append({k: float(v) for k, v in kv.items() if k not in ("mode", "round")})
     return rows
+
+
+def notes(path):
+    """A run's "# note: " lines, said under its heading."""
+    return [line[len("# note: "):].strip() for line in open(path) if line.startswith("# note: ")]
 
 
 def med(xs, key):
@@ -71,6 +77,8 @@ def run(f, path, rows):
     step0, tok0 = med(base, "step_ms")[0], med(base, "tok_s")[0]
     d5_0, d40_0 = med(base, "us_d5")[0], med(base, "us_d40")[0]
     f.write(f"\n### `{path.split('/')[-1]}`: {len(base)} rounds\n\n")
+    for note in notes(path):
+        f.write(note + "\n\n")
     f.write("| agent | training step, ms | vs none | decode, tokens/s | vs none | BPF run time per program run |\n")
     f.write("| --- | ---: | ---: | ---: | ---: | ---: |\n")
     for mode in ("none", "default", "driver", "tensors", "native", "all", "base", "floor"):

@@ -13,9 +13,10 @@ pairs on the simulated allocator (build/sim) instead of torch's, for a
 machine without a GPU. MODEL_CPU pins the measuring thread to one CPU.
 """
 import os
-import statistics
 import sys
 import time
+
+from depth import at_depth, median_at_depth
 
 EMPTIES = int(os.environ.get("EMPTIES", "2000"))
 
@@ -48,23 +49,9 @@ def sim_pairs():
     return pairs
 
 
-def stack_depth():
-    frame, n = sys._getframe(1), 0
-    while frame:
-        n, frame = n + 1, frame.f_back
-    return n
-
-
-def at_depth(depth, pairs, n):
-    """pairs(n), us a pair, with the Python stack depth frames deep, pairs' own included."""
-    if stack_depth() < depth - 1:
-        return at_depth(depth, pairs, n)
-    return pairs(n)
-
-
 def us_a_pair(depth, pairs):
     at_depth(depth, pairs, EMPTIES)  # warm-up under this mode
-    return statistics.median(at_depth(depth, pairs, EMPTIES) for _ in range(5))
+    return median_at_depth(depth, pairs, EMPTIES)
 
 
 def main():

@@ -3,7 +3,7 @@ and the tensor view add to a pair over the same round's none (medians over
 the rounds, quartiles in brackets), and the tensor view's added cost as a
 multiple of the floor's, from the medians of the added costs.
 
-Usage: pair_report.py LINES
+Usage: pair_report.py LINES (pair_cost.sh's lines, or a raw file in h200/)
 """
 import collections
 import statistics
@@ -19,6 +19,8 @@ def main():
     rounds = collections.defaultdict(dict)
     runs = ns = 0
     for line in open(sys.argv[1]):
+        if " result " not in line:
+            continue  # the raw files kept in h200/ carry a header and this summary
         kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
         rounds[kv["round"]][kv["mode"]] = kv
         runs += int(kv.get("bpf_runs", 0))
