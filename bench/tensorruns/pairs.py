@@ -7,6 +7,11 @@ PAIRS_STACK says how the DEPTH frames are called: plain (Python calling
 Python, the default), nested (each through a __call__, as nn.Module's:
 a shim frame on the C stack each, as a real model's stacks have), or
 after-nested (plain, once 1000 pairs were made 10 __call__s deep).
+PAIRS_TOUCH (bytes, default 0) is written after each allocation and each
+free, so that the programs find the caches and the TLB as cold as a real
+workload leaves them between two tensors (torch's process on the GPU
+machine: bench/NOTES.md); the pairs' own time then means nothing, only
+the programs' run time does.
 Prints "ready PID", waits for a line, makes one pair and waits 2 s (the
 agent attaches the allocator's probes at the process's first driver call),
 then makes N pairs at DEPTH Python frames and prints "ns_per_pair X".
@@ -20,12 +25,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../../tests/workload
 import simwork  # noqa: E402
 
 
+TOUCH = int(os.environ.get("PAIRS_TOUCH", "0"))
+touched = ctypes.create_string_buffer(max(TOUCH, 1))  # what a workload does between two probes
+
+
 def pairs(n):
     p = ctypes.c_void_p()
     start = time.perf_counter()
     for _ in range(n):
         simwork.torch.simtorch_malloc(0, 4096, ctypes.byref(p))
+        if TOUCH:
+            ctypes.memset(touched, 1, TOUCH)
         simwork.torch.simtorch_free(p)
+        if TOUCH:
+            ctypes.memset(touched, 2, TOUCH)
     return time.perf_counter() - start
 
 

@@ -2,11 +2,12 @@
 # The tensor program's own run time (kernel.bpf_stats_enabled), alloc and
 # free runs averaged, for builds side by side: ROUNDS rounds (default 5),
 # each build in turn at Python depth 5 and 40, 100,000 pairs each
-# (pairs.py), every build's agent with --tensors=all on the simulated
-# driver and allocator. Prints "BUILD depth=D ns_per_run=X" lines and, at
-# the end, each build's median at each depth. As root, after make build
-# and make sim; PAIRS_STACK as pairs.py says. Needs no bpftool: it runs on
-# the GPU machine too. Usage: bench/tensorruns/run.sh GPUMEM...
+# (pairs.py; N changes it, 100,000 at least), every build's agent with
+# --tensors=all on the simulated driver and allocator. Prints "BUILD
+# depth=D ns_per_run=X" lines and, at the end, each build's median at each
+# depth. As root, after make build and make sim; PAIRS_STACK and
+# PAIRS_TOUCH as pairs.py says. Needs no bpftool: it runs on the GPU
+# machine too. Usage: bench/tensorruns/run.sh GPUMEM...
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 sim=$root/build/sim
