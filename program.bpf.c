@@ -862,13 +862,6 @@ struct tstate_head {
 	__u16 lo; /* the offset of bytes[0] in the thread state: its frame's */
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct tstate_head);
-} tstate_heads SEC(".maps");
-
 /* read_tstate_head reads thread state ts's fields into h; false when they
  * cannot be read. */
 static __always_inline bool read_tstate_head(struct tstate_head *h, const struct gpumem_python *py, __u64 ts)
@@ -941,14 +934,19 @@ static __always_inline bool find_thread_state(struct tstate_head *h, struct pyth
 #define GPUMEM_STACK_WINDOWS 256
 
 struct stack_window {
-	/* the data stack's window, the slot, the C stack's window (and room
-	 * for a frame's head past it, which the verifier cannot tell unused) */
-	__u8 bytes[GPUMEM_PY_STACK_WINDOW + GPUMEM_PY_FRAME_HEAD + GPUMEM_PY_CSTACK_WINDOW + GPUMEM_PY_FRAME_HEAD]
-		__attribute__((aligned(8)));
+	/* What a walk reads besides the frames, first: beside the data
+	 * stack's window's start, on the page the walk reads anyway, where
+	 * the thread state's head was a per-CPU map of its own (a lookup and
+	 * a page more for every allocation). */
 	__u64 lo;
 	__u64 len;  /* 0: nothing read */
 	__u64 clo;  /* the C stack's window */
 	__u64 clen; /* 0: nothing read */
+	struct tstate_head head;
+	/* the data stack's window, the slot, the C stack's window (and room
+	 * for a frame's head past it, which the verifier cannot tell unused) */
+	__u8 bytes[GPUMEM_PY_STACK_WINDOW + GPUMEM_PY_FRAME_HEAD + GPUMEM_PY_CSTACK_WINDOW + GPUMEM_PY_FRAME_HEAD]
+		__attribute__((aligned(8)));
 };
 
 struct {
@@ -1176,7 +1174,10 @@ static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_even
 	read_frame(&c->py, w, at, c->frame, f);
 	c->n++;
 	c->frame = frame_u64(w, at, c->py.frame_previous);
-	pass_window_shim(c, f, w);
+	/* A caller in the data stack's window is no shim (shims live on the
+	 * C stack): most callers skip pass_window_shim's masks. */
+	if (c->frame - w->lo >= w->len)
+		pass_window_shim(c, f, w);
 	return true;
 }
 
@@ -1240,13 +1241,12 @@ static __always_inline void capture_python(struct gpumem_event *e, struct python
 	}
 	if (!t->python)
 		return;
-	__u32 zero = 0;
-	struct tstate_head *h = bpf_map_lookup_elem(&tstate_heads, &zero);
 	struct stack_window *w = this_cpu_window();
-	if (!h || !w) {
+	if (!w) {
 		e->stack_flags = GPUMEM_PY_READ_ERROR;
 		return;
 	}
+	struct tstate_head *h = &w->head;
 	if (!find_thread_state(h, t)) {
 		e->stack_flags = GPUMEM_PY_NO_THREAD;
 		return;

@@ -375,19 +375,18 @@ type gpumemPythonThread struct {
 }
 
 type gpumemStackWindow struct {
-	_     structs.HostLayout
+	_    structs.HostLayout
+	Lo   uint64
+	Len  uint64
+	Clo  uint64
+	Clen uint64
+	Head struct {
+		_     structs.HostLayout
+		Bytes [256]uint8
+		Lo    uint16
+		_     [6]byte
+	}
 	Bytes [49408]uint8
-	Lo    uint64
-	Len   uint64
-	Clo   uint64
-	Clen  uint64
-}
-
-type gpumemTstateHead struct {
-	_     structs.HostLayout
-	Bytes [256]uint8
-	Lo    uint16
-	_     [6]byte
 }
 
 // Names of all BPF objects in the ELF.
@@ -428,7 +427,6 @@ const (
 	gpumemMapTargetPids                              = "target_pids"
 	gpumemMapThreadContexts                          = "thread_contexts"
 	gpumemMapTracedPids                              = "traced_pids"
-	gpumemMapTstateHeads                             = "tstate_heads"
 	gpumemMapUsdtSites                               = "usdt_sites"
 	gpumemProgGpumemEnter                            = "gpumem_enter"
 	gpumemProgGpumemEnterCuCtxCreateV2               = "gpumem_enter_cuCtxCreate_v2"
@@ -658,7 +656,6 @@ type gpumemMapSpecs struct {
 	TargetPids           *ebpf.MapSpec `ebpf:"target_pids"`
 	ThreadContexts       *ebpf.MapSpec `ebpf:"thread_contexts"`
 	TracedPids           *ebpf.MapSpec `ebpf:"traced_pids"`
-	TstateHeads          *ebpf.MapSpec `ebpf:"tstate_heads"`
 	UsdtSites            *ebpf.MapSpec `ebpf:"usdt_sites"`
 }
 
@@ -760,7 +757,6 @@ type gpumemMaps struct {
 	TargetPids           *ebpf.Map `ebpf:"target_pids"`
 	ThreadContexts       *ebpf.Map `ebpf:"thread_contexts"`
 	TracedPids           *ebpf.Map `ebpf:"traced_pids"`
-	TstateHeads          *ebpf.Map `ebpf:"tstate_heads"`
 	UsdtSites            *ebpf.Map `ebpf:"usdt_sites"`
 }
 
@@ -800,7 +796,6 @@ func (m *gpumemMaps) Close() error {
 		m.TargetPids,
 		m.ThreadContexts,
 		m.TracedPids,
-		m.TstateHeads,
 		m.UsdtSites,
 	)
 }
