@@ -22,13 +22,15 @@
 #   stop22 the free returns at its site; the allocation after its header
 #          and timestamp
 #   stop23 the same after its arguments too
+#   stop24 the tensor view without stacks: the free whole, the allocation
+#          sent after its header, timestamp and arguments, no capture
 #
 # Usage: bench/breakdown/build.sh OUTDIR [N...]   (default: every point)
 set -euo pipefail
 out=$(realpath -m "${1:?usage: bench/breakdown/build.sh OUTDIR [N...]}")
 shift
 stops=("$@")
-[ ${#stops[@]} -gt 0 ] || stops=(1 2 3 4 5 6 7 8 9 11 21 22 23)
+[ ${#stops[@]} -gt 0 ] || stops=(1 2 3 4 5 6 7 8 9 11 21 22 23 24)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tree=$(mktemp -d)
 git -C "$root" worktree add -q --detach "$tree" HEAD
