@@ -934,10 +934,8 @@ static __always_inline bool find_thread_state(struct tstate_head *h, struct pyth
 #define GPUMEM_STACK_WINDOWS 256
 
 struct stack_window {
-	/* What a walk reads besides the frames, first: beside the data
-	 * stack's window's start, on the page the walk reads anyway, where
-	 * the thread state's head was a per-CPU map of its own (a lookup and
-	 * a page more for every allocation). */
+	/* What a walk reads besides the frames, first, beside the data
+	 * stack's window's start: one lookup and one page for all of it. */
 	__u64 lo;
 	__u64 len;  /* 0: nothing read */
 	__u64 clo;  /* the C stack's window */
@@ -1175,7 +1173,9 @@ static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_even
 	c->n++;
 	c->frame = frame_u64(w, at, c->py.frame_previous);
 	/* A caller in the data stack's window is no shim (shims live on the
-	 * C stack): most callers skip pass_window_shim's masks. */
+	 * C stack): most callers skip pass_window_shim's masks. One compare,
+	 * not locate_frame's two: a second branch here takes gpumem_leave
+	 * from 69% to 70% of the verifier's limit. */
 	if (c->frame - w->lo >= w->len)
 		pass_window_shim(c, f, w);
 	return true;
