@@ -90,6 +90,17 @@ struct {
  * task local storage, freed with it, whose lookup reads the task where
  * python_procs' and traced_pids' hashes cost about 80 ns an allocation
  * between them. */
+/* The Python stacks a thread's tensor allocations sent whole, by their hash
+ * (python_stack_hash): two ways of GPUMEM_PY_SENT_SETS sets, 8 KiB a
+ * thread. A tensor allocation whose stack is here names it instead
+ * (GPUMEM_PY_SENT_BEFORE): copying a frame into the ring buffer costs
+ * about what walking it does, and a training step's tensors come from the
+ * same few hundred stacks over and over. A hash enters only once its
+ * event is in the ring buffer, ahead of every event that names it; user
+ * space keeps a process's stacks until it exits, and a thread's table
+ * goes with the thread. */
+#define GPUMEM_PY_SENT_SETS 512
+
 struct python_thread {
 	struct gpumem_python py; /* the process's walk, when python */
 	__u64 tstate;            /* the thread's PyThreadState, checked before use; 0: not found */
@@ -97,6 +108,7 @@ struct python_thread {
 	__u64 cspan;             /* the C stack's window: as far as its last walk found shims (struct stack_window) */
 	__u8 python;             /* the process is in python_procs */
 	__u8 traced;             /* the process is in traced_pids */
+	__u64 sent[2 * GPUMEM_PY_SENT_SETS]; /* 0: empty */
 };
 
 struct {
@@ -250,12 +262,14 @@ static __always_inline __u64 wakeup_flags(void)
 											   : BPF_RB_NO_WAKEUP;
 }
 
-/* output sends an event built in the scratch. Drops are counted in
- * events_lost_samples, as IG's helpers do. */
-static __always_inline void output(struct gpumem_event *e, __u64 size)
+/* output sends an event built in the scratch; false when it is dropped,
+ * counted in events_lost_samples, as IG's helpers do. */
+static __always_inline bool output(struct gpumem_event *e, __u64 size)
 {
-	if (bpf_ringbuf_output(&events, e, size, wakeup_flags()))
-		count_lost_event();
+	if (!bpf_ringbuf_output(&events, e, size, wakeup_flags()))
+		return true;
+	count_lost_event();
+	return false;
 }
 
 /* reserve_header reserves an event without stacks (a free, a retain, an
@@ -1181,16 +1195,90 @@ static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_even
 	return true;
 }
 
+/* A walk that takes the frames the data stack's window holds first: what
+ * walk_window_frame needs besides the walk's state. Apart from struct
+ * walk_frames, whose layout the other walking programs' verification
+ * turns on (two fields more there take gpumem_leave from 69% to 84% of
+ * the verifier's limit). */
+struct window_walk {
+	struct walk_frames c;
+	__u64 instr_mask; /* the instruction's bytes (py.instr_size) */
+	__u32 entry_flag; /* GPUMEM_PYFRAME_ENTRY where frames have is_entry (3.11), else 0 */
+};
+
+/* walk_window_frame reads a frame the data stack's window holds into
+ * e->pystack and moves the walk to its caller, as walk_frame does with
+ * fewer instructions (about 30 against 85 a frame): such a frame is no
+ * shim (shims live on the C stack) and its fields lie in the window's
+ * bytes (pystack checks that a 3.11+ layout's lie in a frame's first
+ * GPUMEM_PY_FRAME_MIN bytes; the masks only tell the verifier so). False
+ * when the window does not hold the walk's frame or the walk is full:
+ * walk_frame takes it from there. */
+static __always_inline bool walk_window_frame(struct window_walk *ww, struct gpumem_event *e,
+					      const struct stack_window *w)
+{
+	struct walk_frames *c = &ww->c;
+	__u64 at = c->frame - w->lo;
+	if (at > GPUMEM_PY_STACK_WINDOW - GPUMEM_PY_FRAME_HEAD || at + GPUMEM_PY_FRAME_HEAD > w->len ||
+	    c->n >= GPUMEM_MAX_PY_FRAMES)
+		return false;
+	struct gpumem_pyframe *f = &e->pystack[c->n & (GPUMEM_MAX_PY_FRAMES - 1)];
+	f->code = aligned_u64(w->bytes, at + (c->py.frame_code & (GPUMEM_PY_FRAME_HEAD - 1)));
+	f->instr = aligned_u64(w->bytes, at + (c->py.frame_instr & (GPUMEM_PY_FRAME_HEAD - 1))) & ww->instr_mask;
+	f->cls = 0;
+	__u32 entry = w->bytes[at + (c->py.frame_is_entry & (GPUMEM_PY_FRAME_HEAD - 1))];
+	f->flags = ((0 - entry) >> 31) & ww->entry_flag;
+	c->n++;
+	c->frame = aligned_u64(w->bytes, at + (c->py.frame_previous & (GPUMEM_PY_FRAME_HEAD - 1)));
+	if (c->frame - w->lo >= w->len)
+		pass_window_shim(c, f, w);
+	return true;
+}
+
 /* Frames one bpf_loop step walks: a step's call and map lookups cost about
  * what reading a frame from the window does. */
 #define GPUMEM_PY_FRAMES_PER_STEP 4
 
-static long walk_frames_step(__u64 index, struct walk_frames *c)
+/* walk_buffers finds what a step of a walk reads and writes: this CPU's
+ * scratch event and stack window; false when one is missing. */
+static __always_inline bool walk_buffers(struct gpumem_event **e, struct stack_window **w)
 {
 	__u32 zero = 0;
-	struct gpumem_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	struct stack_window *w = this_cpu_window();
-	if (!e || !w)
+	*e = bpf_map_lookup_elem(&scratch, &zero);
+	*w = this_cpu_window();
+	return *e && *w;
+}
+
+static long walk_window_step(__u64 index, struct window_walk *ww)
+{
+	struct gpumem_event *e;
+	struct stack_window *w;
+	if (!walk_buffers(&e, &w))
+		return 1;
+	for (int i = 0; i < GPUMEM_PY_FRAMES_PER_STEP; i++)
+		if (!walk_window_frame(ww, e, w))
+			return 1;
+	return 0;
+}
+
+/* walk_window walks c's frames the data stack's window holds, from its
+ * top frame down to the first the window does not hold. */
+static __always_inline void walk_window(struct walk_frames *c)
+{
+	struct window_walk ww = {
+		.c = *c,
+		.instr_mask = c->py.instr_size == 4 ? 0xffffffff : ~0ULL,
+		.entry_flag = c->py.frame_is_entry != GPUMEM_PY_NO_FIELD ? GPUMEM_PYFRAME_ENTRY : 0,
+	};
+	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_FRAMES_PER_STEP, walk_window_step, &ww, 0);
+	*c = ww.c;
+}
+
+static long walk_frames_step(__u64 index, struct walk_frames *c)
+{
+	struct gpumem_event *e;
+	struct stack_window *w;
+	if (!walk_buffers(&e, &w))
 		return 1;
 	for (int i = 0; i < GPUMEM_PY_FRAMES_PER_STEP; i++)
 		if (!walk_frame(c, e, w))
@@ -1231,8 +1319,12 @@ static __always_inline struct python_thread *thread_of(__u32 pid)
 
 /* capture_python walks the calling thread t's Python frames, innermost
  * first, into e->pystack. A thread whose storage could not be made has its
- * Python process's frames flagged missing. */
-static __always_inline void capture_python(struct gpumem_event *e, struct python_thread *t)
+ * Python process's frames flagged missing. With window_first, the frames
+ * the data stack's window holds are walked by their own loop first (the
+ * tensor probes: their walks are most of what the agent costs); the other
+ * walking programs leave it out, which would take gpumem_leave from 69% to
+ * 86% of the verifier's limit. */
+static __always_inline void capture_python(struct gpumem_event *e, struct python_thread *t, bool window_first)
 {
 	if (!t) {
 		if (bpf_map_lookup_elem(&python_procs, &e->proc.pid))
@@ -1257,6 +1349,8 @@ static __always_inline void capture_python(struct gpumem_event *e, struct python
 	if (py->cframe_current_frame != GPUMEM_PY_NO_FIELD)
 		c.frame = current_frame(w, c.frame, py->cframe_current_frame, t->cspan);
 	read_stack_window(w, py, h, c.frame);
+	if (window_first)
+		walk_window(&c);
 	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_FRAMES_PER_STEP, walk_frames_step, &c, 0);
 	t->cspan = c.creach;
 	if (c.frame && !c.flags)
@@ -1300,6 +1394,56 @@ static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_ev
 	if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp) == 0 && frame[1] != 0)
 		e->stack_flags |= GPUMEM_NATIVE_TRUNCATED;
 	return n;
+}
+
+/* python_stack_hash hashes e's Python frames, every field user space reads,
+ * never 0 (an empty slot of python_thread.sent). Two multiplicative lanes,
+ * so that a frame costs about four cycles, not eight: 64 bits, two stacks
+ * of a thread collide about once in 2^64 pairs. tracer's pyStackHash is
+ * the same function. */
+#define GPUMEM_PY_HASH_CODE 0x9e3779b97f4a7c15ULL
+#define GPUMEM_PY_HASH_REST 0xc2b2ae3d27d4eb4fULL
+
+static __always_inline __u64 python_stack_hash(const struct gpumem_event *e)
+{
+	__u64 code = GPUMEM_PY_HASH_CODE, rest = GPUMEM_PY_HASH_REST;
+	__u32 n = e->pystack_len;
+	for (__u32 i = 0; i < GPUMEM_MAX_PY_FRAMES && i < n; i++) {
+		const struct gpumem_pyframe *f = &e->pystack[i];
+		code = (code ^ f->code ^ (f->cls << 32 | f->cls >> 32)) * GPUMEM_PY_HASH_CODE;
+		rest = (rest ^ f->instr ^ (__u64)f->flags << 56) * GPUMEM_PY_HASH_REST;
+	}
+	__u64 h = code ^ (rest << 32 | rest >> 32) ^ n;
+	h = (h ^ h >> 31) * GPUMEM_PY_HASH_CODE;
+	return (h ^ h >> 29) | 1;
+}
+
+/* A hash to enter into a thread's table once its event is sent whole. */
+struct sent_stack {
+	__u64 *way;
+	__u64 hash;
+};
+
+/* name_sent_stack puts in e, in place of its Python frames, their hash when
+ * t's thread sent them whole before; else it says in *sent where their
+ * hash goes once this event is sent. Stacks of one frame are sent as they
+ * are: a frame is as long as the hash's entry. */
+static __always_inline void name_sent_stack(struct gpumem_event *e, struct python_thread *t, struct sent_stack *sent)
+{
+	if (!t || e->pystack_len < 2)
+		return;
+	__u64 h = python_stack_hash(e);
+	__u32 set = (h & (GPUMEM_PY_SENT_SETS - 1)) * 2;
+	__u64 *ways = &t->sent[set];
+	if (ways[0] == h || ways[1] == h) {
+		e->pystack[0] = (struct gpumem_pyframe){.code = h, .instr = e->pystack_len};
+		e->pystack_len = 1;
+		e->stack_flags |= GPUMEM_PY_SENT_BEFORE;
+		return;
+	}
+	/* An empty way first, so that two stacks of a set both stay. */
+	sent->way = !ways[0] ? &ways[0] : !ways[1] ? &ways[1] : &ways[(h >> 32) & 1];
+	sent->hash = h;
 }
 
 static __always_inline __u64 event_size(const struct gpumem_event *e)
@@ -1385,12 +1529,18 @@ static __always_inline void count_pool_threads(__s64 by)
 /* capture_allocation adds an allocation's Python and native stacks, and
  * marks its process so that its exit is reported. Without native_walk, a
  * call with Python frames keeps the probed instruction alone: the Python
- * frames say where it comes from. */
-static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpumem_event *e, bool native_walk)
+ * frames say where it comes from. With sent (the tensor probes), Python
+ * frames its thread sent before are named by their hash
+ * (name_sent_stack). */
+static __always_inline void capture_allocation(struct pt_regs *ctx, struct gpumem_event *e, bool native_walk,
+					       struct sent_stack *sent)
 {
 	struct python_thread *t = thread_of(e->proc.pid);
-	capture_python(e, t);
-	e->ustack_len = capture_stack(ctx, e, native_walk || e->pystack_len == 0 || e->stack_flags);
+	capture_python(e, t, sent != NULL);
+	if (sent)
+		name_sent_stack(e, t, sent);
+	bool partial = e->stack_flags & ~GPUMEM_PY_SENT_BEFORE;
+	e->ustack_len = capture_stack(ctx, e, native_walk || e->pystack_len == 0 || partial);
 	if (in_pool(e->proc.pid, e->proc.tid))
 		e->stack_flags |= GPUMEM_GRAPH_POOL; /* after the walk, which other flags force */
 	if (t && t->traced)
@@ -1485,7 +1635,7 @@ static __always_inline void report_allocation(struct pt_regs *ctx, struct gpumem
 			return;
 		e->device = current_device(call, e->proc.tid);
 	}
-	capture_allocation(ctx, e, true);
+	capture_allocation(ctx, e, true, NULL);
 	if (stock_ig && aggregate)
 		aggregate_allocation(ctx, e);
 	output(e, event_size(e));
@@ -1781,7 +1931,8 @@ unreadable:
 
 /* report_tensor fills e from a tensor allocation probe's arguments; false
  * when one cannot be read, which would enter a tensor at address 0. */
-static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_event *e, const struct gpumem_usdt_site *s)
+static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_event *e, const struct gpumem_usdt_site *s,
+					  struct sent_stack *sent)
 {
 	begin_header(e, s->op, 0);
 	e->timestamp = bpf_ktime_get_ns();
@@ -1792,7 +1943,7 @@ static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_eve
 	if (!usdt_arg(ctx, &s->args[1], &device) || !usdt_arg(ctx, &s->args[2], &e->bytes))
 		return false;
 	e->device = (__s32)device;
-	capture_allocation(ctx, e, tensor_native_stacks);
+	capture_allocation(ctx, e, tensor_native_stacks, sent);
 	return true;
 }
 
@@ -1816,8 +1967,9 @@ int gpumem_tensor(struct pt_regs *ctx)
 	struct gpumem_event *e = hold_scratch();
 	if (!e)
 		return 0;
-	if (report_tensor(ctx, e, s))
-		output(e, event_size(e));
+	struct sent_stack sent = {};
+	if (report_tensor(ctx, e, s, &sent) && output(e, event_size(e)) && sent.way)
+		*sent.way = sent.hash;
 	release_scratch();
 	return 0;
 }
@@ -2013,7 +2165,7 @@ int gpumem_raw_alloc_return(struct pt_regs *ctx)
 	e->bytes = c.args[0];
 	struct gpumem_call call = {.op = GPUMEM_OP_TENSOR_ALLOC};
 	e->device = current_device(&call, e->proc.tid);
-	capture_allocation(ctx, e, tensor_native_stacks);
+	capture_allocation(ctx, e, tensor_native_stacks, NULL);
 	output(e, event_size(e));
 	release_scratch();
 	return 0;
@@ -2096,7 +2248,7 @@ int gpumem_restore_return(struct pt_regs *ctx)
 	}
 	begin_header(e, GPUMEM_OP_TENSOR_ALLOC, 0);
 	e->device = r.device;
-	capture_allocation(ctx, e, tensor_native_stacks);
+	capture_allocation(ctx, e, tensor_native_stacks, NULL);
 	e->stack_flags |= GPUMEM_GRAPH_POOL; /* a checkpoint is of a graph's pool */
 	bpf_loop(n, restore_segment, &w, 0);
 	release_scratch();

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,10 +11,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cilium/ebpf/ringbuf"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
 // startTensors starts simwork.py's tensor scenario under python, with the
@@ -227,4 +232,89 @@ func TestTensorNativeStacks(t *testing.T) {
 	if got := native[true]; len(got) < 4 || got[1] != malloc || !slices.Contains(got, "simtorch_malloc") {
 		t.Errorf("native frames with the walk: %v", got)
 	}
+}
+
+// TestTensorStacksSentOnce: a thread's tensor allocation from a Python
+// stack it sent whole before names that stack instead of sending it again,
+// and still reaches the books with its exact frames. Three stacks, 50
+// tensors each, on two threads: three events carry their frames, the
+// other 147 name them.
+func TestTensorStacksSentOnce(t *testing.T) {
+	for _, python := range pythons(t) {
+		t.Run(pythonName(python), func(t *testing.T) { testTensorStacksSentOnce(t, python) })
+	}
+}
+
+func testTensorStacksSentOnce(t *testing.T, python string) {
+	allocator := filepath.Join(repoRoot, "build/sim/libc10_cuda.so")
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib, "SIMTORCH_LIB=" + allocator}, python,
+		filepath.Join(repoRoot, "tests/workloads/simwork.py"), "tensor_repeats")
+	tr := traceTensors(t, allocator, w.pid)
+	expect := w.run()
+	if err := tr.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	stacks := map[uint64][][]tracer.PyFrame{} // by tensor size
+	var ev tracer.Event
+	for {
+		err := tr.Read(&ev)
+		if errors.Is(err, ringbuf.ErrFlushed) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Op != memory.OpTensorAlloc {
+			continue
+		}
+		if ev.Flags != 0 {
+			t.Errorf("tensor of %d bytes: stack flags %#x", ev.Bytes, ev.Flags)
+		}
+		stacks[ev.Bytes] = append(stacks[ev.Bytes], slices.Clone(ev.PyFrames))
+	}
+	repeats := int(expect["repeats"])
+	for _, size := range []uint64{1024, 2048, 3072} {
+		got, want := stacks[size], int(expect[fmt.Sprintf("frames%d", size)])
+		if len(got) != repeats {
+			t.Errorf("%d tensors of %d bytes, want %d", len(got), size, repeats)
+			continue
+		}
+		for i, frames := range got {
+			if len(frames) != want || !slices.Equal(frames, got[0]) {
+				t.Errorf("tensor %d of %d bytes: %d Python frames %v, want %d as the first's %v", i, size, len(frames), frames, want, got[0])
+			}
+		}
+		delete(stacks, size)
+	}
+	if len(stacks) != 0 {
+		t.Errorf("tensors of other sizes: %d", len(stacks))
+	}
+	if named := tr.NamedPyStacks(); named != uint64(3*repeats-3) {
+		t.Errorf("%d events named their stacks, want %d", named, 3*repeats-3)
+	}
+	w.exit()
+}
+
+// traceTensors starts a tracer of process pid's tensors alone, its Python
+// frames walked.
+func traceTensors(t *testing.T, allocator string, pid int) *tracer.Tracer {
+	t.Helper()
+	tr, err := tracer.New(tracer.Options{PIDs: []uint32{uint32(pid)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	probes, err := tr.AttachAllocator(allocator, uint32(pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { probes.Close() })
+	proc, err := pystack.Detect("/proc", pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.AddPython(uint32(pid), proc.Walk()); err != nil {
+		t.Fatal(err)
+	}
+	return tr
 }

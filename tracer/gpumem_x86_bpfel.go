@@ -322,6 +322,7 @@ const (
 	gpumemGpumemStackFlagGPUMEM_PY_READ_ERROR    gpumemGpumemStackFlag = 4
 	gpumemGpumemStackFlagGPUMEM_NATIVE_TRUNCATED gpumemGpumemStackFlag = 8
 	gpumemGpumemStackFlagGPUMEM_GRAPH_POOL       gpumemGpumemStackFlag = 16
+	gpumemGpumemStackFlagGPUMEM_PY_SENT_BEFORE   gpumemGpumemStackFlag = 32
 )
 
 type gpumemGpumemStackKey struct {
@@ -372,6 +373,7 @@ type gpumemPythonThread struct {
 	Python     uint8
 	Traced     uint8
 	_          [6]byte
+	Sent       [1024]uint64
 }
 
 type gpumemStackWindow struct {

@@ -42,6 +42,7 @@ type Tracer struct {
 	objs   objects
 	reader *ringbuf.Reader
 	record ringbuf.Record // Read's, reused
+	stacks sentStacks     // Read's
 	exit   link.Link
 
 	mu        sync.Mutex
@@ -563,9 +564,18 @@ func (t *Tracer) Read(ev *Event) error {
 		if err != nil {
 			return err
 		}
-		return decode(t.record.RawSample, ev)
+		if err := decode(t.record.RawSample, ev); err != nil {
+			return err
+		}
+		t.stacks.resolve(ev)
+		return nil
 	}
 }
+
+// NamedPyStacks counts the events Read returned whose Python frames the
+// BPF program named by those of an earlier event of the thread instead of
+// sending them. Like Read, it must not be called from two goroutines.
+func (t *Tracer) NamedPyStacks() uint64 { return t.stacks.named }
 
 // Flush makes Read return the events already sent, then ringbuf.ErrFlushed.
 func (t *Tracer) Flush() error { return t.reader.Flush() }

@@ -123,6 +123,11 @@ enum gpumem_stack_flag {
 	 * allocator (a CUDA graph's capture or warm-up), or by a checkpoint
 	 * restore (always of a graph's pool) */
 	GPUMEM_GRAPH_POOL = 16,
+	/* A tensor allocation whose Python frames are the ones its thread sent
+	 * whole before: pystack holds one entry, whose code is their hash
+	 * (python_stack_hash) and instr their count. gpumem names them again
+	 * from the earlier event; only gpumem attaches the tensor probes. */
+	GPUMEM_PY_SENT_BEFORE = 32,
 };
 
 /* gpumem_pyframe.flags */

@@ -65,6 +65,11 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
     python3 simwork.py dlopen  SIMWORK_CYCLES (default 5) cycles of: the driver loaded
                                (ctypes, as a framework loads it), cuInit, allocations
                                and frees, the driver unloaded (dlclose); expects totals
+    python3 simwork.py tensor_repeats
+                               tensors from three stacks, 50 each: 30 calls deep on a
+                               thread of its own (3072 bytes), then 30 and 10 deep in
+                               turn on the main thread (1024, 2048 bytes); expects
+                               frames3072= and so on, each stack's Python frames
 
 The tensor scenarios call the allocator straight from the named functions,
 as PyTorch code calls torch.empty: those are the innermost Python frames.
@@ -604,6 +609,48 @@ def generated_stacks():
         cuda_free(ptr, nbytes)
 
 
+# ---- tensor_repeats: each thread's stacks sent once, then named ----
+
+
+def python_depth():
+    """The caller's Python frames, as the walk counts them."""
+    frame, n = sys._getframe(1), 0
+    while frame:
+        frame, n = frame.f_back, n + 1
+    return n
+
+
+def tensor_at(depth, nbytes):
+    if depth > 0:
+        return tensor_at(depth - 1, nbytes)
+    ptr = ctypes.c_void_p()
+    if torch.simtorch_malloc(0, nbytes, ctypes.byref(ptr)):
+        raise MemoryError("tensor_at")
+    torch.simtorch_free(ptr.value)
+    return python_depth()
+
+
+REPEATS = 50
+
+
+def tensor_repeats():
+    """Three stacks, told by their tensors' sizes: one a thread of its own
+    takes, then two the main thread takes in turn."""
+    frames = {}
+
+    def repeat(depth, nbytes):
+        for _ in range(REPEATS):
+            frames[nbytes] = tensor_at(depth, nbytes)
+
+    thread = threading.Thread(target=repeat, args=(30, 3072))
+    thread.start()
+    thread.join()
+    for _ in range(REPEATS):
+        frames[1024] = tensor_at(30, 1024)
+        frames[2048] = tensor_at(10, 2048)
+    totals.update({f"frames{n}": d for n, d in frames.items()}, repeats=REPEATS)
+
+
 # ---- dlopen: the driver loaded and unloaded ----
 
 
@@ -625,7 +672,8 @@ def dlopen_cycles():
 
 def main():
     scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views,
-                 "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles}
+                 "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles,
+                 "tensor_repeats": tensor_repeats}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
