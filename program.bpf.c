@@ -86,21 +86,22 @@ struct {
 	__type(value, struct gpumem_python);
 } python_procs SEC(".maps");
 
+/* The Python stacks a thread's tensor allocations sent whole, by their hash
+ * (python_stack_hash): two ways of GPUMEM_PY_SENT_SETS sets, 8 KiB a
+ * thread. A tensor allocation whose stack is here names it instead
+ * (GPUMEM_PY_SENT_BEFORE): a training step's tensors come from the same
+ * few hundred stacks over and over, and a frame not sent is 32 bytes of
+ * the ring buffer not written (at depth 40 that saves about what the hash
+ * costs: bench/NOTES.md). A hash enters only once its event is in the ring
+ * buffer, ahead of every event that names it; user space keeps a
+ * process's stacks until it exits, and a thread's table goes with the
+ * thread. */
+#define GPUMEM_PY_SENT_SETS 512
+
 /* What a thread's allocations need of its process, kept with the thread:
  * task local storage, freed with it, whose lookup reads the task where
  * python_procs' and traced_pids' hashes cost about 80 ns an allocation
  * between them. */
-/* The Python stacks a thread's tensor allocations sent whole, by their hash
- * (python_stack_hash): two ways of GPUMEM_PY_SENT_SETS sets, 8 KiB a
- * thread. A tensor allocation whose stack is here names it instead
- * (GPUMEM_PY_SENT_BEFORE): copying a frame into the ring buffer costs
- * about what walking it does, and a training step's tensors come from the
- * same few hundred stacks over and over. A hash enters only once its
- * event is in the ring buffer, ahead of every event that names it; user
- * space keeps a process's stacks until it exits, and a thread's table
- * goes with the thread. */
-#define GPUMEM_PY_SENT_SETS 512
-
 struct python_thread {
 	struct gpumem_python py; /* the process's walk, when python */
 	__u64 tstate;            /* the thread's PyThreadState, checked before use; 0: not found */
@@ -1199,7 +1200,9 @@ static __always_inline bool walk_frame(struct walk_frames *c, struct gpumem_even
  * walk_window_frame needs besides the walk's state. Apart from struct
  * walk_frames, whose layout the other walking programs' verification
  * turns on (two fields more there take gpumem_leave from 69% to 84% of
- * the verifier's limit). */
+ * the verifier's limit). Both fields follow from py, computed once: from
+ * py in each frame's step, with or without a branch, gpumem_tensor passes
+ * the verifier's limit. */
 struct window_walk {
 	struct walk_frames c;
 	__u64 instr_mask; /* the instruction's bytes (py.instr_size) */

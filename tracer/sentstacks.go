@@ -51,12 +51,15 @@ func (s *sentStacks) keep(ev *Event) {
 }
 
 // name puts back the frames ev names. Frames it cannot find (a stack
-// never read: a bug) leave ev's Python stack empty and flagged broken.
+// never read, or a record not as program.bpf.c writes it: a bug) leave
+// ev's Python stack empty and flagged broken.
 func (s *sentStacks) name(ev *Event) {
 	ev.Flags &^= pySentBefore
-	hash, count := ev.PyFrames[0].Code, ev.PyFrames[0].Instr
-	frames, ok := s.byPID[ev.PID][hash]
-	if !ok || uint64(len(frames)) != count {
+	var frames []PyFrame
+	if len(ev.PyFrames) == 1 {
+		frames = s.byPID[ev.PID][ev.PyFrames[0].Code]
+	}
+	if len(frames) == 0 || uint64(len(frames)) != ev.PyFrames[0].Instr {
 		ev.PyFrames = ev.PyFrames[:0]
 		ev.Flags |= PyReadError
 		return

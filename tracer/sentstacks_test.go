@@ -77,3 +77,13 @@ func TestPyStackHashDistinguishes(t *testing.T) {
 		t.Errorf("hash %#x is even: 0 marks an empty slot", h)
 	}
 }
+
+// TestSentStacksMalformed: a name without its one entry is said broken.
+func TestSentStacksMalformed(t *testing.T) {
+	var s sentStacks
+	ev := Event{Op: memory.OpTensorAlloc, PID: 7, Flags: pySentBefore}
+	s.resolve(&ev)
+	if len(ev.PyFrames) != 0 || ev.Flags != PyReadError {
+		t.Errorf("frames %v flags %#x, want none and a broken chain", ev.PyFrames, ev.Flags)
+	}
+}
