@@ -17,6 +17,8 @@
 #   stop7  after the C stack's window too,
 #   stop8  after the data stack's window too
 #   stop9  the Python capture whole (6-9: no native capture, no record)
+#   stop10 stop9 with the stack's hash and its lookup in the thread's
+#          table of stacks sent before (no native capture, no record)
 #   stop11 stop9 with the walk made twice over the same frames
 #   stop21 the free whole; the allocation returns at its site
 #   stop22 the free returns at its site; the allocation after its header
@@ -30,7 +32,7 @@ set -euo pipefail
 out=$(realpath -m "${1:?usage: bench/breakdown/build.sh OUTDIR [N...]}")
 shift
 stops=("$@")
-[ ${#stops[@]} -gt 0 ] || stops=(1 2 3 4 5 6 7 8 9 11 21 22 23 24)
+[ ${#stops[@]} -gt 0 ] || stops=(1 2 3 4 5 6 7 8 9 10 11 21 22 23 24)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tree=$(mktemp -d)
 git -C "$root" worktree add -q --detach "$tree" HEAD
