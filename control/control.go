@@ -3,9 +3,12 @@
 // off while the agent and the process run (on a host without Kubernetes;
 // in a cluster, a pod's annotation does it). It speaks HTTP:
 //
-//	GET    /tensors            the tensor views, JSON
-//	PUT    /tensors/PID?for=D  on for process PID, for duration D (none: until off)
-//	DELETE /tensors/PID        off
+//	GET    /tensors                     the tensor views, JSON
+//	PUT    /tensors/PID?for=D&budget=S  on for process PID, for duration D (none:
+//	                                    until off), at most share S of its time
+//	                                    (none: the agent's --tensor-budget; 0: no
+//	                                    budget)
+//	DELETE /tensors/PID                 off
 package control
 
 import (
@@ -16,6 +19,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -30,7 +34,7 @@ const DefaultSocket = "/run/gpumem/control.sock"
 
 // Switch is what the socket drives: a profiler.
 type Switch interface {
-	SetTensors(pid int, until time.Time, by string) error
+	SetTensors(pid int, ask snapshot.TensorAsk) error
 	StopTensors(pid int) error
 	TensorViews() []snapshot.TensorView
 }
@@ -79,16 +83,24 @@ func Handler(s Switch) http.Handler {
 			http.Error(w, "not a PID: "+r.PathValue("pid"), http.StatusBadRequest)
 			return
 		}
-		var until time.Time
+		ask := snapshot.TensorAsk{By: snapshot.ByControl}
 		if d := r.URL.Query().Get("for"); d != "" {
 			length, err := time.ParseDuration(d)
 			if err != nil || length <= 0 {
 				http.Error(w, "for: want a positive duration, got "+d, http.StatusBadRequest)
 				return
 			}
-			until = time.Now().Add(length)
+			ask.Until = time.Now().Add(length)
 		}
-		if err := s.SetTensors(pid, until, snapshot.ByControl); err != nil {
+		if b := r.URL.Query().Get("budget"); b != "" {
+			share, err := snapshot.ParseBudget(b)
+			if err != nil {
+				http.Error(w, "budget: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			ask.Budget = &share
+		}
+		if err := s.SetTensors(pid, ask); err != nil {
 			http.Error(w, err.Error(), http.StatusConflict)
 		}
 	})
@@ -119,13 +131,21 @@ func Dial(path string) *Client {
 	}}}
 }
 
-// SetTensors switches process pid's tensor view on, for length (0: until off).
-func (c *Client) SetTensors(pid int, length time.Duration) error {
-	url := fmt.Sprintf("http://agent/tensors/%d", pid)
+// SetTensors switches process pid's tensor view on, for length (0: until
+// off), at most budget's share of its time (nil: the agent's budget).
+func (c *Client) SetTensors(pid int, length time.Duration, budget *float64) error {
+	q := url.Values{}
 	if length > 0 {
-		url += "?for=" + length.String()
+		q.Set("for", length.String())
 	}
-	return c.do(http.MethodPut, url, nil)
+	if budget != nil {
+		q.Set("budget", strconv.FormatFloat(*budget, 'g', -1, 64))
+	}
+	u := fmt.Sprintf("http://agent/tensors/%d", pid)
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	return c.do(http.MethodPut, u, nil)
 }
 
 // StopTensors switches process pid's tensor view off.

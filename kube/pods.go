@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // Pod is what the API server says of a pod.
@@ -23,15 +24,18 @@ type Pod struct {
 	Labels          map[string]string // the pod's labels
 	Containers      map[string]string // container ID -> container name
 	// Tensors: the pod asks for the tensor view (TensorsAnnotation "true"),
-	// until TensorsUntil if set (TensorsUntilAnnotation, RFC 3339).
-	Tensors      bool
-	TensorsUntil time.Time
+	// as TensorsAsk says (TensorsUntilAnnotation, TensorsBudgetAnnotation);
+	// TensorsErr: its annotations cannot be read.
+	Tensors    bool
+	TensorsAsk snapshot.TensorAsk
+	TensorsErr error
 }
 
 // The annotations by which a pod asks the agent for its tensor view.
 const (
-	TensorsAnnotation      = "gpu-mem.io/tensors"
-	TensorsUntilAnnotation = "gpu-mem.io/tensors-until"
+	TensorsAnnotation       = "gpu-mem.io/tensors"        // "true"
+	TensorsUntilAnnotation  = "gpu-mem.io/tensors-until"  // an RFC 3339 time
+	TensorsBudgetAnnotation = "gpu-mem.io/tensors-budget" // a share of the process's time ("0.25", "25%"), 0: none
 )
 
 // Pods keeps the pods of one node, from a list and watch of the API
@@ -256,10 +260,7 @@ func (w *watcher) apply(body io.Reader, version string) (string, error) {
 func (pod *apiPod) info() Pod {
 	info := Pod{Namespace: pod.Metadata.Namespace, Name: pod.Metadata.Name, Workload: pod.workload(),
 		Labels: pod.Metadata.Labels, Containers: map[string]string{}}
-	info.Tensors = pod.Metadata.Annotations[TensorsAnnotation] == "true"
-	if until, err := time.Parse(time.RFC3339, pod.Metadata.Annotations[TensorsUntilAnnotation]); err == nil {
-		info.TensorsUntil = until
-	}
+	info.Tensors, info.TensorsAsk, info.TensorsErr = tensorsAsked(pod.Metadata.Annotations)
 	for _, s := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
 		// containerd://ID, cri-o://ID, docker://ID
 		if _, id, ok := strings.Cut(s.ContainerID, "://"); ok && id != "" {
@@ -267,6 +268,37 @@ func (pod *apiPod) info() Pod {
 		}
 	}
 	return info
+}
+
+// tensorsAsked reads a pod's ask for its tensor view from its annotations;
+// an error (the pod asks, in words that cannot be read) names the
+// annotation.
+func tensorsAsked(annotations map[string]string) (bool, snapshot.TensorAsk, error) {
+	var ask snapshot.TensorAsk
+	v, ok := annotations[TensorsAnnotation]
+	if !ok {
+		return false, ask, nil
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		return true, ask, fmt.Errorf("%s: want true or false, got %q", TensorsAnnotation, v)
+	}
+	if !on {
+		return false, ask, nil
+	}
+	if v, ok := annotations[TensorsUntilAnnotation]; ok {
+		if ask.Until, err = time.Parse(time.RFC3339, v); err != nil {
+			return true, ask, fmt.Errorf("%s: want an RFC 3339 time (2026-12-02T10:00:00Z), got %q", TensorsUntilAnnotation, v)
+		}
+	}
+	if v, ok := annotations[TensorsBudgetAnnotation]; ok {
+		share, err := snapshot.ParseBudget(v)
+		if err != nil {
+			return true, ask, fmt.Errorf("%s: %w", TensorsBudgetAnnotation, err)
+		}
+		ask.Budget = &share
+	}
+	return true, ask, nil
 }
 
 // workload names what runs the pod: a Deployment (through its ReplicaSet,
@@ -295,10 +327,14 @@ func (p *Pods) Name(c container.Identity) container.Identity {
 }
 
 // TensorsWanted says whether the container's pod asks for the tensor view,
-// and until when (zero: while it asks); a profiler.TensorPolicy.
-func (p *Pods) TensorsWanted(c container.Identity) (time.Time, bool) {
+// and how; an error when it asks in annotations that cannot be read. A
+// profiler.TensorPolicy.
+func (p *Pods) TensorsWanted(c container.Identity) (snapshot.TensorAsk, bool, error) {
 	pod, ok := p.Lookup(c)
-	return pod.TensorsUntil, ok && pod.Tensors
+	if !ok || !pod.Tensors {
+		return snapshot.TensorAsk{}, false, nil
+	}
+	return pod.TensorsAsk, true, pod.TensorsErr
 }
 
 // Lookup returns what is known of the pod a container runs in.

@@ -178,7 +178,7 @@ func New(cfg Config) (*Profiler, error) {
 	}
 	p.scanner = discover.NewScanner(cfg.ProcRoot, driverID)
 	for _, pid := range cfg.TensorPIDs {
-		if err := p.SetTensors(pid, time.Time{}, snapshot.ByFlag); err != nil {
+		if err := p.SetTensors(pid, snapshot.TensorAsk{By: snapshot.ByFlag}); err != nil {
 			p.Close()
 			return nil, fmt.Errorf("tensor view of pid %d: %w", pid, err)
 		}

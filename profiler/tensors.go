@@ -32,10 +32,11 @@ const (
 )
 
 // TensorPolicy says whether a container's pod asks for the tensor view,
-// and until when (zero: until it stops asking); kube.Pods reads it from
-// the pod's annotations.
+// until when (zero: until it stops asking) and at what budget; kube.Pods
+// reads it from the pod's annotations. An error: the pod asks in words the
+// policy cannot read.
 type TensorPolicy interface {
-	TensorsWanted(container.Identity) (until time.Time, ok bool)
+	TensorsWanted(container.Identity) (ask snapshot.TensorAsk, ok bool, err error)
 }
 
 // tensorSwitch keeps the on-demand tensor views and their probes.
@@ -43,13 +44,15 @@ type tensorSwitch struct {
 	mu       sync.Mutex
 	views    map[uint32]*tensorView // on, waiting for their allocator, or ended (kept for the outputs)
 	budget   Budget
-	exceeded uint64 // views ended by the budget
+	exceeded uint64            // views ended by the budget
+	unread   map[uint32]string // processes whose pods ask in words that cannot be read, and why
 }
 
 type tensorView struct {
 	snapshot.TensorView
 	links    []io.Closer     // the allocators' probes
 	attached map[string]bool // library IDs
+	budget   Budget          // the switch's, with the view's own share
 	window   rateWindow      // the budget's
 }
 
@@ -67,11 +70,10 @@ var (
 	ErrTensorsAll = errors.New("the tensor view is on for every process (--tensors=all)")
 )
 
-// SetTensors switches process pid's tensor view on until until (zero: until
-// switched off), or extends one on; by says who asked (snapshot.ByControl, ...). Its
-// probes are attached at the next scan, or once the process loads
-// PyTorch's allocator.
-func (p *Profiler) SetTensors(pid int, until time.Time, by string) error {
+// SetTensors switches process pid's tensor view on as ask says, or changes
+// the end and budget of one on. Its probes are attached at the next scan,
+// or once the process loads PyTorch's allocator.
+func (p *Profiler) SetTensors(pid int, ask snapshot.TensorAsk) error {
 	switch p.cfg.Tensors {
 	case TensorsOff:
 		return ErrTensorsOff
@@ -81,17 +83,27 @@ func (p *Profiler) SetTensors(pid int, until time.Time, by string) error {
 	if pid <= 0 || gone(p.cfg.ProcRoot, pid) {
 		return fmt.Errorf("%w %d", ErrNoProcess, pid)
 	}
-	s := p.tensors
+	p.tensors.set(uint32(pid), ask, time.Now())
+	return nil
+}
+
+// set switches process pid's view on as ask says, asked at now, or
+// changes the end and budget of one on.
+func (s *tensorSwitch) set(pid uint32, ask snapshot.TensorAsk, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if v := s.views[uint32(pid)]; v != nil && v.Ended.IsZero() {
-		v.Until = until
-		return nil
+	budget := s.budget
+	budget.Share = s.share(ask)
+	if v := s.views[pid]; v != nil && v.Ended.IsZero() {
+		v.Until, v.budget, v.Budget = ask.Until, budget, budget.Share
+		return
 	}
-	s.views[uint32(pid)] = &tensorView{TensorView: snapshot.TensorView{PID: uint32(pid), By: by, Asked: time.Now(), Until: until},
-		attached: map[string]bool{}}
+	s.views[pid] = &tensorView{
+		TensorView: snapshot.TensorView{PID: pid, By: ask.By, Asked: now, Until: ask.Until, Budget: budget.Share},
+		attached:   map[string]bool{},
+		budget:     budget,
+	}
 	s.trimEnded()
-	return nil
 }
 
 // StopTensors switches process pid's tensor view off: its probes are
@@ -167,39 +179,99 @@ func (p *Profiler) updateTensors(now time.Time) {
 	}
 }
 
-// askByPods switches on the views of processes whose pods ask for one, and
-// off those of pods that stopped asking.
+// askByPods switches on the views of processes whose pods ask for one,
+// changes their end and budget as the pods do, and switches off those of
+// pods that stopped asking. A view its budget switched off stays off until
+// its pod asks again otherwise (another budget, another end).
 func (p *Profiler) askByPods(now time.Time) {
 	policy, ok := p.cfg.Pods.(TensorPolicy)
 	if !ok {
 		return
 	}
-	asked := map[uint32]time.Time{}
+	asked := map[uint32]snapshot.TensorAsk{}
+	unread := map[uint32]string{}
 	for pid, c := range p.procs.containers() {
-		if until, ok := policy.TensorsWanted(c); ok && (until.IsZero() || until.After(now)) {
-			asked[pid] = until
+		ask, ok, err := policy.TensorsWanted(c)
+		switch {
+		case err != nil:
+			unread[pid] = err.Error()
+		case ok && (ask.Until.IsZero() || ask.Until.After(now)):
+			ask.By = snapshot.ByAnnotation
+			asked[pid] = ask
 		}
+	}
+	for pid, why := range p.tensors.unreadAsks(unread) {
+		p.cfg.Logf("pid %d: tensor view not switched on: its pod's annotations: %s", pid, why)
 	}
 	for _, v := range p.tensors.list() {
 		if _, still := asked[v.PID]; v.By == snapshot.ByAnnotation && v.Ended.IsZero() && !still {
 			p.endTensors(v.PID, "the pod's annotation is gone", false)
 		}
 	}
-	for pid, until := range asked {
-		if p.tensors.isOn(pid) {
-			continue
-		}
-		if err := p.SetTensors(int(pid), until, snapshot.ByAnnotation); err == nil {
-			p.cfg.Logf("pid %d: tensor view asked by its pod", pid)
+	for pid, ask := range asked {
+		switch p.tensors.answer(pid, ask) {
+		case askNew:
+			if err := p.SetTensors(int(pid), ask); err == nil {
+				p.cfg.Logf("pid %d: tensor view asked by its pod", pid)
+			}
+		case askChanged:
+			if err := p.SetTensors(int(pid), ask); err == nil {
+				p.cfg.Logf("pid %d: tensor view's end or budget changed by its pod", pid)
+			}
 		}
 	}
 }
 
-func (s *tensorSwitch) isOn(pid uint32) bool {
+// What a pod's ask is to a process's view.
+type askAnswer int
+
+const (
+	askHeld    askAnswer = iota // the view is on as asked, or the budget ended it and the ask is the same
+	askNew                      // no view on: switch one on
+	askChanged                  // the pod's view is on, with another end or budget
+)
+
+func (s *tensorSwitch) answer(pid uint32, ask snapshot.TensorAsk) askAnswer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := s.views[pid]
-	return v != nil && v.Ended.IsZero()
+	if v == nil || v.By != snapshot.ByAnnotation {
+		if v != nil && v.Ended.IsZero() {
+			return askHeld // on by a flag or the control socket
+		}
+		return askNew
+	}
+	same := v.Until.Equal(ask.Until) && v.Budget == s.share(ask)
+	switch {
+	case v.Ended.IsZero() && same, v.OverBudget && same:
+		return askHeld
+	case v.Ended.IsZero():
+		return askChanged
+	}
+	return askNew
+}
+
+// share is the budget's share a view asked so gets.
+func (s *tensorSwitch) share(ask snapshot.TensorAsk) float64 {
+	if ask.Budget != nil {
+		return *ask.Budget
+	}
+	return s.budget.Share
+}
+
+// unreadAsks keeps the processes whose pods' asks could not be read, and
+// returns those whose reason is new: each is said once.
+func (s *tensorSwitch) unreadAsks(unread map[uint32]string) map[uint32]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	news := map[uint32]string{}
+	for pid, why := range unread {
+		if s.unread[pid] != why {
+			news[pid] = why
+		}
+	}
+	s.unread = unread
+	return news
 }
 
 type endingView struct {
@@ -301,6 +373,10 @@ func (p *Profiler) endTensors(pid uint32, why string, overBudget bool) bool {
 			p.books.endTensorView(pid, bpfNow())
 		}
 	}
+	if overBudget {
+		why += fmt.Sprintf("; a budget of its own keeps it on: gpumem tensors on %d --budget SHARE, "+
+			"or the pod's gpu-mem.io/tensors-budget annotation", pid)
+	}
 	p.cfg.Logf("pid %d: tensor view off: %s", pid, why)
 	return true
 }
@@ -332,7 +408,7 @@ func (s *tensorSwitch) overBudget(now time.Time, allocs map[uint32]uint64) []end
 		if !v.Ended.IsZero() || v.Since.IsZero() {
 			continue
 		}
-		if why, ok := v.window.check(s.budget, now, allocs[pid], "tensor"); ok {
+		if why, ok := v.window.check(v.budget, now, allocs[pid], "tensor"); ok {
 			over = append(over, endingView{pid, why})
 		}
 	}

@@ -23,3 +23,18 @@ func TestTensorViewString(t *testing.T) {
 		}
 	}
 }
+
+// TestParseBudget: a share or a percentage, from 0 to 1, read exactly;
+// anything else refused.
+func TestParseBudget(t *testing.T) {
+	for in, want := range map[string]float64{"0.25": 0.25, "25%": 0.25, " 2% ": 0.02, "0": 0, "1": 1, "100%": 1} {
+		if got, err := ParseBudget(in); err != nil || got != want {
+			t.Errorf("ParseBudget(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "lots", "-0.1", "1.5", "150%", "NaN", "5%%"} {
+		if got, err := ParseBudget(in); err == nil {
+			t.Errorf("ParseBudget(%q) = %v, want an error", in, got)
+		}
+	}
+}

@@ -65,7 +65,7 @@ func TestTensorViewOnDemand(t *testing.T) {
 	s.waitLogs(fmt.Sprintf("pid %d: Python", on.pid), fmt.Sprintf("pid %d: Python", off.pid))
 	on.early()
 	off.early()
-	if err := s.p.SetTensors(on.pid, time.Time{}, snapshot.ByControl); err != nil {
+	if err := s.p.SetTensors(on.pid, snapshot.TensorAsk{By: snapshot.ByControl}); err != nil {
 		t.Fatal(err)
 	}
 	s.waitLog(fmt.Sprintf("pid %d: tensor view on since", on.pid))
@@ -257,12 +257,12 @@ func TestTensorsCommand(t *testing.T) {
 		return string(out), err
 	}
 	w.early()
-	if out, err := tensors("on", strconv.Itoa(w.pid), "--for", "1h"); err != nil {
+	if out, err := tensors("on", strconv.Itoa(w.pid), "--for", "1h", "--budget", "25%"); err != nil {
 		t.Fatalf("on: %v %s", err, out)
 	}
 	agent.waitStderr(fmt.Sprintf("pid %d: tensor view on since", w.pid))
 	out, err := tensors("list")
-	if err != nil || !strings.Contains(out, fmt.Sprintf("%d  control", w.pid)) {
+	if err != nil || !strings.Contains(out, fmt.Sprintf("%d  control  25%%", w.pid)) {
 		t.Errorf("list: %v\n%s", err, out)
 	}
 	for _, c := range []struct {
@@ -273,6 +273,7 @@ func TestTensorsCommand(t *testing.T) {
 		{[]string{"on", "x"}, `not a PID: "x"`},
 		{[]string{"on"}, "on needs a PID"},
 		{[]string{"on", strconv.Itoa(w.pid), "--for", "-1s"}, "--for: want a positive duration"},
+		{[]string{"on", strconv.Itoa(w.pid), "--budget", "lots"}, `--budget: want a share of the process's time from 0 (no budget) to 1, or a percentage, got "lots"`},
 	} {
 		if out, err := tensors(c.args...); err == nil || !strings.Contains(out, c.want) {
 			t.Errorf("tensors %v: %v %q, want %q", c.args, err, out, c.want)

@@ -318,6 +318,10 @@ func serveMetrics(ctx context.Context, addr string, books metrics.Collector, exp
 	return nil
 }
 
+// The profiler finds the pods' asks for tensor views by this interface
+// (a type assertion): kube.Pods must keep implementing it.
+var _ profiler.TensorPolicy = (*kube.Pods)(nil)
+
 // watchPods names pods from the API server, when there is one.
 func (o *agentOptions) watchPods(ctx context.Context) (*kube.Pods, error) {
 	cfg, err := kube.Config(o.kubeconfig)

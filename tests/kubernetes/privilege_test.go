@@ -226,6 +226,21 @@ func (p *process) waitSaid(t *testing.T, wants ...string) {
 	}
 }
 
+// saidTimes is every line so far that contains want.
+func (p *process) saidTimes(want string) []string {
+	return slices.DeleteFunc(p.said(), func(line string) bool { return !strings.Contains(line, want) })
+}
+
+// waitSaidTimes waits until the process has said n lines containing want.
+func (p *process) waitSaidTimes(t *testing.T, want string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(hangLimit); len(p.saidTimes(want)) < n; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("said %q %d times, want %d", want, len(p.saidTimes(want)), n)
+		}
+	}
+}
+
 // stop interrupts the process and waits for it and its last lines.
 func (p *process) stop(t *testing.T) {
 	t.Helper()

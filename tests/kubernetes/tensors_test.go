@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -22,21 +25,9 @@ import (
 // annotated gpu-mem.io/tensors: "true", from then on exactly, and off when
 // the annotation goes, through a real API server's watch.
 func TestTensorViewByAnnotation(t *testing.T) {
-	c := startCluster(t)
-	pod := trainerPod(t, c)
-	agent, driver := startAgentFirst(t, 2, func(args ...string) *process {
-		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
-	}, "--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
-		"--pyroscope-interval", "200ms", "--control-socket", filepath.Join(t.TempDir(), "control.sock"))
-	url := agent.saidValue(t, "serving metrics at ")
-
-	w := start(t, append([]string{"SIMTORCH_LIB=" + filepath.Join(root, "build/sim/libc10_cuda.so")}, driver.pyEnv...),
-		"/root/.pyenv/versions/3.12.1/bin/python3.12", filepath.Join(root, "tests/workloads/simwork.py"), "tensor_late")
-	if !w.out.Scan() {
-		t.Fatal("workload did not start")
-	}
-	pid := w.cmd.Process.Pid
-	cgrouptest.InContainer(t, pid, string(pod.UID), containerID)
+	tr := startTrainerAgent(t, "--pyroscope-interval", "200ms")
+	c, pod, agent, url := tr.cluster, tr.pod, tr.agent, tr.metrics
+	w, pid := tr.workload(t, "tensor_late")
 	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors":"true"}}}`)
 	fmt.Fprintln(w.stdin)
 	if !w.out.Scan() || w.out.Text() != "early" {
@@ -66,6 +57,88 @@ func TestTensorViewByAnnotation(t *testing.T) {
 	if live := tensorLive(families, pid); live != 0 {
 		t.Errorf("switched off, the tensor view still holds %v bytes", live)
 	}
+}
+
+// TestTensorBudgetByAnnotation: a pod's tensor view that costs its process
+// more than the agent's budget is switched off once, said with the numbers,
+// and stays off while the pod asks the same; the pod's own budget
+// (gpu-mem.io/tensors-budget) switches it on again and keeps it on at that
+// cost. An annotation the agent cannot read is said, not taken for
+// another ask.
+func TestTensorBudgetByAnnotation(t *testing.T) {
+	// 200 tensors a second (simwork's tensor_steady) at 1 ms each: 20% of
+	// a thread, over the 2% budget.
+	tr := startTrainerAgent(t, "--tensor-pair-cost", "1ms")
+	c, pod, agent, url := tr.cluster, tr.pod, tr.agent, tr.metrics
+	w, pid := tr.workload(t, "tensor_steady", "SIMWORK_RATE=200")
+	fmt.Fprintln(w.stdin)
+	asked := fmt.Sprintf("pid %d: tensor view asked by its pod", pid)
+	over := fmt.Sprintf("pid %d: tensor view off: over budget: ", pid)
+
+	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors":"true","gpu-mem.io/tensors-until":"tomorrow"}}}`)
+	agent.waitSaid(t, fmt.Sprintf("pid %d: tensor view not switched on: its pod's annotations: gpu-mem.io/tensors-until: "+
+		`want an RFC 3339 time (2026-12-02T10:00:00Z), got "tomorrow"`, pid))
+	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors-until":null}}}`)
+	agent.waitSaid(t, asked, over)
+	if said := agent.saidTimes(over); !strings.Contains(said[0], "more than 2.0%; a budget of its own keeps it on") {
+		t.Errorf("said %q", said[0])
+	}
+	// Two budget windows (5 s each) later, the same ask has not switched
+	// it on again.
+	time.Sleep(11 * time.Second)
+	if n := len(agent.saidTimes(asked)); n != 1 {
+		t.Fatalf("the pod's view switched on %d times, want once", n)
+	}
+
+	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors-budget":"50%"}}}`)
+	agent.waitSaidTimes(t, asked, 2)
+	agent.waitSaidTimes(t, fmt.Sprintf("pid %d: tensor view on since", pid), 2)
+	time.Sleep(11 * time.Second)
+	if n := len(agent.saidTimes(over)); n != 1 {
+		t.Errorf("the view was switched off by the budget %d times, want once: the pod's 50%% holds 20%%", n)
+	}
+	families := metricstest.ScrapeUntil(t, url, hangLimit, func(m map[string]*dto.MetricFamily) bool {
+		return len(m[metrics.TensorViewSinceName].GetMetric()) == 1
+	})
+	if n := counter(families, metrics.TensorBudgetExceededName); n != 1 {
+		t.Errorf("%s %v, want 1", metrics.TensorBudgetExceededName, n)
+	}
+	fmt.Fprintln(w.stdin)
+}
+
+// trainer is the trainer's pod in a cluster, with the agent started
+// first, as the chart runs it (the tensor view on demand).
+type trainer struct {
+	cluster *cluster
+	pod     *corev1.Pod
+	agent   *process
+	driver  agentDriver
+	metrics string // the agent's metrics' URL
+}
+
+func startTrainerAgent(t *testing.T, args ...string) *trainer {
+	t.Helper()
+	tr := &trainer{cluster: startCluster(t)}
+	tr.pod = trainerPod(t, tr.cluster)
+	tr.agent, tr.driver = startAgentFirst(t, 2, func(args ...string) *process {
+		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
+	}, append([]string{"--kubeconfig", tr.cluster.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
+		"--control-socket", filepath.Join(t.TempDir(), "control.sock")}, args...)...)
+	tr.metrics = tr.agent.saidValue(t, "serving metrics at ")
+	return tr
+}
+
+// workload starts simwork.py's scenario in the trainer's container, with
+// env, once it said it is ready.
+func (tr *trainer) workload(t *testing.T, scenario string, env ...string) (*process, int) {
+	t.Helper()
+	env = append(append(env, "SIMTORCH_LIB="+filepath.Join(root, "build/sim/libc10_cuda.so")), tr.driver.pyEnv...)
+	w := start(t, env, "/root/.pyenv/versions/3.12.1/bin/python3.12", filepath.Join(root, "tests/workloads/simwork.py"), scenario)
+	if !w.out.Scan() {
+		t.Fatal("workload did not start")
+	}
+	cgrouptest.InContainer(t, w.cmd.Process.Pid, string(tr.pod.UID), containerID)
+	return w, w.cmd.Process.Pid
 }
 
 func annotate(t *testing.T, c *cluster, name, patch string) {

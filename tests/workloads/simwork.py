@@ -651,6 +651,20 @@ def tensor_repeats():
     totals.update({f"frames{n}": d for n, d in frames.items()}, repeats=REPEATS)
 
 
+def tensor_steady():
+    """A tensor made and freed SIMWORK_RATE times a second (200) until a
+    line on stdin."""
+    rate = int(os.environ.get("SIMWORK_RATE", "200"))
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    start, n = time.monotonic(), 0
+    while not stop.is_set():
+        tensor_at(0, 4096)
+        n += 1
+        stop.wait(max(0.0, start + n / rate - time.monotonic()))
+    totals["tensors"] = n
+
+
 # ---- dlopen: the driver loaded and unloaded ----
 
 
@@ -673,7 +687,7 @@ def dlopen_cycles():
 def main():
     scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views,
                  "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles,
-                 "tensor_repeats": tensor_repeats}
+                 "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
