@@ -30,7 +30,10 @@ tensor_program() {
 runs() {
 	"$1" agent --library "$sim/libcuda.so.1" --tensors=all --metrics-address "" --nvml-library "" 2>"$out/agent.log" &
 	local agent=$!
-	until grep -q "attached to" "$out/agent.log"; do sleep 0.1; done
+	until grep -q "attached to" "$out/agent.log"; do
+		kill -0 $agent 2>/dev/null || { echo "$1: the agent ended before attaching:" >&2; cat "$out/agent.log" >&2; exit 1; }
+		sleep 0.1
+	done
 	coproc W { "$python" "$root/bench/tensorruns/pairs.py" "$2"; }
 	read -r _ <&"${W[0]}"
 	echo >&"${W[1]}"
