@@ -71,9 +71,15 @@ func main() {
 		{"discovery", "Discovery against the processes on the node", discoveryCost},
 		{"nvml", "Reading NVML", func() string { return nvmlCost(root) }},
 	} {
-		if *only == "" || *only == s.name {
+		switch *only {
+		case "":
 			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
 			section(&report, s.title, s.run())
+		case s.name:
+			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
+			check(replaceSection(*out, s.title, s.run()))
+			fmt.Fprintf(os.Stderr, "bench: wrote its section of %s\n", *out)
+			return
 		}
 	}
 	report.WriteString(soakSection(root))
@@ -93,6 +99,31 @@ func header(w io.Writer) {
 
 func section(w *strings.Builder, title, body string) {
 	fmt.Fprintf(w, "\n## %s\n\n%s", title, body)
+}
+
+// replaceSection puts body in place of section title of the results in
+// file, measured alone (-only), and keeps every other section as it was.
+func replaceSection(file, title, body string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("results to update: %w", err)
+	}
+	text := string(data)
+	heading := "\n## " + title + "\n"
+	start := strings.Index(text, heading)
+	if start < 0 {
+		return fmt.Errorf("%s has no section %q: run make bench for the whole file", file, title)
+	}
+	end := len(text)
+	if next := strings.Index(text[start+len(heading):], "\n## "); next >= 0 {
+		end = start + len(heading) + next
+	}
+	var b strings.Builder
+	b.WriteString(text[:start])
+	section(&b, title, fmt.Sprintf("Measured %s on %s, by `go run ./bench -only %s`; `make bench` runs it with the rest.\n\n%s",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), machine.Describe(), *only, body))
+	b.WriteString(text[end:])
+	return os.WriteFile(file, []byte(b.String()), 0o644)
 }
 
 // runWorkload runs a workload to completion (SIMWORK_NOWAIT) and returns its
