@@ -1242,6 +1242,12 @@ static __always_inline bool walk_window_frame(struct window_walk *ww, struct gpu
  * what reading a frame from the window does. */
 #define GPUMEM_PY_FRAMES_PER_STEP 4
 
+/* Frames one step of the window's walk takes: its frames cost a third of
+ * walk_frame's instructions, so that in torch's process a step's call and
+ * lookups weigh more (8: 412 against 466 ns a run on an H100 machine,
+ * BENCHMARKS.md). 16 take gpumem_tensor past the verifier's limit. */
+#define GPUMEM_PY_WINDOW_FRAMES_PER_STEP 8
+
 /* walk_buffers finds what a step of a walk reads and writes: this CPU's
  * scratch event and stack window; false when one is missing. */
 static __always_inline bool walk_buffers(struct gpumem_event **e, struct stack_window **w)
@@ -1258,7 +1264,7 @@ static long walk_window_step(__u64 index, struct window_walk *ww)
 	struct stack_window *w;
 	if (!walk_buffers(&e, &w))
 		return 1;
-	for (int i = 0; i < GPUMEM_PY_FRAMES_PER_STEP; i++)
+	for (int i = 0; i < GPUMEM_PY_WINDOW_FRAMES_PER_STEP; i++)
 		if (!walk_window_frame(ww, e, w))
 			return 1;
 	return 0;
@@ -1273,7 +1279,7 @@ static __always_inline void walk_window(struct walk_frames *c)
 		.instr_mask = c->py.instr_size == 4 ? 0xffffffff : ~0ULL,
 		.entry_flag = c->py.frame_is_entry != GPUMEM_PY_NO_FIELD ? GPUMEM_PYFRAME_ENTRY : 0,
 	};
-	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_FRAMES_PER_STEP, walk_window_step, &ww, 0);
+	bpf_loop(GPUMEM_MAX_PY_WALK / GPUMEM_PY_WINDOW_FRAMES_PER_STEP, walk_window_step, &ww, 0);
 	*c = ww.c;
 }
 
