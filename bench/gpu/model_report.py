@@ -54,11 +54,12 @@ def main():
     f = open(out, "w")
     f.write("\n## A real model on the GPU\n\n")
     first = runs[0][1]["none"][0]
-    f.write("A transformers Llama built from a config on an H200 (8 layers, hidden 2048, 16 heads, bf16), "
+    f.write("A transformers Llama (8 layers, hidden 2048, 16 heads, bf16) built from a config on an H200 (the runs in "
+            "`h100/` on an H100 machine), "
             f"{int(first['allocs_step'])} tensor allocations a training step (batch 4 x 512, AdamW) and "
             f"{first['allocs_token']:.0f} a decoded token (greedy, batch 1), by torch's own counter. Every mode is "
             "measured in ONE Python process, the agent started before each window and stopped after it, the modes rotated "
-            "from round to round (`bench/gpu/model.sh`; raw lines in `bench/gpu/h200/`), the model's main thread on a "
+            "from round to round (`bench/gpu/model.sh`; raw lines in `bench/gpu/h200/` and `h100/`), the model's main thread on a "
             "CPU of its own, the agent on the others. Each run is one process; medians of its rounds, spread in "
             "brackets.\n")
     ratios = [run(f, path, rows) for path, rows in runs]
@@ -76,7 +77,7 @@ def run(f, path, rows):
     base = rows["none"]
     step0, tok0 = med(base, "step_ms")[0], med(base, "tok_s")[0]
     d5_0, d40_0 = med(base, "us_d5")[0], med(base, "us_d40")[0]
-    f.write(f"\n### `{path.split('/')[-1]}`: {len(base)} rounds\n\n")
+    f.write(f"\n### `{'/'.join(path.split('/')[-2:])}`: {len(base)} rounds\n\n")
     for note in notes(path):
         f.write(note + "\n\n")
     f.write("| agent | training step, ms | vs none | decode, tokens/s | vs none | BPF run time per program run |\n")
