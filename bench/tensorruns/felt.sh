@@ -19,15 +19,7 @@ shift
 sysctl -qw kernel.bpf_stats_enabled=1
 out=$(mktemp -d)
 
-# run_time PID: the run time per run of the program PID holds that ran
-# for every pair (100,000 runs at least).
-run_time() {
-	local f
-	for f in /proc/"$1"/fdinfo/*; do
-		grep -q '^prog_type' "$f" 2>/dev/null || continue
-		awk '/^run_cnt/ {runs = $2} /^run_time_ns/ {ns = $2} END {if (runs >= 100000) print int(ns / runs)}' "$f"
-	done
-}
+source "$root/bench/tensorruns/runtime.sh"
 
 # start MODE: starts what MODE traces with (none: nothing) and waits until
 # it is attached; its PID in tracer.
@@ -58,7 +50,7 @@ measure() {
 	read -r _ ns <&"${W[0]}"
 	wait "$loop"
 	if [ -n "$tracer" ]; then
-		runs=$(run_time "$tracer")
+		runs=$(run_time "$tracer" "${N:-100000}")
 		kill -INT "$tracer"
 		wait "$tracer" || true
 	fi

@@ -16,15 +16,7 @@ python=${PYTHON:-python3}
 sysctl -qw kernel.bpf_stats_enabled=1
 out=$(mktemp -d)
 
-# tensor_program PID: the run time per run of the one program agent PID
-# ran for every pair (gpumem_tensor), from its file descriptor's fdinfo.
-tensor_program() {
-	local f
-	for f in /proc/"$1"/fdinfo/*; do
-		grep -q '^prog_type' "$f" 2>/dev/null || continue
-		awk '/^run_cnt/ {runs = $2} /^run_time_ns/ {ns = $2} END {if (runs >= 200000) print int(ns / runs)}' "$f"
-	done
-}
+source "$root/bench/tensorruns/runtime.sh"
 
 # runs GPUMEM DEPTH: the run time per run of the agent's gpumem_tensor.
 runs() {
@@ -38,7 +30,7 @@ runs() {
 	read -r _ <&"${W[0]}"
 	echo >&"${W[1]}"
 	read -r _ <&"${W[0]}"
-	tensor_program $agent
+	run_time $agent 200000
 	kill -INT $agent
 	wait $agent || true
 }
