@@ -6,7 +6,7 @@
 # rounds (default 3) of: no agent, the floor (bench/usdtfloor's empty
 # programs on the same USDT sites, built at USDTFLOOR), then each build's
 # agent with --tensors=all; the agent on CPU 0, the loop on CPU 1. DEPTH
-# (default 40), PAIRS_STACK, PAIRS_TOUCH and N as pairs.py says. Prints
+# (default 40), PAIRS_STACK, PAIRS_TOUCH, PAIRS_WORK and N as pairs.py says. Prints
 # "mode=... ns_per_pair=... ns_per_run=..." lines. As root, after make
 # build and make sim. Usage: bench/tensorruns/felt.sh USDTFLOOR GPUMEM...
 set -euo pipefail

@@ -11,13 +11,20 @@ PAIRS_TOUCH (bytes, default 0) is written after each allocation and each
 free, so that the programs find the caches and the TLB as cold as a real
 workload leaves them between two tensors (torch's process on the GPU
 machine: bench/NOTES.md); the pairs' own time then means nothing, only
-the programs' run time does.
+the programs' run time does. PAIRS_WORK (default 0) runs that many rounds
+of a long and varied code path (json, re, sorting: much of the
+interpreter's and its libraries' code) after each allocation and each
+free, as a model's code runs between two tensors, so that felt.sh's time a
+pair tells what a pair costs the code around it, its instruction caches
+included.
 Prints "ready PID", waits for a line, makes one pair and waits 2 s (the
 agent attaches the allocator's probes at the process's first driver call),
 then makes N pairs at DEPTH Python frames and prints "ns_per_pair X".
 """
 import ctypes
+import json
 import os
+import re
 import sys
 import time
 
@@ -27,6 +34,16 @@ import simwork  # noqa: E402
 
 TOUCH = int(os.environ.get("PAIRS_TOUCH", "0"))
 touched = ctypes.create_string_buffer(max(TOUCH, 1))  # what a workload does between two probes
+WORK = int(os.environ.get("PAIRS_WORK", "0"))
+RECORD = {"layers": [{"name": f"layer{i}", "shape": [i, 2 * i], "dtype": "bf16"} for i in range(8)]}
+
+
+def work():
+    for _ in range(WORK):
+        text = json.dumps(RECORD)
+        names = re.findall(r"layer\d+", text)
+        sorted(json.loads(text)["layers"], key=lambda layer: layer["shape"][1], reverse=True)
+        "-".join(names).upper().split("-")
 
 
 def pairs(n):
@@ -36,9 +53,11 @@ def pairs(n):
         simwork.torch.simtorch_malloc(0, 4096, ctypes.byref(p))
         if TOUCH:
             ctypes.memset(touched, 1, TOUCH)
+        work()
         simwork.torch.simtorch_free(p)
         if TOUCH:
             ctypes.memset(touched, 2, TOUCH)
+        work()
     return time.perf_counter() - start
 
 
