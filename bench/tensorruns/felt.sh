@@ -21,6 +21,10 @@ out=$(mktemp -d)
 
 source "$root/bench/tensorruns/runtime.sh"
 
+# A tracer left attached would run beside every later measurement.
+tracer=
+trap '[ -z "$tracer" ] || kill -INT "$tracer" 2>/dev/null' EXIT
+
 # start MODE: starts what MODE traces with (none: nothing) and waits until
 # it is attached; its PID in tracer.
 start() {
@@ -53,6 +57,7 @@ measure() {
 		runs=$(run_time "$tracer" "${N:-100000}")
 		kill -INT "$tracer"
 		wait "$tracer" || true
+		tracer=
 	fi
 	echo "mode=$1 depth=${DEPTH:-40} touch=${PAIRS_TOUCH:-0} ns_per_pair=${ns%.*} ns_per_run=$runs"
 }

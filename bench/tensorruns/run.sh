@@ -22,6 +22,9 @@ source "$root/bench/tensorruns/runtime.sh"
 runs() {
 	"$1" agent --library "$sim/libcuda.so.1" --tensors=all --metrics-address "" --nvml-library "" 2>"$out/agent.log" &
 	local agent=$!
+	# runs is a subshell of its own ($(...)): an agent left attached when
+	# it fails would run beside every later measurement.
+	trap "kill -INT $agent 2>/dev/null" EXIT
 	until grep -q "attached to" "$out/agent.log"; do
 		kill -0 $agent 2>/dev/null || { echo "$1: the agent ended before attaching:" >&2; cat "$out/agent.log" >&2; exit 1; }
 		sleep 0.1
