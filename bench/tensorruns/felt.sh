@@ -19,28 +19,25 @@ shift
 sysctl -qw kernel.bpf_stats_enabled=1
 out=$(mktemp -d)
 
-source "$root/bench/tensorruns/runtime.sh"
-
-# A tracer left attached would run beside every later measurement.
-tracer=
-trap '[ -z "$tracer" ] || kill -INT "$tracer" 2>/dev/null' EXIT
+source "$root/bench/tensorruns/agent.sh"
 
 # start MODE: starts what MODE traces with (none: nothing) and waits until
-# it is attached; its PID in tracer.
+# it is attached; its PID in tracer, stopped when this shell exits.
 start() {
 	tracer=
 	case $1 in
-	none) return ;;
+	none) ;;
 	floor)
 		taskset -c 0 "$floor" "$sim/libc10_cuda.so" >"$out/attach.log" 2>&1 &
+		tracer=$!
+		trap "kill -INT $tracer 2>/dev/null" EXIT
 		until grep -q attached "$out/attach.log"; do sleep 0.1; done
 		;;
 	*)
-		taskset -c 0 "$1" agent --library "$sim/libcuda.so.1" --tensors=all --metrics-address "" --nvml-library "" 2>"$out/attach.log" &
-		until grep -q "attached to" "$out/attach.log"; do sleep 0.1; done
+		start_agent "$out/attach.log" taskset -c 0 "$1"
+		tracer=$agent
 		;;
 	esac
-	tracer=$!
 }
 
 # measure MODE: one window of pairs.py under MODE.
@@ -57,7 +54,6 @@ measure() {
 		runs=$(run_time "$tracer" "${N:-100000}")
 		kill -INT "$tracer"
 		wait "$tracer" || true
-		tracer=
 	fi
 	echo "mode=$1 depth=${DEPTH:-40} touch=${PAIRS_TOUCH:-0} ns_per_pair=${ns%.*} ns_per_run=$runs"
 }

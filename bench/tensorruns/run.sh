@@ -16,19 +16,11 @@ python=${PYTHON:-python3}
 sysctl -qw kernel.bpf_stats_enabled=1
 out=$(mktemp -d)
 
-source "$root/bench/tensorruns/runtime.sh"
+source "$root/bench/tensorruns/agent.sh"
 
 # runs GPUMEM DEPTH: the run time per run of the agent's gpumem_tensor.
 runs() {
-	"$1" agent --library "$sim/libcuda.so.1" --tensors=all --metrics-address "" --nvml-library "" 2>"$out/agent.log" &
-	local agent=$!
-	# runs is a subshell of its own ($(...)): an agent left attached when
-	# it fails would run beside every later measurement.
-	trap "kill -INT $agent 2>/dev/null" EXIT
-	until grep -q "attached to" "$out/agent.log"; do
-		kill -0 $agent 2>/dev/null || { echo "$1: the agent ended before attaching:" >&2; cat "$out/agent.log" >&2; exit 1; }
-		sleep 0.1
-	done
+	start_agent "$out/agent.log" "$1"
 	coproc W { "$python" "$root/bench/tensorruns/pairs.py" "$2"; }
 	read -r _ <&"${W[0]}"
 	echo >&"${W[1]}"
