@@ -55,7 +55,7 @@ func TestStockIGDashboardMetrics(t *testing.T) {
 	}
 	classNames := enumNames(t, spec, "gpumem_mem_class")
 
-	pid, reads := runKindsReading(t, coll)
+	pid, reads := runKindsReading(t, coll, lib)
 
 	addr := freeAddress(t)
 	globals := apihelpers.ToParamDescs(otelmetrics.Operator.GlobalParams()).ToParams()
@@ -137,7 +137,7 @@ func TestStockIGDashboardMetrics(t *testing.T) {
 func TestStockIGIteratorEmptiesProcesses(t *testing.T) {
 	spec, coll, lib := loadStockIG(t)
 	attachPerFunction(t, spec, coll, lib)
-	w, stdin := startKinds(t)
+	w, stdin := startKinds(t, lib)
 	defer w.Process.Kill()
 	pid := uint32(w.Process.Pid)
 	keys, _ := readAndDelete[gpumemGpumemProcessKey, gpumemGpumemProcess](t, coll.Maps["processes"])
@@ -162,8 +162,8 @@ func TestStockIGIteratorEmptiesProcesses(t *testing.T) {
 
 // runKindsReading runs the kinds scenario and reads class_stats as IG's
 // iterator does: once when the scenario is done, once after the exit.
-func runKindsReading(t *testing.T, coll *ebpf.Collection) (uint32, [][]classRead) {
-	w, stdin := startKinds(t)
+func runKindsReading(t *testing.T, coll *ebpf.Collection, lib string) (uint32, [][]classRead) {
+	w, stdin := startKinds(t, lib)
 	defer w.Process.Kill()
 	pid := uint32(w.Process.Pid)
 	stdin.run()

@@ -23,7 +23,7 @@ import (
 func TestStockIGPath(t *testing.T) {
 	spec, coll, lib := loadStockIG(t)
 	attachPerFunction(t, spec, coll, lib)
-	checkKinds(t, coll)
+	checkKinds(t, coll, lib)
 }
 
 // TestStockIGSweepsExitedAllocations fills the allocations map with those
@@ -43,7 +43,7 @@ func TestStockIGSweepsExitedAllocations(t *testing.T) {
 		t.Fatalf("fill allocations: %d of %d: %v", n, len(keys), err)
 	}
 	attachPerFunction(t, spec, coll, lib)
-	checkKinds(t, coll)
+	checkKinds(t, coll, lib)
 	var (
 		key   gpumemGpumemAllocationKey
 		value gpumemGpumemAllocation
@@ -60,7 +60,10 @@ func TestStockIGSweepsExitedAllocations(t *testing.T) {
 }
 
 // loadStockIG loads the object as stock IG does, with the simulated driver
-// it will be attached to.
+// it will be attached to: a copy of its own, which only startKinds's
+// processes load, so that the uprobes on it count no other test's calls
+// (packages' tests run side by side, and a sweep of the allocations map
+// that another process's allocations race can leave stale entries).
 func loadStockIG(t *testing.T) (*ebpf.CollectionSpec, *ebpf.Collection, string) {
 	if os.Geteuid() != 0 {
 		t.Fatal("loads BPF: run as root")
@@ -69,7 +72,10 @@ func loadStockIG(t *testing.T) (*ebpf.CollectionSpec, *ebpf.Collection, string) 
 	if out, err := exec.Command("make", "-s", "-C", root, "sim").CombinedOutput(); err != nil {
 		t.Fatalf("make sim: %v\n%s", err, out)
 	}
-	lib := filepath.Join(root, "build/sim/libcuda.so.1")
+	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
+	if out, err := exec.Command("cp", filepath.Join(root, "build/sim/libcuda.so.1"), lib).CombinedOutput(); err != nil {
+		t.Fatalf("copy the simulated driver: %v\n%s", err, out)
+	}
 
 	spec, err := loadGpumem()
 	if err != nil {
@@ -89,10 +95,10 @@ func loadStockIG(t *testing.T) (*ebpf.CollectionSpec, *ebpf.Collection, string) 
 	return spec, coll, lib
 }
 
-// checkKinds runs simwork's kinds scenario and checks the totals of its
-// process, then that its exit drops them.
-func checkKinds(t *testing.T, coll *ebpf.Collection) {
-	w, stdin := startKinds(t)
+// checkKinds runs simwork's kinds scenario on the driver lib and checks the
+// totals of its process, then that its exit drops them.
+func checkKinds(t *testing.T, coll *ebpf.Collection, lib string) {
+	w, stdin := startKinds(t, lib)
 	defer w.Process.Kill()
 	stdin.run()
 	pid := uint32(w.Process.Pid)
@@ -201,12 +207,13 @@ type kindsInput struct {
 	lines *bufio.Scanner
 }
 
-// startKinds starts simwork's kinds scenario, which waits, ready, after
-// an allocation the probes see too, for kindsInput.run.
-func startKinds(t *testing.T) (*exec.Cmd, kindsInput) {
+// startKinds starts simwork's kinds scenario on the driver lib, which
+// waits, ready, after an allocation the probes see too, for kindsInput.run.
+func startKinds(t *testing.T, lib string) (*exec.Cmd, kindsInput) {
 	t.Helper()
 	root, _ := filepath.Abs("..")
 	w := exec.Command(filepath.Join(root, "build/sim/simwork"), "kinds")
+	w.Env = append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Dir(lib)) // before simwork's RUNPATH
 	stdin, _ := w.StdinPipe()
 	stdout, _ := w.StdoutPipe()
 	w.Stderr = os.Stderr
