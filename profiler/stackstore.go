@@ -3,6 +3,7 @@ package profiler
 import (
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -136,6 +137,7 @@ func (s *stackStore) resolve() {
 	s.mu.Lock()
 	todo := s.unresolved
 	s.unresolved = nil
+	taken := time.Now() // every stack of todo was taken before
 	s.mu.Unlock()
 	s.reading.await() // every stack of todo has its Python frames read after
 	// In batches: a batch's frames are copies until interned.
@@ -156,7 +158,7 @@ func (s *stackStore) resolve() {
 		for i, r := range raws {
 			var frames []symbolize.Frame
 			if r != nil {
-				frames = pystack.Merge(s.sym.Frames(r.pid(), r.native()), python[i])
+				frames = pystack.Merge(s.sym.FramesTaken(r.pid(), r.native(), taken), python[i])
 			}
 			named = append(named, frames)
 		}

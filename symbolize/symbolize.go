@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -67,6 +68,7 @@ type Symbolizer struct {
 // process is what is cached of one process.
 type process struct {
 	maps   []mapping       // executable mappings, sorted by address
+	read   time.Time       // when the reading of maps began
 	tables map[*table]bool // the tables it holds a reference on
 }
 
@@ -138,8 +140,18 @@ func (s *Symbolizer) Stats() Stats {
 // Files are opened and indexes built without holding the lock Track and
 // Forget take.
 func (s *Symbolizer) Frames(pid uint32, addrs []uint64) []Frame {
+	return s.FramesTaken(pid, addrs, time.Now())
+}
+
+// FramesTaken is Frames for addresses taken at taken or before: the maps
+// are read again for an address outside them only if they were read before
+// taken. Maps read since held every library those addresses could be in,
+// so that the stacks whose frame-pointer chain ends in a stray address (a
+// libtorch allocation's, on a thread with no Python frames) do not each
+// read a process's maps again: thousands of lines in a CUDA process.
+func (s *Symbolizer) FramesTaken(pid uint32, addrs []uint64, taken time.Time) []Frame {
 	var buf [8]*table // the tables of a stack: a handful
-	maps, pinned := s.mappingsOf(pid, addrs, buf[:0])
+	maps, pinned := s.mappingsOf(pid, addrs, taken, buf[:0])
 	frames := make([]Frame, len(maps))
 	for i, m := range maps {
 		var t *table
@@ -161,9 +173,9 @@ func (s *Symbolizer) Track(pid uint32) {
 	if cached {
 		return
 	}
-	if maps, ok := s.readMaps(pid); ok {
+	if maps, read, ok := s.readMaps(pid); ok {
 		s.mu.Lock()
-		s.install(pid, maps)
+		s.install(pid, maps, read)
 		s.mu.Unlock()
 	}
 }
@@ -188,18 +200,19 @@ func (s *Symbolizer) Forget(pid uint32) {
 // executable memory (nil entries: the maps could not be read), and pins the
 // tables already found for them, each once, appending them to pinned. The
 // maps are read again first if an address is in none of those cached
-// (libraries loaded since, by dlopen).
-func (s *Symbolizer) mappingsOf(pid uint32, addrs []uint64, pinned []*table) ([]*mapping, []*table) {
+// (libraries loaded since, by dlopen) and they were read before taken.
+func (s *Symbolizer) mappingsOf(pid uint32, addrs []uint64, taken time.Time, pinned []*table) ([]*mapping, []*table) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slices.ContainsFunc(addrs, func(addr uint64) bool { return s.lookupMapping(pid, addr-1) == nil }) {
+	if p := s.procs[pid]; (p == nil || p.read.Before(taken)) &&
+		slices.ContainsFunc(addrs, func(addr uint64) bool { return s.lookupMapping(pid, addr-1) == nil }) {
 		// Read without the lock; installed under it, with the lookups
 		// that use them.
 		s.mu.Unlock()
-		fresh, ok := s.readMaps(pid)
+		fresh, read, ok := s.readMaps(pid)
 		s.mu.Lock()
 		if ok {
-			s.install(pid, fresh)
+			s.install(pid, fresh, read)
 		}
 	}
 	maps := make([]*mapping, 0, len(addrs))
@@ -256,34 +269,36 @@ func (s *Symbolizer) lookupMapping(pid uint32, addr uint64) *mapping {
 }
 
 // readMaps reads a process's executable mappings, without the lock: the
-// file is read while events and other readers go on. False when it cannot
-// be read (the process gone: what was cached stays, its frames resolve
-// from it).
-func (s *Symbolizer) readMaps(pid uint32) ([]mapping, bool) {
+// file is read while events and other readers go on; read is when the
+// reading began. False when it cannot be read (the process gone: what was
+// cached stays, its frames resolve from it).
+func (s *Symbolizer) readMaps(pid uint32) (maps []mapping, read time.Time, ok bool) {
+	read = time.Now()
 	data, err := os.ReadFile(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
 	if err != nil {
-		return nil, false
+		return nil, read, false
 	}
-	var maps []mapping
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		if m, ok := discover.ParseMapsLine(sc.Text()); ok && len(m.Perms) > 2 && m.Perms[2] == 'x' {
 			maps = append(maps, mapping{Mapping: m})
 		}
 	}
-	return maps, true
+	return maps, read, true
 }
 
-// install makes maps the process's mappings. The tables it holds stay
-// held: stacks taken before a library was unloaded may still name it. The
-// caller holds s.mu.
-func (s *Symbolizer) install(pid uint32, maps []mapping) {
+// install makes maps, read then, the process's mappings, unless those
+// cached were read later. The tables it holds stay held: stacks taken
+// before a library was unloaded may still name it. The caller holds s.mu.
+func (s *Symbolizer) install(pid uint32, maps []mapping, read time.Time) {
 	p := s.procs[pid]
 	if p == nil {
 		p = &process{tables: map[*table]bool{}}
 		s.procs[pid] = p
 	}
-	p.maps = maps
+	if read.After(p.read) {
+		p.maps, p.read = maps, read
+	}
 }
 
 // tableOf returns the table of a mapping's file, pinned for the caller, or

@@ -2,12 +2,14 @@ package symbolize
 
 import (
 	"bufio"
+	"debug/elf"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A C++ program that prints a function's address and its own pid, then
@@ -115,5 +117,34 @@ func TestLookupStaysInsideSymbols(t *testing.T) {
 		if got != want {
 			t.Errorf("%#x: %q, want %q", addr, got, want)
 		}
+	}
+}
+
+// A stack's address outside every cached mapping has the maps read again
+// only if they were read before the stack was taken: a library loaded
+// since (dlopen) may hold it. Maps read after it hold every library it
+// could be in, so that a chain ending in a stray address reads nothing.
+func TestMapsReadAgainOnlyForStacksTakenAfter(t *testing.T) {
+	dir := t.TempDir()
+	lib := buildLibrary(t, dir, "liba.so", 1)
+	loaded := copyFile(t, lib, filepath.Join(dir, "libb.so"))
+	segs := map[string][]elf.ProgHeader{lib: execSegments(t, lib), loaded: execSegments(t, loaded)}
+	syms := readEager(t, lib)
+	inLib, inLoaded := base+syms[0].value+1, base+1<<32+syms[0].value+1
+	root := t.TempDir()
+	fakeProcess(t, root, 1, map[string]uint64{lib: base}, segs)
+	s := New(root)
+	taken := time.Now()
+	if got := s.FramesTaken(1, []uint64{inLib}, taken); len(got) != 1 || got[0].Function != syms[0].name {
+		t.Fatalf("first read: %+v, want %s", got, syms[0].name)
+	}
+
+	fakeProcess(t, root, 1, map[string]uint64{lib: base, loaded: base + 1<<32}, segs) // loaded after taken
+	if got := s.FramesTaken(1, []uint64{inLib, inLoaded}, taken); len(got) != 1 {
+		t.Errorf("a stack taken before the maps were read read them again: %+v", got)
+	}
+	got := s.FramesTaken(1, []uint64{inLib, inLoaded}, time.Now())
+	if len(got) != 2 || got[1].Function != syms[0].name || got[1].Module != loaded {
+		t.Errorf("a stack taken after the library was loaded: %+v, want %s in %s", got, syms[0].name, loaded)
 	}
 }
