@@ -192,3 +192,15 @@ func cachedNameBytes(syms []eagerSymbol, hit map[int]bool) int64 {
 	}
 	return n
 }
+
+// twoCopies builds a small library (with ldflags) and copies it: two files
+// of one build. It returns their paths, their executable segments and the
+// library's symbols.
+func twoCopies(t testing.TB, ldflags ...string) (lib, other string, segs map[string][]elf.ProgHeader, syms []eagerSymbol) {
+	t.Helper()
+	dir := t.TempDir()
+	lib = buildLibrary(t, dir, "liba.so", 1, ldflags...)
+	other = copyFile(t, lib, filepath.Join(dir, "libb.so"))
+	segs = map[string][]elf.ProgHeader{lib: execSegments(t, lib), other: execSegments(t, other)}
+	return lib, other, segs, readEager(t, lib)
+}

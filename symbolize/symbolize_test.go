@@ -2,7 +2,6 @@ package symbolize
 
 import (
 	"bufio"
-	"debug/elf"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,11 +124,7 @@ func TestLookupStaysInsideSymbols(t *testing.T) {
 // since (dlopen) may hold it. Maps read after it hold every library it
 // could be in, so that a chain ending in a stray address reads nothing.
 func TestMapsReadAgainOnlyForStacksTakenAfter(t *testing.T) {
-	dir := t.TempDir()
-	lib := buildLibrary(t, dir, "liba.so", 1)
-	loaded := copyFile(t, lib, filepath.Join(dir, "libb.so"))
-	segs := map[string][]elf.ProgHeader{lib: execSegments(t, lib), loaded: execSegments(t, loaded)}
-	syms := readEager(t, lib)
+	lib, loaded, segs, syms := twoCopies(t)
 	inLib, inLoaded := base+syms[0].value+1, base+1<<32+syms[0].value+1
 	root := t.TempDir()
 	fakeProcess(t, root, 1, map[string]uint64{lib: base}, segs)

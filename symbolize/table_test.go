@@ -53,11 +53,7 @@ func TestSmallLibraryNamesMatchAnEagerRead(t *testing.T) {
 // Two copies of one build (two files, one build ID) and two processes of
 // one file: one table, held until the last process is forgotten.
 func TestProcessesShareATablePerBuildID(t *testing.T) {
-	dir := t.TempDir()
-	lib := buildLibrary(t, dir, "liba.so", 1)
-	other := copyFile(t, lib, filepath.Join(dir, "libb.so"))
-	segs := map[string][]elf.ProgHeader{lib: execSegments(t, lib), other: execSegments(t, other)}
-	syms := readEager(t, lib)
+	lib, other, segs, syms := twoCopies(t)
 	root := t.TempDir()
 	fakeProcess(t, root, 1, map[string]uint64{lib: base}, segs)
 	fakeProcess(t, root, 2, map[string]uint64{lib: base + 1<<32}, segs)
@@ -88,14 +84,10 @@ func TestProcessesShareATablePerBuildID(t *testing.T) {
 }
 
 func TestFileWithoutBuildIDKeyedByDeviceAndInode(t *testing.T) {
-	dir := t.TempDir()
-	lib := buildLibrary(t, dir, "liba.so", 1, "-Wl,--build-id=none")
-	other := copyFile(t, lib, filepath.Join(dir, "libb.so"))
+	lib, other, segs, syms := twoCopies(t, "-Wl,--build-id=none")
 	if id := readBuildID(t, lib); id != "" {
 		t.Fatalf("built with build ID %s", id)
 	}
-	segs := map[string][]elf.ProgHeader{lib: execSegments(t, lib), other: execSegments(t, other)}
-	syms := readEager(t, lib)
 	root := t.TempDir()
 	fakeProcess(t, root, 1, map[string]uint64{lib: base, other: base + 1<<32}, segs)
 	fakeProcess(t, root, 2, map[string]uint64{lib: base}, segs)
