@@ -1,21 +1,29 @@
 # Sourced by run.sh and felt.sh, which set sim (the simulated driver's
 # folder).
 
-# start_agent LOG GPUMEM...: starts GPUMEM... (a gpumem binary, after a
-# taskset where wanted) as the agent on the simulated driver with every
-# process's tensor view, its log in LOG; sets agent to its PID once it is
-# attached, and stops it when the (sub)shell exits, so that an agent a
-# failed window leaves is not left attached beside later measurements.
+# start_attached LOG WORD CMD...: starts CMD..., its output in LOG; sets
+# tracer to its PID once LOG says WORD (it is attached), and stops it when
+# the (sub)shell exits, so that a tracer a failed window leaves is not left
+# attached beside later measurements. Fails when CMD ends before.
+start_attached() {
+	local log=$1 word=$2
+	shift 2
+	"$@" >"$log" 2>&1 &
+	tracer=$!
+	trap "kill -INT $tracer 2>/dev/null" EXIT
+	until grep -q "$word" "$log"; do
+		kill -0 $tracer 2>/dev/null || { echo "$*: ended before attaching:" >&2; cat "$log" >&2; exit 1; }
+		sleep 0.1
+	done
+}
+
+# start_agent LOG GPUMEM...: start_attached for GPUMEM... (a gpumem binary,
+# after a taskset where wanted) as the agent on the simulated driver with
+# every process's tensor view.
 start_agent() {
 	local log=$1
 	shift
-	"$@" agent --library "$sim/libcuda.so.1" --tensors=all --metrics-address "" --nvml-library "" 2>"$log" &
-	agent=$!
-	trap "kill -INT $agent 2>/dev/null" EXIT
-	until grep -q "attached to" "$log"; do
-		kill -0 $agent 2>/dev/null || { echo "$*: the agent ended before attaching:" >&2; cat "$log" >&2; exit 1; }
-		sleep 0.1
-	done
+	start_attached "$log" "attached to" "$@" agent --library "$sim/libcuda.so.1" --tensors=all --metrics-address "" --nvml-library ""
 }
 
 # run_time PID MIN: the run time per run, in ns, of the BPF programs PID

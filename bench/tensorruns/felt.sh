@@ -27,16 +27,8 @@ start() {
 	tracer=
 	case $1 in
 	none) ;;
-	floor)
-		taskset -c 0 "$floor" "$sim/libc10_cuda.so" >"$out/attach.log" 2>&1 &
-		tracer=$!
-		trap "kill -INT $tracer 2>/dev/null" EXIT
-		until grep -q attached "$out/attach.log"; do sleep 0.1; done
-		;;
-	*)
-		start_agent "$out/attach.log" taskset -c 0 "$1"
-		tracer=$agent
-		;;
+	floor) start_attached "$out/attach.log" attached taskset -c 0 "$floor" "$sim/libc10_cuda.so" ;;
+	*) start_agent "$out/attach.log" taskset -c 0 "$1" ;;
 	esac
 }
 

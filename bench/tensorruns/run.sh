@@ -25,9 +25,9 @@ runs() {
 	read -r _ <&"${W[0]}"
 	echo >&"${W[1]}"
 	read -r _ <&"${W[0]}"
-	run_time $agent 200000
-	kill -INT $agent
-	wait $agent || true
+	run_time $tracer 200000
+	kill -INT $tracer
+	wait $tracer || true
 }
 
 for ((r = 0; r < ${ROUNDS:-5}; r++)); do
