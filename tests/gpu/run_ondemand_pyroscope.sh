@@ -28,7 +28,8 @@ echo >&3; until grep -q early $D/py.out; do sleep 0.1; done
 until grep -q "pid $py: tensor view on since" $D/agent.err; do sleep 0.1; done
 echo >&3; until grep -q expect $D/py.out; do sleep 0.1; done
 sleep 6
-since=$("$gpumem" tensors list --control-socket $D/ctl.sock | awk -v p=$py '$1==p {print $3}')
+# The SINCE column, found by its header: the table gains columns (BUDGET).
+since=$("$gpumem" tensors list --control-socket $D/ctl.sock | awk -v p=$py 'NR==1 {for (i = 1; i <= NF; i++) if ($i == "SINCE") c = i} $1==p {print $c}')
 "$gpumem" tensors list --control-socket $D/ctl.sock
 python3 "$here/check_ondemand_pyroscope.py" http://127.0.0.1:4040 $py "$since"
 echo >&3; exec 3>&-; wait $py
