@@ -26,13 +26,17 @@
 #   stop23 the same after its arguments too
 #   stop24 the tensor view without stacks: the free whole, the allocation
 #          sent after its header, timestamp and arguments, no capture
+#   stop25 stop24 with the three reads of user memory every Python walk
+#          needs first (thread state's head, C stack's and data stack's
+#          windows), no walk: exact books and the least a capture at the
+#          trap reads
 #
 # Usage: bench/breakdown/build.sh OUTDIR [N...]   (default: every point)
 set -euo pipefail
 out=$(realpath -m "${1:?usage: bench/breakdown/build.sh OUTDIR [N...]}")
 shift
 stops=("$@")
-[ ${#stops[@]} -gt 0 ] || stops=(1 2 3 4 5 6 7 8 9 10 11 21 22 23 24)
+[ ${#stops[@]} -gt 0 ] || stops=(1 2 3 4 5 6 7 8 9 10 11 21 22 23 24 25)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tree=$(mktemp -d)
 git -C "$root" worktree add -q --detach "$tree" HEAD
