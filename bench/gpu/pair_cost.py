@@ -5,10 +5,12 @@ switched between windows while the agent runs, so that the machine's drift
 from minute to minute, larger than what the tensor view adds, falls out of
 each round's differences.
 
-Protocol: prints "ready PID"; then, for each line MODE read, measures and
-prints "result mode=MODE us_d5=X us_d40=Y": the median over 5 runs of
-EMPTIES (default 2000) torch.empty(1 MiB) + del, with the Python stack 5
-and 40 frames deep, in microseconds a pair. PAIR_ALLOCATOR=sim makes the
+Protocol: prints "ready PID"; then, for each line MODE read, measures the
+pairs at depth 5, prints "half mode=MODE", waits for a line (so that the
+caller can read the programs' run time between the depths), measures at
+depth 40 and prints "result mode=MODE us_d5=X us_d40=Y": the median over 5
+runs of EMPTIES (default 2000) torch.empty(1 MiB) + del, with the Python
+stack 5 and 40 frames deep, in microseconds a pair. PAIR_ALLOCATOR=sim makes the
 pairs on the simulated allocator (build/sim) instead of torch's, for a
 machine without a GPU. MODEL_CPU pins the measuring thread to one CPU.
 """
@@ -62,7 +64,10 @@ def main():
     print(f"ready {os.getpid()}", flush=True)
     for line in sys.stdin:
         mode = line.strip()
-        d5, d40 = us_a_pair(5, pairs), us_a_pair(40, pairs)
+        d5 = us_a_pair(5, pairs)
+        print(f"half mode={mode}", flush=True)
+        sys.stdin.readline()
+        d40 = us_a_pair(40, pairs)
         print(f"result mode={mode} us_d5={d5:.3f} us_d40={d40:.3f}", flush=True)
 
 

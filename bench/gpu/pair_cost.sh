@@ -8,9 +8,10 @@
 # apart, rotated from round to round. A window is too short for the
 # machine to drift, so each round's differences from its own none are read,
 # not the modes' medians across minutes. Prints "round=N result mode=...
-# us_d5=... us_d40=... [bpf_runs=... bpf_ns=...]" lines (the
-# tensor program's runs and run time in the window), then
-# pair_report.py's summary.
+# us_d5=... us_d40=... [bpf_runs_d5=... bpf_ns_d5=... bpf_runs_d40=...
+# bpf_ns_d40=...]" lines (the tensor program's, or the floor's busiest
+# program's, runs and run time at each depth), then pair_report.py's
+# summary.
 # Usage: bench/gpu/pair_cost.sh GPUMEM USDTFLOOR OUTDIR
 # Environment: ROUNDS (default 20), AGENT_FLAGS (added to `gpumem agent`,
 # e.g. --library for the simulated driver), PAIR_ALLOCATOR and EMPTIES
@@ -89,17 +90,25 @@ for ((r = 1; r <= rounds; r++)); do
 			wait_for "$out/agent.stderr" "pid $py: tensor view on since" $ons $agent
 			;;
 		esac
-		before=$(bpf_stats $agent)
+		probes=$agent
+		[ "$mode" = floor ] && probes=$fl
+		before=$(bpf_stats $probes)
 		echo "$mode" >&3
+		wait_for "$out/pairs.stdout" '^half' $n $py
+		half=$(bpf_stats $probes)
+		echo >&3
 		wait_for "$out/pairs.stdout" '^result' $n $py
-		read -r runs ns <<<"$(busiest "$before" "$(bpf_stats $agent)")"
+		after=$(bpf_stats $probes)
 		extra=
+		if [ "$mode" != none ]; then
+			read -r runs ns <<<"$(busiest "$before" "$half")"
+			extra=" bpf_runs_d5=$runs bpf_ns_d5=$ns"
+			read -r runs ns <<<"$(busiest "$half" "$after")"
+			extra="$extra bpf_runs_d40=$runs bpf_ns_d40=$ns"
+		fi
 		case $mode in
 		floor) kill -INT $fl && wait $fl || true ;;
-		tensors)
-			extra=" bpf_runs=$runs bpf_ns=$ns"
-			"$gpumem" tensors off $py --control-socket "$socket" >/dev/null
-			;;
+		tensors) "$gpumem" tensors off $py --control-socket "$socket" >/dev/null ;;
 		esac
 		echo "round=$r $(grep '^result' "$out/pairs.stdout" | sed -n "${n}p")$extra" | tee -a "$out/lines"
 	done

@@ -1,7 +1,14 @@
 """Summarizes bench/gpu/pair_cost.sh's lines: for each depth, what the floor
 and the tensor view add to a pair over the same round's none (medians over
 the rounds, quartiles in brackets), and the tensor view's added cost as a
-multiple of the floor's, from the medians of the added costs.
+multiple of the floor's, from the medians of the added costs. Where the
+lines carry each depth's run time, also the programs' run time a run at
+each depth and the multiple they imply: a pair is one run of each
+program, so the tensor view adds twice the difference of the two
+programs' runs to the floor's added cost. On a machine whose timings move
+from window to window by more than a pair costs, that multiple is the one
+to read (a pair costs its loop what its programs run and its traps take,
+BENCHMARKS.md).
 
 Usage: pair_report.py LINES (pair_cost.sh's lines, or a raw file in h200/)
 """
@@ -15,6 +22,13 @@ def quartiles(xs):
     return f"{q[1]:.2f} [{q[0]:.2f}-{q[2]:.2f}]"
 
 
+def run_time(whole, mode, depth):
+    """ns a run of mode's busiest program at depth over the rounds, or None."""
+    runs = sum(int(r[mode].get("bpf_runs_" + depth, 0)) for r in whole)
+    ns = sum(int(r[mode].get("bpf_ns_" + depth, 0)) for r in whole)
+    return ns / runs if runs else None
+
+
 def main():
     rounds = collections.defaultdict(dict)
     runs = ns = 0
@@ -23,8 +37,9 @@ def main():
             continue  # the raw files kept in h200/ carry a header and this summary
         kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
         rounds[kv["round"]][kv["mode"]] = kv
-        runs += int(kv.get("bpf_runs", 0))
-        ns += int(kv.get("bpf_ns", 0))
+        if kv["mode"] == "tensors":
+            runs += int(kv.get("bpf_runs", 0)) + int(kv.get("bpf_runs_d5", 0)) + int(kv.get("bpf_runs_d40", 0))
+            ns += int(kv.get("bpf_ns", 0)) + int(kv.get("bpf_ns_d5", 0)) + int(kv.get("bpf_ns_d40", 0))
     whole = [r for r in rounds.values() if {"none", "floor", "tensors"} <= r.keys()]
     print(f"{len(whole)} rounds; us a pair added over the same round's none, median [quartiles]:")
     for depth in ("d5", "d40"):
@@ -35,6 +50,11 @@ def main():
         ratio = statistics.median(tensors) / statistics.median(floor)
         print(f"depth {depth[1:]}: none {quartiles(none)} us; floor +{quartiles(floor)}; "
               f"tensor view +{quartiles(tensors)}: {ratio:.2f}x the floor's")
+        t, f = run_time(whole, "tensors", depth), run_time(whole, "floor", depth)
+        if t is not None and f is not None:
+            by_runs = 1 + 2 * (t - f) / 1000 / statistics.median(floor)
+            print(f"depth {depth[1:]}: the tensor program {t:.0f} ns a run, the floor's {f:.0f}: "
+                  f"{by_runs:.2f}x the floor's by the programs' run time")
     if runs:
         print(f"the tensor program: {ns / runs:.0f} ns a run over {runs} runs")
 
