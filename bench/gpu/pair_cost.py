@@ -10,9 +10,9 @@ pairs at depth 5, prints "half mode=MODE", waits for a line (so that the
 caller can read the programs' run time between the depths), measures at
 depth 40 and prints "result mode=MODE us_d5=X us_d40=Y": the median over 5
 runs of EMPTIES (default 2000) torch.empty(1 MiB) + del, with the Python
-stack 5 and 40 frames deep, in microseconds a pair. PAIR_ALLOCATOR=sim makes the
-pairs on the simulated allocator (build/sim) instead of torch's, for a
-machine without a GPU. MODEL_CPU pins the measuring thread to one CPU.
+stack 5 and 40 frames deep, in microseconds a pair. PAIR_ALLOCATOR=sim
+makes the pairs on the simulated allocator (build/sim) instead of
+torch's, for a machine without a GPU. MODEL_CPU pins the measuring thread to one CPU.
 """
 import os
 import sys

@@ -22,24 +22,22 @@ def quartiles(xs):
     return f"{q[1]:.2f} [{q[0]:.2f}-{q[2]:.2f}]"
 
 
-def run_time(whole, mode, depth):
-    """ns a run of mode's busiest program at depth over the rounds, or None."""
-    runs = sum(int(r[mode].get("bpf_runs_" + depth, 0)) for r in whole)
-    ns = sum(int(r[mode].get("bpf_ns_" + depth, 0)) for r in whole)
+def run_time(whole, mode, *suffixes):
+    """ns a run of mode's busiest program over the rounds, from its
+    bpf_runs and bpf_ns fields with these suffixes ("_d5": at depth 5;
+    "": the whole window, as the older lines have it), or None."""
+    runs = sum(int(r[mode].get("bpf_runs" + x, 0)) for r in whole for x in suffixes)
+    ns = sum(int(r[mode].get("bpf_ns" + x, 0)) for r in whole for x in suffixes)
     return ns / runs if runs else None
 
 
 def main():
     rounds = collections.defaultdict(dict)
-    runs = ns = 0
     for line in open(sys.argv[1]):
         if " result " not in line:
             continue  # the raw files kept in h200/ carry a header and this summary
         kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
         rounds[kv["round"]][kv["mode"]] = kv
-        if kv["mode"] == "tensors":
-            runs += int(kv.get("bpf_runs", 0)) + int(kv.get("bpf_runs_d5", 0)) + int(kv.get("bpf_runs_d40", 0))
-            ns += int(kv.get("bpf_ns", 0)) + int(kv.get("bpf_ns_d5", 0)) + int(kv.get("bpf_ns_d40", 0))
     whole = [r for r in rounds.values() if {"none", "floor", "tensors"} <= r.keys()]
     print(f"{len(whole)} rounds; us a pair added over the same round's none, median [quartiles]:")
     for depth in ("d5", "d40"):
@@ -50,13 +48,14 @@ def main():
         ratio = statistics.median(tensors) / statistics.median(floor)
         print(f"depth {depth[1:]}: none {quartiles(none)} us; floor +{quartiles(floor)}; "
               f"tensor view +{quartiles(tensors)}: {ratio:.2f}x the floor's")
-        t, f = run_time(whole, "tensors", depth), run_time(whole, "floor", depth)
+        t, f = run_time(whole, "tensors", "_" + depth), run_time(whole, "floor", "_" + depth)
         if t is not None and f is not None:
             by_runs = 1 + 2 * (t - f) / 1000 / statistics.median(floor)
             print(f"depth {depth[1:]}: the tensor program {t:.0f} ns a run, the floor's {f:.0f}: "
                   f"{by_runs:.2f}x the floor's by the programs' run time")
-    if runs:
-        print(f"the tensor program: {ns / runs:.0f} ns a run over {runs} runs")
+    whole_window = run_time(whole, "tensors", "", "_d5", "_d40")
+    if whole_window is not None:
+        print(f"the tensor program: {whole_window:.0f} ns a run over the windows")
 
 
 if __name__ == "__main__":
