@@ -43,7 +43,7 @@ var Outputs = []string{"dashboards/gpu-mem.json", "charts/gpu-mem/dashboards/gpu
 const (
 	uid     = "gpu-mem"
 	title   = "gpu-mem: GPU memory by code and pod"
-	version = 4
+	version = 5
 )
 
 // Data source plugins (the SDK names none).
@@ -74,10 +74,23 @@ const (
 const neverAdd = "The driver view and the tensor view are two accounts of the same memory " +
 	"(a tensor lies inside a segment of PyTorch's caching allocator): never add them."
 
-// peakRange says how a flame graph of peaks reads over a time range.
-const peakRange = "Each interval's profile is its peak's: zoom to one interval (--pyroscope-interval, 15 s by default) " +
-	"for one peak; over a longer range the peaks are summed, which weighs what fills memory at its worst moments. " +
-	"Peaks of two processes or GPUs came at different moments: filter by pod, pid and gpu for one."
+// A flame graph of held bytes or of peaks is a reading at a moment: each
+// interval's profile is the state at its end (or its peak), and over a
+// range Pyroscope sums them (its merge has no other aggregation, v1.15 and
+// v2.2 alike), which would read N times what is held. Those panels read
+// the last whole interval: a window of the agent's default interval,
+// shifted back so that the interval ending now, still on its way to
+// Pyroscope, is not half in it. Grafana applies a panel's window to
+// relative ranges only ("Last 1 hour"): with an absolute range (a zoom
+// into the past) it reads the whole range again, said in the description.
+var (
+	lastInterval      = pyroscope.DefaultInterval.String()
+	lastIntervalShift = "2s"
+	// atAMoment says how a flame graph of held bytes or peaks reads.
+	atAMoment = "It reads the agent's last interval (" + lastInterval + ", --pyroscope-interval: with another, set " +
+		"the panel's relative time, shown in its header, to it). Zoomed to an absolute range, Grafana drops the " +
+		"panel's window and the graph sums every interval's profile in the range: divide by the intervals in it."
+)
 
 // flameGraph is one flame graph panel: a sample type of one view.
 type flameGraph struct {
@@ -88,34 +101,41 @@ type flameGraph struct {
 	sampleType  int // where in pprof.SampleTypes(view)
 }
 
+// atAMoment says whether the panel's profiles are states (held bytes,
+// peaks), read over the last interval, rather than amounts over the range.
+func (f flameGraph) atAMoment() bool { return f.sampleType != pprof.AllocSpace }
+
 // flameGraphs are the Pyroscope panels, row by row: live bytes, allocated
 // bytes and each interval's peak, the driver view left, the tensor view
 // right. The IDs are those the hand-written dashboard had, so that links to
 // a panel (viewPanel=ID) keep working.
 var flameGraphs = []flameGraph{
-	{1, "GPU memory held by function (driver view)",
-		"What the GPU holds: memory from the CUDA driver that each function holds at the end of each interval " +
-			"(summed over the time range). Under PyTorch's caching allocator, its segments, under the code whose " +
-			"tensor made it grow. Wide bars at the top are where memory is allocated. " + neverAdd,
+	{1, "GPU memory held now by function (driver view)",
+		"What the GPUs hold: memory from the CUDA driver that each function holds at the end of the last interval, " +
+			"the CUDA context and modules included (pinned host memory, gpu=\"host\", left out). Under PyTorch's " +
+			"caching allocator, its segments, under the code whose tensor made it grow. Wide bars at the top are " +
+			"where memory is allocated. " + atAMoment + " " + neverAdd,
 		memory.ViewDriver, pprof.InuseSpace},
-	{2, "Live tensors by function (tensor view)",
-		"What PyTorch's tensors hold at the end of each interval, by the code that made them (the caching " +
-			"allocator's probes). The difference to the driver view is the allocator's cache. " + neverAdd,
+	{2, "Live tensors now by function (tensor view)",
+		"What PyTorch's tensors hold at the end of the last interval, by the code that made them (the caching " +
+			"allocator's probes). The difference to the driver view is the allocator's cache. " + atAMoment + " " + neverAdd,
 		memory.ViewTensor, pprof.InuseSpace},
-	{3, "GPU memory allocated by function (driver view)",
-		"Bytes allocated from the CUDA driver during the time range, by the code that allocated them. " + neverAdd,
+	{3, "GPU memory allocated by function over the range (driver view)",
+		"Bytes allocated from the CUDA driver on the GPUs during the time range, by the code that allocated them " +
+			"(pinned host memory left out). " + neverAdd,
 		memory.ViewDriver, pprof.AllocSpace},
-	{4, "Tensors allocated by function (tensor view)",
+	{4, "Tensors allocated by function over the range (tensor view)",
 		"Bytes of PyTorch tensors allocated during the time range, by the code that made them. " + neverAdd,
 		memory.ViewTensor, pprof.AllocSpace},
-	{9, "GPU memory at each interval's peak, by function (driver view)",
+	{9, "GPU memory at the last interval's peak, by function (driver view)",
 		"What held the GPU's memory at its worst moment: the most each process held at once on a GPU during " +
-			"each interval, however briefly, and each function's share of it (a spike of activations freed before " +
-			"the interval's end is here, not in the live bytes). " + peakRange + " " + neverAdd,
+			"the last interval, however briefly, the CUDA context and modules included, and each function's share of " +
+			"it (a spike of activations freed before the interval's end is here, not in the held bytes). Peaks of two " +
+			"processes or GPUs came at different moments: filter by pod, pid and gpu for one. " + atAMoment + " " + neverAdd,
 		memory.ViewDriver, pprof.PeakSpace},
-	{10, "Tensors at each interval's peak, by function (tensor view)",
-		"What PyTorch's tensors held at each process's peak of tensors on a GPU during each interval, by the " +
-			"code that made them. " + peakRange + " " + neverAdd,
+	{10, "Tensors at the last interval's peak, by function (tensor view)",
+		"What PyTorch's tensors held at each process's peak of tensors on a GPU during the last interval, by the " +
+			"code that made them. " + atAMoment + " " + neverAdd,
 		memory.ViewTensor, pprof.PeakSpace},
 }
 
@@ -146,23 +166,26 @@ var (
 // processes came at different moments).
 var seriesPanels = []series{
 	{5, "GPU memory held per pod (driver view)",
-		"Bytes allocated through the CUDA driver and not yet freed: what the GPU holds.",
-		seriesWidth, units.BytesIEC, sumBy(perPod, selector(driverMetrics.LiveBytes)), perPodLegend},
+		"Bytes the GPUs hold for each pod's processes: allocated through the CUDA driver and not yet freed, and, " +
+			"with NVML, their CUDA contexts and modules (pinned host memory, gpu=\"host\", left out).",
+		seriesWidth, units.BytesIEC, sumBy(perPod, selector(driverMetrics.LiveBytes, onGPUs)), perPodLegend},
 	{6, "Live tensors per pod (tensor view)",
 		"Bytes of PyTorch tensors not yet freed, inside the driver view's segments: not to be added to it.",
 		seriesWidth, units.BytesIEC, sumBy(perPod, selector(tensorMetrics.LiveBytes)), perPodLegend},
 	{7, "Allocation rate per pod (driver view)",
-		"Bytes per second allocated through the CUDA driver.",
-		seriesWidth, units.BytesPerSecondSI, sumBy(perPod, "rate("+selector(driverMetrics.AllocatedBytes)+"[5m])"), perPodLegend},
+		"Bytes per second allocated through the CUDA driver on the GPUs (pinned host memory left out).",
+		seriesWidth, units.BytesPerSecondSI, sumBy(perPod, "rate("+selector(driverMetrics.AllocatedBytes, onGPUs)+"[5m])"), perPodLegend},
 	{8, "Out-of-memory failures per pod",
-		"Allocations the driver refused with CUDA_ERROR_OUT_OF_MEMORY.",
+		"Allocations the driver refused with CUDA_ERROR_OUT_OF_MEMORY in the last 5 minutes (a process's first " +
+			"counts too: its series start at 0 when the agent sees its CUDA context).",
 		seriesWidth, units.Short,
 		sumBy(perPod, "increase("+selector(metrics.FailuresName, equal(metrics.LabelCode, strconv.Itoa(memory.CUDAOutOfMemory)))+"[5m])"),
 		perPodLegend},
 	{11, "Peak GPU memory per process and GPU (driver view)",
-		"The most bytes each process held at once on each GPU during the agent's last interval, however briefly: " +
-			"what an out-of-memory error meets. One line per process and GPU: peaks of two came at different moments.",
-		peakWidth, units.BytesIEC, maxBy(perGPU, selector(driverMetrics.PeakBytes)), perGPULegend},
+		"The most bytes each process held at once on each GPU during the agent's last interval, however briefly, " +
+			"its CUDA context and modules included: what an out-of-memory error meets, never below what it holds. " +
+			"One line per process and GPU: peaks of two came at different moments.",
+		peakWidth, units.BytesIEC, maxBy(perGPU, selector(driverMetrics.PeakBytes, onGPUs)), perGPULegend},
 	{12, "Peak of tensors per process and GPU (tensor view)",
 		"The most bytes each process's PyTorch tensors held at once on each GPU during the agent's last interval, " +
 			"inside the driver view's segments: not to be added to it.",
@@ -186,7 +209,9 @@ func GPUMem() (dashboard.Dashboard, error) {
 		WithVariable(dashboard.NewDatasourceVariableBuilder(varPrometheus).Label("Prometheus").Type(prometheusPlugin)).
 		WithVariable(labelVariable(varNamespace, schema.Namespace)).
 		WithVariable(labelVariable(varPod, schema.Pod)).
-		WithVariable(labelVariable(varService, pyroscope.LabelService))
+		WithVariable(labelVariable(varService, pyroscope.LabelService).
+			Description("Filters the flame graphs only: service_name is Pyroscope's label, which the Prometheus " +
+				"series do not carry (namespace and pod filter both)."))
 	// The builder lays panels out left to right, a new row when one is full.
 	for _, f := range flameGraphs {
 		d.WithPanel(f.panel())
@@ -261,7 +286,11 @@ func labelVariable(name, label string) *dashboard.QueryVariableBuilder {
 // panel is the flame graph: the SDK has no flame graph panel type, so a
 // plain panel of Grafana's "flamegraph" plugin, which has no options.
 func (f flameGraph) panel() cog.Builder[dashboard.Panel] {
-	return dashboard.NewPanelBuilder().
+	p := dashboard.NewPanelBuilder()
+	if f.atAMoment() {
+		p.TimeFrom(lastInterval).TimeShift(lastIntervalShift)
+	}
+	return p.
 		Type("flamegraph").
 		Id(f.id).
 		Title(f.title).
@@ -274,17 +303,22 @@ func (f flameGraph) panel() cog.Builder[dashboard.Panel] {
 			Datasource(pyroscopeSource()).
 			QueryType(string(grafanapyroscope.PyroscopeQueryTypeProfile)).
 			ProfileTypeId(profileTypeID(f.view, f.sampleType)).
-			LabelSelector(labelSelector()).
+			LabelSelector(labelSelector(f.view)).
 			GroupBy([]string{}))
 }
 
-// labelSelector filters profiles by the variables.
-func labelSelector() string {
-	return "{" + strings.Join([]string{
+// labelSelector filters profiles of view v by the variables, the driver
+// view's to the GPUs' memory.
+func labelSelector(v memory.View) string {
+	matchers := []string{
 		match(pyroscope.LabelService, varService),
 		match(schema.Namespace, varNamespace),
 		match(schema.Pod, varPod),
-	}, ", ") + "}"
+	}
+	if v == memory.ViewDriver {
+		matchers = append(matchers, onGPUs)
+	}
+	return "{" + strings.Join(matchers, ", ") + "}"
 }
 
 func (s series) panel() cog.Builder[dashboard.Panel] {
@@ -320,10 +354,24 @@ func selector(metric string, matchers ...string) string {
 	return metric + "{" + strings.Join(matchers, ", ") + "}"
 }
 
-// match matches a label against a (multi-value) variable's values.
-func match(label, variable string) string { return label + `=~"$` + variable + `"` }
+// match matches a label against a (multi-value) variable's values, as
+// both data sources read them. ${var:regex} is Grafana's regex format:
+// one value escaped as a regular expression, several as (a|b), All as the
+// variable's All value unformatted. A bare $var would take each data
+// source's default instead: Pyroscope's is a glob, {a,b}, which as a
+// regular expression matches nothing. The raw string (backquotes) keeps
+// the escapes Grafana writes (\. and \/ in a pod or service name), which a
+// double-quoted string of either data source's selector parser refuses.
+func match(label, variable string) string { return label + "=~`${" + variable + ":regex}`" }
 
 func equal(label, value string) string { return label + "=" + strconv.Quote(value) }
+
+func notEqual(label, value string) string { return label + "!=" + strconv.Quote(value) }
+
+// onGPUs leaves out what lives in the host's RAM (page-locked host
+// memory, VMM memory made on the host): it is in the driver view's series
+// with gpu="host", and it is not GPU memory.
+var onGPUs = notEqual(schema.GPU, memory.GPUHost)
 
 func sumBy(labels []string, expr string) string { return aggregate("sum", labels, expr) }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
@@ -102,5 +104,120 @@ func TestLayout(t *testing.T) {
 			}
 		}
 		boxes = append(boxes, pos)
+	}
+}
+
+// targets are the dashboard's queries: each panel's Pyroscope label
+// selectors and Prometheus expressions.
+func targets(t *testing.T) []string {
+	t.Helper()
+	d, err := GPUMem()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var panels struct {
+		Panels []struct {
+			Targets []struct {
+				LabelSelector string `json:"labelSelector"`
+				Expr          string `json:"expr"`
+			}
+		}
+	}
+	if err := json.Unmarshal(data, &panels); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range panels.Panels {
+		for _, target := range p.Targets {
+			out = append(out, target.LabelSelector+target.Expr)
+		}
+	}
+	return out
+}
+
+// matchers finds a query's label matchers: label, operator, quote, value.
+var matchers = regexp.MustCompile("([a-z_]+)(=~|!~|!=|=)([\"`])([^\"`]*)[\"`]")
+
+// TestVariablesInRegexFormat: every matcher that reads a variable takes
+// Grafana's regex format in a raw string (label=~`${var:regex}`), in both
+// data sources. A bare $var is formatted as each data source's default:
+// Pyroscope's is a glob, {a,b}, which matches nothing once two values are
+// picked; and Grafana's regex escapes (\. \/) are refused in a
+// double-quoted string by the selector parser both data sources use.
+func TestVariablesInRegexFormat(t *testing.T) {
+	variable := regexp.MustCompile(`^\$\{[a-z]+:regex\}$`)
+	for _, q := range targets(t) {
+		found := 0
+		for _, m := range matchers.FindAllStringSubmatch(q, -1) {
+			value := m[4]
+			if !strings.Contains(value, "$") {
+				continue
+			}
+			found++
+			if m[2] != "=~" || m[3] != "`" || !variable.MatchString(value) {
+				t.Errorf("%s: matcher %s reads a variable: want %s=~`${var:regex}`", q, m[0], m[1])
+			}
+		}
+		if found != strings.Count(q, "$") {
+			t.Errorf("%s: a variable outside a matcher", q)
+		}
+		if found == 0 {
+			t.Errorf("%s: no variable: want namespace and pod at least", q)
+		}
+	}
+}
+
+// grafanaRegex is Grafana's regex format (its formatRegistry's "regex"):
+// each value escaped as a regular expression, several in (a|b); the All
+// value, .*, as it is (a custom All value is never formatted).
+func grafanaRegex(values []string) string {
+	if values == nil {
+		return ".*"
+	}
+	escaped := make([]string, len(values))
+	for i, v := range values {
+		escaped[i] = regexp.MustCompile(`[\\^$*+?.()|[\]{}/]`).ReplaceAllString(v, `\$0`)
+	}
+	if len(escaped) == 1 {
+		return escaped[0]
+	}
+	return "(" + strings.Join(escaped, "|") + ")"
+}
+
+// TestMultiValueSelection: with each variable's values substituted as
+// Grafana substitutes them (one value, two, All), every matcher selects
+// exactly the values picked, anchored as Prometheus and Pyroscope anchor a
+// label's regular expression.
+func TestMultiValueSelection(t *testing.T) {
+	others := []string{"ml/trainerx", "mlxtrainer-5d9f8", "a", "ab"}
+	for _, picked := range [][]string{{"ml/trainer-5d9f8"}, {"ml/trainer-5d9f8", "a.b"}, nil} {
+		formatted := grafanaRegex(picked)
+		for _, q := range targets(t) {
+			for _, m := range matchers.FindAllStringSubmatch(q, -1) {
+				if !strings.Contains(m[4], "$") {
+					continue
+				}
+				// The value is ${var:regex} (TestVariablesInRegexFormat), in a
+				// raw string: Grafana's text is the regular expression.
+				re, err := regexp.Compile("^(?:" + formatted + ")$")
+				if err != nil {
+					t.Fatalf("%s with %v: %v", m[0], picked, err)
+				}
+				for _, v := range picked {
+					if !re.MatchString(v) {
+						t.Errorf("%s with %v picked: %q not selected (%s)", m[0], picked, v, re)
+					}
+				}
+				for _, v := range others {
+					if picked != nil && re.MatchString(v) {
+						t.Errorf("%s with %v picked: %q selected too (%s)", m[0], picked, v, re)
+					}
+				}
+			}
+		}
 	}
 }

@@ -316,13 +316,17 @@ const DeviceUnknown = -1
 // with a host location, as NCCL makes some of its buffers).
 const DeviceHost = -2
 
+// GPUHost is GPU's name for memory in the host's RAM: page-locked host
+// memory and VMM memory made on the host. It is not the GPUs' memory.
+const GPUHost = "host"
+
 // GPU names where memory of kind k made on device lives: the device
-// ordinal, "host" for page-locked host memory, "managed" for unified
+// ordinal, GPUHost for page-locked host memory, "managed" for unified
 // memory, which migrates, and "unknown".
 func GPU(k Kind, device int32) string {
 	switch {
 	case k == KindHost, device == DeviceHost:
-		return "host"
+		return GPUHost
 	case k == KindManaged:
 		return "managed"
 	case device < 0:

@@ -299,7 +299,7 @@ func collectIG(ch chan<- prometheus.Metric, series []snapshot.Series) {
 		if s.Kind.View() != memory.ViewDriver || s.Kind.FromNVML() { // not what IG's gadget counts
 			continue
 		}
-		k := igClass{s.PID, s.GPU() == "host"}
+		k := igClass{s.PID, s.GPU() == memory.GPUHost}
 		sum := sums[k]
 		if sum == nil {
 			sum = &snapshot.Series{SeriesKey: s.SeriesKey, Comm: s.Comm, Container: s.Container}

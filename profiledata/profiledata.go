@@ -194,7 +194,7 @@ func (r *Reader) Row(d datasource.Data) (snapshot.Row, error) {
 	}
 	device, convErr := strconv.Atoi(text(schema.GPU))
 	switch {
-	case text(schema.GPU) == "host":
+	case text(schema.GPU) == memory.GPUHost:
 		device = memory.DeviceHost // GPU names host memory so whatever its kind
 	case convErr != nil:
 		device = memory.DeviceUnknown

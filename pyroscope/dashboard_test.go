@@ -52,7 +52,7 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	// metadata (empty, and matched by "All", elsewhere).
 	labels := map[string]bool{LabelService: true, schema.PID: true, schema.Comm: true, schema.Kind: true, LabelNode: true, schema.GPU: true,
 		schema.Namespace: true, schema.Pod: true}
-	matcher := regexp.MustCompile(`([a-z_]+)=~?"`)
+	matcher := regexp.MustCompile("([a-z_]+)(=~|!=|=)[\"`]")
 	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|peak_bytes|allocated_bytes_total|failures_total)\{`)
 	flames := map[string]int{}   // by profile type
 	queried := map[string]bool{} // live bytes and peak metrics queried
@@ -61,7 +61,7 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 			if p.Type != "flamegraph" {
 				// Prometheus panels: gpu-mem's metrics, by namespace and pod.
 				names := metric.FindAllStringSubmatch(target.Expr, -1)
-				if len(names) != 1 || !strings.Contains(target.Expr, `pod=~"$pod"`) {
+				if len(names) != 1 || !strings.Contains(target.Expr, "pod=~`${pod:regex}`") {
 					t.Errorf("query %q: want one of gpu-mem's metrics, by pod", target.Expr)
 				}
 				for _, m := range names {

@@ -79,6 +79,12 @@ func ProfileTypeID(st *profile.ValueType) string {
 	return ProfileName + ":" + st.Type + ":" + st.Unit + ":" + pprof.PeriodType + ":" + pprof.PeriodUnit
 }
 
+// DefaultInterval is the agent's interval unless told otherwise: one
+// profile per series each. A flame graph of held bytes or peaks over a
+// range sums its intervals' profiles (Pyroscope merges by sum only), so
+// the dashboard reads them over one interval of this length.
+const DefaultInterval = 15 * time.Second
+
 // Config says where and how to push.
 type Config struct {
 	URL       string        // http://host:4040 (cleartext HTTP/2) or https://host:4040 (TLS)

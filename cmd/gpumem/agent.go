@@ -93,7 +93,7 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	}
 	fs := cmd.Flags()
 	o.target.register(fs, profiler.TensorsOnDemand)
-	fs.DurationVar(&o.interval, "pyroscope-interval", 15*time.Second, "export and status interval")
+	fs.DurationVar(&o.interval, "pyroscope-interval", pyroscope.DefaultInterval, "export and status interval")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until stopped)")
 	fs.StringVar(&o.pyroscope.URL, "pyroscope-url", "", "Pyroscope server, http://HOST:PORT (cleartext HTTP/2) or https://HOST:PORT; none: status lines only")
 	fs.IntVar(&o.pyroscope.QueueSize, "pyroscope-queue", 20, "intervals kept while the server is unreachable")
