@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -98,6 +99,17 @@ func newMetric(name string, typ prometheus.ValueType, labels []string, help stri
 // sample is one sample of m, of its type.
 func (m *Metric) sample(v float64, labelValues ...string) prometheus.Metric {
 	return prometheus.MustNewConstMetric(m.desc, m.Type, v, labelValues...)
+}
+
+// since is a sample of counter m that counts from zero at start (its
+// created timestamp, which Prometheus's created-timestamp-zero-ingestion
+// turns into a zero sample, so that rate and increase count what came
+// before the first scrape), or from an unknown start if start is zero.
+func (m *Metric) since(start time.Time, v float64, labelValues ...string) prometheus.Metric {
+	if start.IsZero() {
+		return m.sample(v, labelValues...)
+	}
+	return prometheus.MustNewConstMetricWithCreatedTimestamp(m.desc, m.Type, v, start, labelValues...)
 }
 
 // viewMetrics are the metrics of one view's series.
@@ -243,14 +255,14 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		values := append([]string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, s.Kind.String(), s.GPU()}, containerLabels(s.Container)...)
 		m := views[s.Kind.View()]
 		ch <- m.liveBytes.sample(float64(s.LiveBytes()), values...)
-		ch <- m.allocatedBytes.sample(float64(s.AllocBytes), values...)
-		ch <- m.allocations.sample(float64(s.AllocCount), values...)
-		ch <- m.frees.sample(float64(s.FreeCount+s.ImplicitFreeCount), values...)
+		ch <- m.allocatedBytes.since(s.Since, float64(s.AllocBytes), values...)
+		ch <- m.allocations.since(s.Since, float64(s.AllocCount), values...)
+		ch <- m.frees.since(s.Since, float64(s.FreeCount+s.ImplicitFreeCount), values...)
 	}
-	for _, f := range t.Failures {
+	for _, f := range withOutOfMemory(t) {
 		values := append([]string{strconv.FormatUint(uint64(f.PID), 10), f.Comm, f.Kind.String(), f.GPU()}, containerLabels(f.Container)...)
 		values = append(values, strconv.Itoa(int(f.Result)))
-		ch <- failures.sample(float64(f.Count), values...)
+		ch <- failures.since(f.Since, float64(f.Count), values...)
 	}
 	for reason, n := range t.Losses {
 		ch <- losses.sample(float64(n), schema.Loss(reason).String())
@@ -283,6 +295,27 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// withOutOfMemory are t's failures and, at zero, an out-of-memory count
+// for each series of the driver's allocations that has none: the series of
+// a process's first out-of-memory failure is then there before it, and an
+// increase over a window counts that failure.
+func withOutOfMemory(t snapshot.Totals) []snapshot.SeriesFailures {
+	counted := map[snapshot.SeriesKey]bool{}
+	for _, f := range t.Failures {
+		if f.Result == memory.CUDAOutOfMemory {
+			counted[f.SeriesKey] = true
+		}
+	}
+	out := slices.Clip(t.Failures)
+	for _, s := range t.Series {
+		if s.Kind.View() == memory.ViewDriver && !s.Kind.FromNVML() && !counted[s.SeriesKey] {
+			out = append(out, snapshot.SeriesFailures{SeriesKey: s.SeriesKey, Comm: s.Comm, Container: s.Container,
+				Since: s.Since, Result: memory.CUDAOutOfMemory})
+		}
+	}
+	return out
+}
+
 // igClass is a process's memory of one class, in IG's words.
 type igClass struct {
 	pid     uint32
@@ -302,7 +335,7 @@ func collectIG(ch chan<- prometheus.Metric, series []snapshot.Series) {
 		k := igClass{s.PID, s.GPU() == memory.GPUHost}
 		sum := sums[k]
 		if sum == nil {
-			sum = &snapshot.Series{SeriesKey: s.SeriesKey, Comm: s.Comm, Container: s.Container}
+			sum = &snapshot.Series{SeriesKey: s.SeriesKey, Comm: s.Comm, Container: s.Container, Since: s.Since}
 			sums[k] = sum
 			order = append(order, k)
 		}
@@ -315,9 +348,9 @@ func collectIG(ch chan<- prometheus.Metric, series []snapshot.Series) {
 			host, hostRaw = "CUDA_MEM_HOST", "1"
 		}
 		values := []string{strconv.FormatUint(uint64(s.PID), 10), s.Comm, host, hostRaw, s.Container.Namespace, s.Container.Pod, s.Container.Name}
-		ch <- igAllocBytes.sample(float64(s.AllocBytes), values...)
-		ch <- igFreeBytes.sample(float64(s.FreeBytes), values...)
-		ch <- igImplicitFreeBytes.sample(float64(s.ImplicitFreeBytes), values...)
+		ch <- igAllocBytes.since(s.Since, float64(s.AllocBytes), values...)
+		ch <- igFreeBytes.since(s.Since, float64(s.FreeBytes), values...)
+		ch <- igImplicitFreeBytes.since(s.Since, float64(s.ImplicitFreeBytes), values...)
 	}
 }
 

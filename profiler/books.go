@@ -25,8 +25,13 @@ type books struct {
 	// driverAllocations counts each process's driver allocations, for
 	// the driver view's budget.
 	driverAllocations map[uint32]uint64
-	python            snapshot.PythonStats // but Processes, which the process table counts
-	nativeTruncated   uint64               // allocations whose native stack was cut at the depth limit
+	// contexts are the GPUs each process made a CUDA context on: its
+	// device series exist from then on, at zero before its first
+	// allocation, so that a rate or increase of its counters counts that
+	// allocation too.
+	contexts        map[processDevice]bool
+	python          snapshot.PythonStats // but Processes, which the process table counts
+	nativeTruncated uint64               // allocations whose native stack was cut at the depth limit
 	// Out of memory (oom.go): snapshots taken, not yet delivered; the
 	// latest MaxOOMs delivered; each process's last.
 	oomPending []oomSnapshot
@@ -42,7 +47,7 @@ type books struct {
 
 func newBooks() *books {
 	return &books{ledger: accounting.New(), lastOOM: map[uint32]oomMark{}, exitedAt: map[uint32]uint64{},
-		tensorAllocations: map[uint32]uint64{}, driverAllocations: map[uint32]uint64{}}
+		tensorAllocations: map[uint32]uint64{}, driverAllocations: map[uint32]uint64{}, contexts: map[processDevice]bool{}}
 }
 
 // account enters one event, its stack interned as id; python says its
@@ -61,7 +66,9 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	switch {
 	case ev.Exit:
 		b.exitLocked(ev.PID, ev.Timestamp)
-	case ev.Op.MakesContext(), ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
+	case ev.Op.MakesContext():
+		b.contexts[processDevice{ev.PID, ev.Device}] = true // sized by NVML, beside the ledger (gpumemory.go)
+	case ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
 		// sized by NVML, beside the ledger (gpumemory.go)
 	case ev.Op.IsFree():
 		b.ledger.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)
@@ -245,6 +252,11 @@ func (b *books) sum(keep func(accounting.Key) bool) snapshot.Totals {
 			series.add(k, c)
 		}
 	})
+	for pd := range b.contexts {
+		if k := (accounting.Key{PID: pd.pid, Kind: memory.KindDevice, Device: pd.device}); keep(k) {
+			series.add(k, accounting.Counters{}) // at zero until its first allocation
+		}
+	}
 	type failureKey struct {
 		snapshot.SeriesKey
 		result int32
@@ -324,6 +336,11 @@ func (b *books) dropExited(candidates, keep []uint32) []uint32 {
 		delete(b.tensorAllocations, pid)
 		delete(b.driverAllocations, pid)
 		dropped = append(dropped, pid)
+	}
+	for pd := range b.contexts {
+		if drop[pd.pid] {
+			delete(b.contexts, pd)
+		}
 	}
 	b.ledger.DropExited(func(pid uint32) bool { return !drop[pid] })
 	return dropped

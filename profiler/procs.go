@@ -119,7 +119,7 @@ func (t *processTable) note(pid uint32, comm string, what noted) (python bool) {
 		if comm == "" {
 			comm = readComm(t.procRoot, pid) // once a process, so that no output shows it unnamed
 		}
-		t.procs[pid] = &process{Process: snapshot.Process{Comm: comm}, allocated: allocation}
+		t.procs[pid] = &process{Process: snapshot.Process{Comm: comm, Since: time.Now()}, allocated: allocation}
 		t.toRead = append(t.toRead, pid)
 		t.reading.ask()
 	case (comm != "" && p.Comm != comm) || (allocation && !p.allocated):

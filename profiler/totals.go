@@ -25,12 +25,12 @@ func (p *Profiler) Totals() (snapshot.Totals, error) {
 	t.DriverViewsOff, t.DriverBudgetExceeded = p.DriverViewsOff(), p.DriverBudgetExceeded()
 	for i := range t.Series {
 		if s := &t.Series[i]; s.Kind != memory.KindUntraced {
-			s.Comm, s.Container = procs[s.PID].Comm, procs[s.PID].Container
+			s.Comm, s.Container, s.Since = procs[s.PID].Comm, procs[s.PID].Container, procs[s.PID].Since
 		}
 	}
 	for i := range t.Failures {
 		f := &t.Failures[i]
-		f.Comm, f.Container = procs[f.PID].Comm, procs[f.PID].Container
+		f.Comm, f.Container, f.Since = procs[f.PID].Comm, procs[f.PID].Container, procs[f.PID].Since
 	}
 	return t, err
 }

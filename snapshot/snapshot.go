@@ -92,7 +92,11 @@ type Entry struct {
 
 // Process is what a snapshot knows of one process.
 type Process struct {
-	Comm      string
+	Comm string
+	// Since is when the agent first saw the process (its first event: a
+	// CUDA context made, before its first allocation): where its counters
+	// start from zero.
+	Since     time.Time
 	GPUs      map[int]gpuinfo.Device // its CUDA ordinals' GPUs
 	Container container.Identity     // its pod and container, from its cgroup
 }

@@ -1,6 +1,8 @@
 package snapshot
 
 import (
+	"time"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -48,6 +50,7 @@ type Series struct {
 	SeriesKey
 	Comm      string
 	Container container.Identity
+	Since     time.Time // its process's Since: its counters' start
 	accounting.Counters
 }
 
@@ -57,6 +60,7 @@ type SeriesFailures struct {
 	SeriesKey
 	Comm      string
 	Container container.Identity
+	Since     time.Time // its process's Since: its counts' start
 	Result    int32
 	Count     uint64
 }

@@ -228,8 +228,8 @@ type promSeries struct {
 }
 
 // startPrometheus builds tests/promql and starts it scraping target (a
-// URL) every 200 ms.
-func startPrometheus(t *testing.T, target string) *prometheus {
+// URL) every 200 ms, with tests/promql's flags args.
+func startPrometheus(t *testing.T, target string, args ...string) *prometheus {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "promql")
 	build := exec.Command("go", "build", "-o", bin, ".")
@@ -241,7 +241,7 @@ func startPrometheus(t *testing.T, target string) *prometheus {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := start(t, nil, bin, "-target", u.Host, "-path", u.Path, "-interval", "200ms", "-dir", t.TempDir())
+	p := start(t, nil, bin, append([]string{"-target", u.Host, "-path", u.Path, "-interval", "200ms", "-dir", t.TempDir()}, args...)...)
 	p.out.Buffer(nil, 64<<20)
 	p.waitLine(t, "promql: scraping")
 	return &prometheus{p}

@@ -12,7 +12,11 @@
 // log.KeyValue), and would move Kubernetes, moby and gRPC under the product
 // for a test's sake. As a separate binary it imports nothing of gpu-mem's.
 //
-//	promql -target 127.0.0.1:9400 -path /metrics -interval 200ms -dir DIR
+//	promql -target 127.0.0.1:9400 -path /metrics -interval 200ms -dir DIR [-created-timestamps]
+//
+// -created-timestamps is Prometheus's --enable-feature=created-timestamp-zero-ingestion:
+// a counter's created timestamp (the protobuf exposition's, preferred then)
+// becomes a zero sample before its first scraped one.
 //
 // Requests:
 //
@@ -38,6 +42,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,25 +68,28 @@ func main() {
 	path := flag.String("path", "/metrics", "the target's metrics path")
 	interval := flag.Duration("interval", 200*time.Millisecond, "scrape interval (and timeout)")
 	dir := flag.String("dir", "", "the TSDB's folder")
+	created := flag.Bool("created-timestamps", false, "ingest counters' created timestamps as zero samples")
 	flag.Parse()
 	if *target == "" || *dir == "" {
 		fmt.Fprintln(os.Stderr, "usage: promql -target HOST:PORT -dir DIR [-path /metrics] [-interval 200ms]")
 		os.Exit(2)
 	}
-	if err := run(*target, *path, *interval, *dir); err != nil {
+	if err := run(*target, *path, *interval, *dir, *created); err != nil {
 		fmt.Fprintln(os.Stderr, "promql:", err)
 		os.Exit(1)
 	}
 }
 
-func run(target, path string, interval time.Duration, dir string) error {
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	db, err := tsdb.Open(dir, logger, nil, tsdb.DefaultOptions(), nil)
+func run(target, path string, interval time.Duration, dir string, created bool) error {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	opts := tsdb.DefaultOptions()
+	opts.EnableSTAsZeroSample = created
+	db, err := tsdb.Open(dir, logger, nil, opts, nil)
 	if err != nil {
 		return fmt.Errorf("open TSDB: %w", err)
 	}
 	defer db.Close()
-	scraper, err := startScraping(logger, db, target, path, interval)
+	scraper, err := startScraping(logger, db, target, path, interval, created)
 	if err != nil {
 		return err
 	}
@@ -94,18 +102,29 @@ func run(target, path string, interval time.Duration, dir string) error {
 
 // startScraping runs Prometheus's scrape manager on one job, configured from
 // YAML as a Prometheus server is, its one static target handed over as
-// discovery would hand it.
-func startScraping(logger *slog.Logger, db *tsdb.DB, target, path string, interval time.Duration) (*scrape.Manager, error) {
+// discovery would hand it. With created, as the server's
+// created-timestamp-zero-ingestion feature sets it: protobuf first, and
+// created timestamps ingested as zero samples.
+func startScraping(logger *slog.Logger, db *tsdb.DB, target, path string, interval time.Duration, created bool) (*scrape.Manager, error) {
+	protocols := config.DefaultScrapeProtocols
+	if created {
+		protocols = config.DefaultProtoFirstScrapeProtocols
+	}
+	names := make([]string, len(protocols))
+	for i, p := range protocols {
+		names[i] = string(p)
+	}
 	cfg, err := config.Load(fmt.Sprintf(`
-global: {scrape_interval: %[1]s, scrape_timeout: %[1]s}
+global: {scrape_interval: %[1]s, scrape_timeout: %[1]s, scrape_protocols: [%[4]s]}
 scrape_configs:
   - job_name: %[2]s
     metrics_path: %[3]s
-`, model.Duration(interval), job, path), logger)
+`, model.Duration(interval), job, path, strings.Join(names, ", ")), logger)
 	if err != nil {
 		return nil, fmt.Errorf("scrape configuration: %w", err)
 	}
-	m, err := scrape.NewManager(&scrape.Options{}, logger, nil, nil, db, prometheus.NewRegistry())
+	opts := &scrape.Options{EnableStartTimestampZeroIngestion: created, ParseST: created}
+	m, err := scrape.NewManager(opts, logger, nil, nil, db, prometheus.NewRegistry())
 	if err != nil {
 		return nil, fmt.Errorf("scrape manager: %w", err)
 	}
