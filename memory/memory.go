@@ -116,6 +116,15 @@ func (k Kind) FromNVML() bool {
 	return k == KindContext || k == KindModule || k == KindDriverInternal || k == KindUntraced
 }
 
+// AllocatedOnGPU says whether memory of kind k on device is what
+// Inspektor Gadget's CUDA gadgets count as GPU memory (top_cuda_memory's
+// host_raw 0, the guide dashboard's panels): allocated through the driver
+// (not NVML's parts, not a tensor inside a segment) and not in the host's
+// RAM (GPU's GPUHost).
+func AllocatedOnGPU(k Kind, device int32) bool {
+	return k.View() == ViewDriver && !k.FromNVML() && GPU(k, device) != GPUHost
+}
+
 // FromNVMLWithStack says whether memory of kind k is known from NVML's
 // numbers and charged to the stack of the call that made it (a context, a
 // module), rather than to a row of NVML's own.

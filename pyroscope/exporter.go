@@ -102,8 +102,10 @@ type Config struct {
 	TenantID string // X-Scope-OrgID
 
 	// Malloc adds, per process, the series Inspektor Gadget's GPU
-	// observability dashboard reads (MallocProfileName): the driver view's
-	// bytes allocated during each interval.
+	// observability dashboard reads (MallocProfileName): the bytes
+	// allocated on the GPUs during each interval, as the dashboard's
+	// Prometheus panels count them (memory.AllocatedOnGPU: neither pinned
+	// host memory nor NVML's contexts and modules).
 	Malloc bool
 }
 
@@ -315,7 +317,7 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 	shares := pprof.PeakShares(peaks)
 	each(func(row *snapshot.Row) {
 		e.add(seriesKey{pid: row.PID, kind: row.Kind, gpu: row.GPU()}, row).Add(row, shares[row.Key])
-		if e.cfg.Malloc && row.Kind.View() == memory.ViewDriver {
+		if e.cfg.Malloc && memory.AllocatedOnGPU(row.Kind, row.Key.Device) {
 			e.add(seriesKey{pid: row.PID, malloc: true}, row).Add(row, accounting.Amount{})
 		}
 	})
