@@ -520,6 +520,39 @@ func (g *gpuMemory) addStackRows(s *snapshot.Snapshot, procs map[uint32]*process
 	}
 }
 
+// addToPeaks adds to each process's driver-view peak on a GPU what NVML
+// says it holds there beyond its allocations, as last read (its contexts,
+// modules and driver internals: held throughout, whatever its allocations
+// did), so that a peak is never below what the process holds, nor below
+// nvidia-smi's number for it. A process that holds only those gets a peak
+// of them, at ts. The peaks' rows are copied before any is added: they
+// may share memory (Snapshot.Shares).
+func (g *gpuMemory) addToPeaks(peaks []accounting.Peak, keep func(accounting.Key) bool, ts uint64) []accounting.Peak {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	at := make(map[accounting.PeakKey]int, len(peaks))
+	for i, pk := range peaks {
+		at[pk.PeakKey] = i
+	}
+	for k, c := range g.rows {
+		if k.Kind == memory.KindUntraced || c.LiveBytes() == 0 || !keep(k) {
+			continue
+		}
+		pk := accounting.PeakKey{PID: k.PID, View: memory.ViewDriver, GPU: k.GPU()}
+		i, ok := at[pk]
+		if !ok {
+			i = len(peaks)
+			at[pk] = i
+			peaks = append(peaks, accounting.Peak{PeakKey: pk, Time: ts})
+		}
+		held := accounting.Amount{Bytes: c.LiveBytes(), Count: c.LiveCount()}
+		peaks[i].Bytes += held.Bytes
+		peaks[i].Count += held.Count
+		peaks[i].Rows = append(slices.Clip(peaks[i].Rows), accounting.PeakRow{Key: k, Amount: held})
+	}
+	return peaks
+}
+
 // addTo sets s's view of the GPUs (nil without NVML) and, with rows,
 // adds NVML's rows that keep says, with their frames, their processes
 // from procs where it has them, else named by the view.

@@ -10,7 +10,9 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
 // peaks are the books' peaks, on the GPUs the reports are limited to, by
@@ -41,10 +43,19 @@ func (p *Profiler) peak(proc *process, pk accounting.Peak, withRows bool) snapsh
 	out.Rows = make([]snapshot.Row, 0, len(pk.Rows))
 	for _, r := range pk.Rows {
 		share := accounting.Counters{AllocBytes: r.Bytes, AllocCount: r.Count}
-		out.Rows = append(out.Rows, proc.Row(r.Key, share, p.stacks.stackFrames(r.Stack)))
+		out.Rows = append(out.Rows, proc.Row(r.Key, share, p.rowFrames(r.Key)))
 	}
 	snapshot.SortByLive(out.Rows)
 	return out
+}
+
+// rowFrames are the frames of a row of a peak: its stack's, or for NVML's
+// part of no stack, the frame that says what it is.
+func (p *Profiler) rowFrames(k accounting.Key) []*symbolize.Frame {
+	if k.Kind == memory.KindDriverInternal {
+		return []*symbolize.Frame{frameDriverInternal}
+	}
+	return p.stacks.stackFrames(k.Stack)
 }
 
 // peakOnGPU is onGPU for a peak: whether its GPU is one the reports are

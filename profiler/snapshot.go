@@ -54,6 +54,7 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
 	peaks, timeline, err := p.copyBooks(s, procs, true, true)
+	peaks = p.gpus.addToPeaks(peaks, p.onGPU, bpfNow())
 	p.gpus.addStackRows(s, procs, p.onGPU)
 	p.nameRows(s, true)
 	p.finish(s, procs, peaks, timeline, true)
@@ -71,6 +72,7 @@ func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error 
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
 	peaks, _, err := p.copyBooks(s, procs, false, parts == RowsAndPeaks)
+	peaks = p.gpus.addToPeaks(peaks, p.onGPU, bpfNow())
 	if parts == RowsAndPeaks {
 		p.gpus.addStackRows(s, procs, p.onGPU)
 	}

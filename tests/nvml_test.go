@@ -126,6 +126,21 @@ func TestReconciledWithNVML(t *testing.T) {
 	if f := frames[where{other.pid, memory.KindUntraced, "0"}]; f != "[process gpu-mem does not trace]" {
 		t.Errorf("untraced frame %q", f)
 	}
+	// A peak is never below what is held: the driver view's peaks hold
+	// NVML's part too, each GPU's (the allocation, made before the
+	// recorder started, is on no GPU the driver named).
+	peaks := map[string]uint64{}
+	for _, pk := range r.Peaks {
+		if int(pk.PID) == traced.pid && pk.View == memory.ViewDriver {
+			peaks[pk.GPU] = pk.Bytes
+			if len(pk.Rows) == 0 || pk.Rows[0].Frames == nil {
+				t.Errorf("peak on GPU %s: rows %+v, want named", pk.GPU, pk.Rows)
+			}
+		}
+	}
+	if want := map[string]uint64{"0": 7*MiB + 24, "unknown": 1000}; !maps.Equal(peaks, want) {
+		t.Errorf("peaks %v, want %v", peaks, want)
+	}
 	if r.GPUMemory == nil || len(r.GPUMemory.GPUs) != 1 {
 		t.Fatalf("GPU memory %+v, want one GPU", r.GPUMemory)
 	}
@@ -270,7 +285,8 @@ func checkNVMLJSON(t *testing.T, path string, pid, other int) {
 
 // checkNVMLMetrics scrapes the agent until the traced process's
 // gpumem_live_bytes sum to its NVML number (its 7 MiB context, seen made,
-// apart), and the untraced one's is there; gpumem_gpu_used_bytes is the
+// apart), and so does its gpumem_peak_bytes (a peak is never below what is
+// held), and the untraced one's is there; gpumem_gpu_used_bytes is the
 // GPU's memory.used.
 func checkNVMLMetrics(t *testing.T, url string, pid, other int) {
 	t.Helper()
@@ -292,13 +308,21 @@ func checkNVMLMetrics(t *testing.T, url string, pid, other int) {
 		}
 		return 0
 	}
+	peak := func(f map[string]*dto.MetricFamily) uint64 {
+		for _, m := range f["gpumem_peak_bytes"].GetMetric() {
+			if l := metricstest.Labels(m); l["pid"] == strconv.Itoa(pid) && l["gpu"] == "0" {
+				return uint64(m.GetGauge().GetValue())
+			}
+		}
+		return 0
+	}
 	exact := func(f map[string]*dto.MetricFamily) bool {
-		return sum(f, pid, "") == 7*MiB+1024 && sum(f, pid, "context") == 7*MiB && sum(f, pid, "driver-internal") == 24 &&
+		return sum(f, pid, "") == 7*MiB+1024 && peak(f) == 7*MiB+1024 && sum(f, pid, "context") == 7*MiB && sum(f, pid, "driver-internal") == 24 &&
 			sum(f, other, "untraced") == 10*MiB && used(f) == 17*MiB+1024
 	}
 	if f := metricstest.ScrapeUntil(t, url, hangLimit, exact); !exact(f) {
-		t.Errorf("gpumem_live_bytes: pid %d %d (context %d, driver-internal %d), untraced pid %d %d; gpumem_gpu_used_bytes %d",
-			pid, sum(f, pid, ""), sum(f, pid, "context"), sum(f, pid, "driver-internal"), other, sum(f, other, "untraced"), used(f))
+		t.Errorf("gpumem_live_bytes: pid %d %d (context %d, driver-internal %d; peak %d), untraced pid %d %d; gpumem_gpu_used_bytes %d",
+			pid, sum(f, pid, ""), sum(f, pid, "context"), sum(f, pid, "driver-internal"), peak(f), other, sum(f, other, "untraced"), used(f))
 	}
 }
 
