@@ -14,6 +14,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"github.com/grafana/grafana-foundation-sdk/go/grafanapyroscope"
+
+	"github.com/gpu-mem/gpu-mem/memory"
 )
 
 // TestOutputsAreGenerated: every committed copy of the dashboard is the
@@ -219,5 +221,28 @@ func TestMultiValueSelection(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestGPUPanelsLeaveHostMemoryOut: every panel of the driver view's GPU
+// memory (held, allocated, peaks; flame graphs and time series) selects
+// gpu!="host": page-locked host memory is in the driver view's series but
+// is host RAM. The tensor view has none; failures are counted whatever the
+// memory.
+func TestGPUPanelsLeaveHostMemoryOut(t *testing.T) {
+	for _, f := range flameGraphs {
+		if got := strings.Contains(labelSelector(f.view), onGPUs); got != (f.view == memory.ViewDriver) {
+			t.Errorf("%s: %s", f.title, labelSelector(f.view))
+		}
+	}
+	for _, s := range seriesPanels {
+		driver := strings.Contains(s.expr, driverMetrics.LiveBytes+"{") || strings.Contains(s.expr, driverMetrics.AllocatedBytes+"{") ||
+			strings.Contains(s.expr, driverMetrics.PeakBytes+"{")
+		if strings.Contains(s.expr, onGPUs) != driver {
+			t.Errorf("%s: %s", s.title, s.expr)
+		}
+	}
+	if onGPUs != `gpu!="host"` {
+		t.Errorf("onGPUs %s", onGPUs)
 	}
 }

@@ -113,7 +113,7 @@ func TestGuideDashboard(t *testing.T) {
 	work["trainer"].cmd.Wait()
 	held := first + second["trainer"] // never freed: released by the exit
 	prom.waitLast(t, `mem_implicit_free_bytes_total{pid="`+pids["trainer"]+`",host_raw="0"}`, held)
-	prom.waitGone(t, `mem_alloc_bytes_total{pid="`+pids["trainer"]+`"}`)
+	dropped := prom.waitGone(t, `mem_alloc_bytes_total{pid="`+pids["trainer"]+`"}`, `mem_alloc_bytes_total{pid="`+pids["server"]+`"}`)
 
 	// Every series of the two processes has the pod's names from its first
 	// sample on (a series renamed later would be a second series).
@@ -172,10 +172,9 @@ func TestGuideDashboard(t *testing.T) {
 
 	// Once the agent dropped the trainer, its active memory is gone from
 	// the panels: its series are stale.
-	now := time.Now().UnixMilli()
 	afterDrop := map[string]map[string]float64{"GPU Active Memory by Pod": {row("server"): first + second["server"]},
 		"Top GPU Processes": {row("server"): first + second["server"]}, "Total GPU Memory": total}
-	checkPanels(t, prom, "All, after the trainer was dropped", all, now, afterDrop)
+	checkPanels(t, prom, "All, after the trainer was dropped", all, dropped, afterDrop)
 }
 
 // checkPanels evaluates each panel of want at ms with the variables vars,
@@ -305,14 +304,18 @@ func (pr *prometheus) waitLast(t *testing.T, sel string, last float64) {
 	t.Fatalf("Prometheus did not scrape %s = %v: %+v", sel, last, got)
 }
 
-// waitGone waits until the series sel selects are stale: an instant query
-// now finds none.
-func (pr *prometheus) waitGone(t *testing.T, sel string) {
+// waitGone waits until the series sel selects are stale while those kept
+// selects are not (a failed scrape, a timeout on a busy machine, makes every
+// series stale at once), and returns when (Unix ms) an instant query found
+// it so.
+func (pr *prometheus) waitGone(t *testing.T, sel, kept string) int64 {
 	t.Helper()
 	for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if len(pr.query(t, sel, time.Now().UnixMilli())) == 0 {
-			return
+		now := time.Now().UnixMilli()
+		if len(pr.query(t, sel, now)) == 0 && len(pr.query(t, kept, now)) > 0 {
+			return now
 		}
 	}
-	t.Fatalf("%s still there after %v", sel, hangLimit)
+	t.Fatalf("%s still there (or %s gone) after %v", sel, kept, hangLimit)
+	return 0
 }
