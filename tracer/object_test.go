@@ -32,3 +32,19 @@ func TestObjectWithoutAMapIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseClosesEveryObject: once the tracer is closed, no program or map
+// it loaded is open.
+func TestCloseClosesEveryObject(t *testing.T) {
+	tr, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Close()
+	fields := reflect.ValueOf(&tr.objs).Elem()
+	for i := range fields.NumField() {
+		if fd := fields.Field(i).Interface().(interface{ FD() int }).FD(); fd != -1 {
+			t.Errorf("%s: still open (fd %d)", fields.Type().Field(i).Name, fd)
+		}
+	}
+}
