@@ -34,15 +34,17 @@ func TestParseArg(t *testing.T) {
 	}
 }
 
-// TestSimulatedAllocator reads the probes of the simulated libc10_cuda.so:
-// the two probes, their arguments, and semaphores at the file offsets of
-// the semaphore symbols.
+// TestSimulatedAllocator reads the probes of the simulated libc10_cuda.so,
+// built into a folder of the test's (not the tree's build/): the two
+// probes, their arguments, and semaphores at the file offsets of the
+// semaphore symbols.
 func TestSimulatedAllocator(t *testing.T) {
 	root, _ := filepath.Abs("..")
-	if out, err := exec.Command("make", "-s", "-C", root, "sim").CombinedOutput(); err != nil {
-		t.Fatalf("make sim: %v\n%s", err, out)
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libc10_cuda.so")
+	if out, err := exec.Command("make", "-s", "-C", root, "SIM="+dir, lib).CombinedOutput(); err != nil {
+		t.Fatalf("make %s: %v\n%s", lib, err, out)
 	}
-	lib := filepath.Join(root, "build/sim/libc10_cuda.so")
 	probes, err := Read(lib)
 	if err != nil {
 		t.Fatal(err)
