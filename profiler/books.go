@@ -144,11 +144,18 @@ func (b *books) exitLocked(pid uint32, ts uint64) {
 	delete(b.lastOOM, pid)
 }
 
-// livePIDs are the processes holding memory.
+// livePIDs are the processes holding memory, or a CUDA context: those
+// whose end must be seen, if not by their exit then by their absence.
 func (b *books) livePIDs() []uint32 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.ledger.LivePIDs()
+	pids := b.ledger.LivePIDs()
+	for pd := range b.contexts {
+		if _, exited := b.exitedAt[pd.pid]; !exited && !slices.Contains(pids, pd.pid) {
+			pids = append(pids, pd.pid)
+		}
+	}
+	return pids
 }
 
 // close keeps the tracer's last loss counts, read as it closes.
@@ -173,6 +180,9 @@ func (b *books) pids() map[uint32]bool {
 	defer b.mu.Unlock()
 	pids := b.ledger.PIDs()
 	addKeys(pids, b.exitedAt)
+	for pd := range b.contexts {
+		pids[pd.pid] = true
+	}
 	return pids
 }
 

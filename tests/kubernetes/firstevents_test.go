@@ -48,6 +48,14 @@ func TestFirstEventsCounted(t *testing.T) {
 	checkIncrease(t, plain, `gpumem_allocated_bytes_total{pid="`+holder+`",kind="device",gpu="0"}`, held)
 	checkIncrease(t, plain, oomSeries(failer), 1)
 
+	// A process that made its context and ended before allocating: its
+	// series at 0 go with it.
+	idle := startReady(t, driver.env, simwork, "hold", strconv.Itoa(held))
+	plain.waitLast(t, allocSeries(idle), 0)
+	workloads[idle].cmd.Process.Kill()
+	workloads[idle].cmd.Wait()
+	plain.waitGone(t, allocSeries(idle), allocSeries(holder))
+
 	// Allocates (or fails) before the Prometheus servers started next
 	// first scrape: only the created timestamps tell them where the
 	// counters started.
