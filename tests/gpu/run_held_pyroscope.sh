@@ -18,7 +18,7 @@ cd "$here/../.."
 start=$(($(date +%s) * 1000))
 "$gpumem" agent --library build/sim/libcuda.so.1 --tensors=off --pyroscope-url http://127.0.0.1:4040 --control-socket "" 2>$D/agent.err &
 ag=$!
-until grep -q "exporting to" $D/agent.err; do sleep 0.1; done
+until grep -qs "exporting to" $D/agent.err; do sleep 0.1; done
 held=$((64 << 20))
 (echo; sleep 90) | build/sim/simwork hold $held > $D/hold.out &
 work=$!
