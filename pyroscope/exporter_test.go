@@ -255,10 +255,10 @@ func TestBadConfiguration(t *testing.T) {
 	}
 }
 
-// TestReceiverDownThenUp: for 30 seconds nothing listens; intervals queue,
-// and the oldest are dropped and counted once the queue is full. Then the
-// receiver comes up on the same address and gets every queued interval, in
-// order.
+// TestReceiverDownThenUp: while 30 intervals are exported nothing listens;
+// pushes fail, intervals queue, and the oldest are dropped and counted once
+// the queue is full. Then the receiver comes up on the same address and gets
+// every queued interval, in order.
 func TestReceiverDownThenUp(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -277,8 +277,10 @@ func TestReceiverDownThenUp(t *testing.T) {
 				e.Export(snapshot.Snapshot{Time: t0.Add(time.Duration(i+1) * time.Second)}.With([]snapshot.Row{
 					row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: uint64(i + 1), AllocCount: uint64(i + 1)}),
 				}...))
-				time.Sleep(time.Second)
 			}
+			// While the server is down, pushes fail and are retried: no
+			// interval is lost but to the queue's bound.
+			waitFor(t, "a push to fail", func() bool { return e.Stats().Failed > 0 })
 			down := e.Stats()
 			if down.Pushed != 0 || down.Failed == 0 || down.LastError == "" {
 				t.Errorf("while down: %+v", down)
