@@ -11,8 +11,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 )
 
 // TestAPIServerGoneAndBack (issue 21, point 3; docs/faults.md): the API
@@ -55,13 +57,13 @@ func TestAPIServerGoneAndBack(t *testing.T) {
 	}
 	// A watch event goes through: the watch is on.
 	f.events <- `{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"10"}}}`
-	waitFor(t, "the watch to take the event", func() bool { return len(f.events) == 0 })
+	waitfor.Condition(t, "the watch to take the event", time.Minute, func() bool { return len(f.events) == 0 })
 
 	// Gone: every connection cut, the port closed.
 	addr := f.srv.Listener.Addr().String()
 	f.srv.CloseClientConnections()
 	f.srv.Close()
-	waitFor(t, "the loss said", func() bool { return said("pods: the API server: ") == 1 })
+	waitfor.Condition(t, "the loss said", time.Minute, func() bool { return said("pods: the API server: ") == 1 })
 	f.mu.Lock()
 	lists := f.lists
 	// One item: the fake joins the list's items with spaces.
@@ -83,11 +85,11 @@ func TestAPIServerGoneAndBack(t *testing.T) {
 	f.srv.StartTLS()
 	t.Cleanup(f.srv.Close)
 	c2 := container.Identity{PodUID: "uid-2", ContainerID: "c2"}
-	waitFor(t, "the pod created while gone", func() bool { _, ok := pods.Lookup(c2); return ok })
+	waitfor.Condition(t, "the pod created while gone", time.Minute, func() bool { _, ok := pods.Lookup(c2); return ok })
 	if got := pods.Name(c2); got.Pod != "created-while-down" || got.Namespace != "ml" {
 		t.Errorf("named %+v", got)
 	}
-	waitFor(t, "the return said", func() bool { return said("pods: the API server answers again: 2 pods of the node listed") == 1 })
+	waitfor.Condition(t, "the return said", time.Minute, func() bool { return said("pods: the API server answers again: 2 pods of the node listed") == 1 })
 	if n := said("pods: the API server: "); n != 1 {
 		t.Errorf("the loss said %d times, want once: %q", n, logs)
 	}
@@ -96,7 +98,7 @@ func TestAPIServerGoneAndBack(t *testing.T) {
 	}
 	// The watch goes on: an event after the return applies.
 	f.events <- `{"type":"DELETED","object":` + podJSON("uid-1", "trainer-5d9f8-x2x7z", "13", "c1") + `}`
-	waitFor(t, "the deleted pod", func() bool { _, ok := pods.Lookup(c1); return !ok })
+	waitfor.Condition(t, "the deleted pod", time.Minute, func() bool { _, ok := pods.Lookup(c1); return !ok })
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("logged %q", logs)

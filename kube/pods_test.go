@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 )
 
 // fakeServer serves /api/v1/pods as the API server does: a list, then
@@ -93,16 +94,6 @@ func podJSON(uid, name, version, containerID string) string {
 		name, uid, version, containerID)
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if ok() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 func writeCA(t *testing.T, srv *httptest.Server, path string) {
 	t.Helper()
 	data := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
@@ -147,13 +138,13 @@ func TestPodsInCluster(t *testing.T) {
 		t.Errorf("named %+v", got)
 	}
 	// The first watch is refused as too old: a second list, then a watch.
-	waitFor(t, "a second list", func() bool { lists, _, _ := f.seen(); return lists == 2 })
+	waitfor.Condition(t, "a second list", time.Minute, func() bool { lists, _, _ := f.seen(); return lists == 2 })
 
 	f.events <- `{"type":"ADDED","object":` + podJSON("uid-2", "other", "11", "c2") + `}`
 	f.events <- `{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"12"}}}`
-	waitFor(t, "the added pod", func() bool { _, ok := pods.Lookup(container.Identity{PodUID: "uid-2"}); return ok })
+	waitfor.Condition(t, "the added pod", time.Minute, func() bool { _, ok := pods.Lookup(container.Identity{PodUID: "uid-2"}); return ok })
 	f.events <- `{"type":"DELETED","object":` + podJSON("uid-1", "trainer-5d9f8-x2x7z", "13", "c1") + `}`
-	waitFor(t, "the deleted pod", func() bool { _, ok := pods.Lookup(c1); return !ok })
+	waitfor.Condition(t, "the deleted pod", time.Minute, func() bool { _, ok := pods.Lookup(c1); return !ok })
 	if got := pods.Name(container.Identity{PodUID: "uid-2", ContainerID: "c2"}); got.Pod != "other" || got.Name != "trainer" {
 		t.Errorf("named %+v", got)
 	}

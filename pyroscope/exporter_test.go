@@ -26,6 +26,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/schema"
@@ -76,17 +77,6 @@ func startWithClock(t *testing.T, cfg Config, now func() time.Time) *Exporter {
 	return e
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 	lis := listen(t)
 	r := &receiver{}
@@ -103,7 +93,7 @@ func TestPushesAllocatedPerIntervalAndLive(t *testing.T) {
 		row(10, 1, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 150, AllocCount: 2, FreeBytes: 100, FreeCount: 1}),
 		row(10, 2, memory.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
 	}...))
-	waitFor(t, "two pushes", func() bool { return len(r.Received()) == 2 })
+	waitfor.Condition(t, "two pushes", time.Minute, func() bool { return len(r.Received()) == 2 })
 
 	second := r.Received()[1]
 	if len(second.Series) != 2 {
@@ -166,13 +156,13 @@ func TestCredentialsAndTenant(t *testing.T) {
 			e := start(t, cfg)
 			e.Export(snapshot.Snapshot{Time: time.Now()}.With([]snapshot.Row{row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})}...))
 			if tc.ok {
-				waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
+				waitfor.Condition(t, "a push", time.Minute, func() bool { return len(r.Received()) == 1 })
 				if cfg.TenantID != "" && r.Metadata()[0]["x-scope-orgid"][0] != "team-a" {
 					t.Errorf("tenant %v", r.Metadata()[0])
 				}
 				return
 			}
-			waitFor(t, "a failure", func() bool { return e.Stats().Failed > 0 })
+			waitfor.Condition(t, "a failure", time.Minute, func() bool { return e.Stats().Failed > 0 })
 			s := e.Stats()
 			if !strings.Contains(s.LastError, "Unauthenticated") || strings.Contains(s.LastError, "s3cret") || s.Queued != 1 {
 				t.Errorf("stats %+v", s)
@@ -215,7 +205,7 @@ func TestTLS(t *testing.T) {
 
 	ok := start(t, Config{URL: "https://" + tlsLis.Addr().String(), CAFile: caFile, Interval: time.Second, QueueSize: 2})
 	ok.Export(report)
-	waitFor(t, "a TLS push", func() bool { return len(tlsRecv.Received()) == 1 })
+	waitfor.Condition(t, "a TLS push", time.Minute, func() bool { return len(tlsRecv.Received()) == 1 })
 
 	for name, cfg := range map[string]Config{
 		"untrusted certificate": {URL: "https://" + tlsLis.Addr().String()},
@@ -225,7 +215,7 @@ func TestTLS(t *testing.T) {
 		cfg.Interval, cfg.QueueSize = time.Second, 2
 		e := start(t, cfg)
 		e.Export(report)
-		waitFor(t, name+" failing", func() bool { return e.Stats().Failed > 0 })
+		waitfor.Condition(t, name+" failing", time.Minute, func() bool { return e.Stats().Failed > 0 })
 		if s := e.Stats(); s.Pushed != 0 || s.LastError == "" {
 			t.Errorf("%s: %+v", name, s)
 		}
@@ -280,7 +270,7 @@ func TestReceiverDownThenUp(t *testing.T) {
 			}
 			// While the server is down, pushes fail and are retried: no
 			// interval is lost but to the queue's bound.
-			waitFor(t, "a push to fail", func() bool { return e.Stats().Failed > 0 })
+			waitfor.Condition(t, "a push to fail", time.Minute, func() bool { return e.Stats().Failed > 0 })
 			down := e.Stats()
 			if down.Pushed != 0 || down.Failed == 0 || down.LastError == "" {
 				t.Errorf("while down: %+v", down)
@@ -293,7 +283,7 @@ func TestReceiverDownThenUp(t *testing.T) {
 			r := &receiver{}
 			serve(t, r, lis)
 			kept := min(intervals, tc.queue)
-			waitFor(t, "the queue to drain", func() bool { return len(r.Received()) == kept })
+			waitfor.Condition(t, "the queue to drain", time.Minute, func() bool { return len(r.Received()) == kept })
 			s := e.Stats()
 			if s.Pushed != uint64(kept) || s.Dropped != uint64(intervals-kept) || s.Queued != 0 {
 				t.Errorf("after: %+v, want %d pushed and %d dropped", s, kept, intervals-kept)
@@ -343,7 +333,7 @@ func TestTensorViewHasItsOwnProfileTypes(t *testing.T) {
 		{PID: 10, GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}, Shares: []accounting.PeakRow{share(rows[1], 16<<20, 2)}},
 	}
 	e.Export(snapshot.Snapshot{Time: time.Now(), Peaks: peaks}.With(rows...))
-	waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
+	waitfor.Condition(t, "a push", time.Minute, func() bool { return len(r.Received()) == 1 })
 	push := r.Received()[0]
 	types := map[string][]string{} // by kind
 	for _, s := range push.Series {
@@ -420,7 +410,7 @@ func TestMallocSeries(t *testing.T) {
 			inPod(row(10, 3, memory.KindTensor, "forward", accounting.Counters{AllocBytes: uint64(i+1) << 20, AllocCount: 1})),
 		))
 	}
-	waitFor(t, "three pushes", func() bool { return len(r.Received()) == 3 })
+	waitfor.Condition(t, "three pushes", time.Minute, func() bool { return len(r.Received()) == 3 })
 	for i, want := range []map[string]int64{
 		{"_allocate_kv_cache_tensors": 1 << 30},
 		nil, // nothing allocated
@@ -489,7 +479,7 @@ func TestDriverViewOffLabelsTheProcess(t *testing.T) {
 		row(10, 2, memory.KindTensor, "forward", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
 		row(11, 3, memory.KindDevice, "load_weights", accounting.Counters{AllocBytes: 4, AllocCount: 1}),
 	}...))
-	waitFor(t, "a push", func() bool { return len(r.Received()) == 1 })
+	waitfor.Condition(t, "a push", time.Minute, func() bool { return len(r.Received()) == 1 })
 	labelled := map[string]string{}
 	for _, series := range r.Received()[0].Series {
 		l := pyroscopetest.Labels(series)

@@ -11,6 +11,8 @@ import (
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 )
 
 // Faults of the way to the server (issue 21, point 3; docs/faults.md):
@@ -128,7 +130,7 @@ func TestServerThatNeverAnswers(t *testing.T) {
 			for i := range 7 {
 				e.Export(interval(t0.Add(time.Duration(i)*time.Second), uint64(i+1)))
 			}
-			waitFor(t, "two attempts timed out", func() bool { return e.Stats().Failed >= 2 })
+			waitfor.Condition(t, "two attempts timed out", time.Minute, func() bool { return e.Stats().Failed >= 2 })
 			if took := time.Since(began); took < 2*timeout {
 				t.Errorf("two attempts failed in %v, before their timeouts", took)
 			}
@@ -141,13 +143,13 @@ func TestServerThatNeverAnswers(t *testing.T) {
 			}
 
 			answer()
-			waitFor(t, "the queue to drain", func() bool { return e.Stats().Pushed >= 3 })
+			waitfor.Condition(t, "the queue to drain", time.Minute, func() bool { return e.Stats().Pushed >= 3 })
 			if got := pushedLive(t, r); !equal(got, []int64{5, 6, 7}) {
 				t.Errorf("pushed %v, want the newest three [5 6 7]", got)
 			}
 			// Tracing never waited: a new interval goes out behind them.
 			e.Export(interval(t0.Add(7*time.Second), 8))
-			waitFor(t, "the next interval", func() bool { return e.Stats().Pushed >= 4 })
+			waitfor.Condition(t, "the next interval", time.Minute, func() bool { return e.Stats().Pushed >= 4 })
 			if got := pushedLive(t, r); !equal(got, []int64{5, 6, 7, 8}) {
 				t.Errorf("pushed %v", got)
 			}
@@ -185,7 +187,7 @@ func TestTLSFailsThenAGoodServer(t *testing.T) {
 			e := start(t, Config{URL: "https://" + addr, CAFile: caFile, Interval: time.Second, QueueSize: 2})
 
 			e.Export(interval(time.Now(), 1))
-			waitFor(t, "two failed attempts", func() bool { return e.Stats().Failed >= 2 })
+			waitfor.Condition(t, "two failed attempts", time.Minute, func() bool { return e.Stats().Failed >= 2 })
 			s := e.Stats()
 			if s.Pushed != 0 || s.Queued != 1 || s.Rejected != 0 || s.Dropped != 0 || !strings.Contains(s.LastError, tc.cause) {
 				t.Errorf("while failing: %+v", s)
@@ -201,7 +203,7 @@ func TestTLSFailsThenAGoodServer(t *testing.T) {
 			}
 			r := &receiver{}
 			serve(t, r, lis, grpc.Creds(credentials.NewTLS(goodTLS)))
-			waitFor(t, "delivery", func() bool { return e.Stats().Pushed >= 1 })
+			waitfor.Condition(t, "delivery", time.Minute, func() bool { return e.Stats().Pushed >= 1 })
 			if got := pushedLive(t, r); !equal(got, []int64{1}) {
 				t.Errorf("pushed %v, want [1]", got)
 			}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -68,7 +69,7 @@ func TestNoPushWithoutSeries(t *testing.T) {
 	// A process allocates and frees 100 bytes: something to push.
 	freed := accounting.Counters{AllocBytes: 100, AllocCount: 1, FreeBytes: 100, FreeCount: 1}
 	e.Export(snapshot.Snapshot{Time: t0.Add(time.Second)}.With([]snapshot.Row{row(1, 1, memory.KindDevice, "f", freed)}...))
-	waitFor(t, "the first push", func() bool { return e.Stats().Pushed >= 1 })
+	waitfor.Condition(t, "the first push", time.Minute, func() bool { return e.Stats().Pushed >= 1 })
 	// Then nothing allocated and nothing live: every value zero.
 	e.Export(snapshot.Snapshot{Time: t0.Add(2 * time.Second)}.With([]snapshot.Row{row(1, 1, memory.KindDevice, "f", freed)}...))
 	e.Export(&snapshot.Snapshot{Time: t0.Add(3 * time.Second)})
@@ -76,7 +77,7 @@ func TestNoPushWithoutSeries(t *testing.T) {
 		t.Errorf("empty intervals queued: %+v", s)
 	}
 	e.Export(interval(t0.Add(4*time.Second), 8))
-	waitFor(t, "the second push", func() bool { return e.Stats().Pushed >= 2 })
+	waitfor.Condition(t, "the second push", time.Minute, func() bool { return e.Stats().Pushed >= 2 })
 
 	if got := pushedLive(t, r); !equal(got, []int64{0, 8}) {
 		t.Errorf("pushed live bytes %v, want [0 8]", got)
@@ -104,7 +105,7 @@ func TestRefusedContentDroppedAtOnce(t *testing.T) {
 		e.Export(interval(now.Add(11*time.Minute), 1)) // beyond -validation.reject-newer-than
 		e.Export(interval(now.Add(11*time.Minute+time.Second), 2))
 		e.Export(interval(now.Add(2*time.Second), 3)) // the clock set right
-		waitFor(t, "the third interval", func() bool { return e.Stats().Pushed >= 1 })
+		waitfor.Condition(t, "the third interval", time.Minute, func() bool { return e.Stats().Pushed >= 1 })
 
 		s := e.Stats()
 		if s.Rejected != 2 || s.RejectedBy["InvalidArgument"] != 2 || s.Failed != 0 || s.Queued != 0 || s.LastError != "" {
@@ -132,7 +133,7 @@ func TestRefusedContentDroppedAtOnce(t *testing.T) {
 			now := time.Now()
 			e.Export(interval(now, 1))
 			e.Export(interval(now.Add(time.Second), 2))
-			waitFor(t, "the second interval", func() bool { return e.Stats().Pushed >= 1 })
+			waitfor.Condition(t, "the second interval", time.Minute, func() bool { return e.Stats().Pushed >= 1 })
 			s := e.Stats()
 			if s.Rejected != 1 || s.RejectedBy[code.String()] != 1 || s.Failed != 0 || s.Queued != 0 {
 				t.Errorf("stats %+v", s)
@@ -161,7 +162,7 @@ func TestTransientFailuresRetried(t *testing.T) {
 			e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4})
 
 			e.Export(interval(time.Now(), 7))
-			waitFor(t, "delivery", func() bool { return e.Stats().Pushed >= 1 })
+			waitfor.Condition(t, "delivery", time.Minute, func() bool { return e.Stats().Pushed >= 1 })
 			s := e.Stats()
 			if s.Failed != 2 || s.Rejected != 0 || s.Dropped != 0 || s.Queued != 0 || s.LastError != "" {
 				t.Errorf("stats %+v", s)
@@ -189,7 +190,7 @@ func TestAuthFailureHoldsNoMoreThanTheQueue(t *testing.T) {
 	for i := range 7 {
 		e.Export(interval(t0.Add(time.Duration(i)*time.Second), uint64(i+1)))
 	}
-	waitFor(t, "a refused attempt", func() bool { return e.Stats().Failed > 0 })
+	waitfor.Condition(t, "a refused attempt", time.Minute, func() bool { return e.Stats().Failed > 0 })
 	s := e.Stats()
 	if s.Dropped != 4 || s.Queued != 3 || s.Rejected != 0 || s.Pushed != 0 {
 		t.Errorf("while refused: %+v", s)
@@ -199,7 +200,7 @@ func TestAuthFailureHoldsNoMoreThanTheQueue(t *testing.T) {
 	}
 
 	r.SetAuth("Bearer s3cret")
-	waitFor(t, "the queue to drain", func() bool { return e.Stats().Pushed >= 3 })
+	waitfor.Condition(t, "the queue to drain", time.Minute, func() bool { return e.Stats().Pushed >= 3 })
 	if got := pushedLive(t, r); !equal(got, []int64{5, 6, 7}) {
 		t.Errorf("pushed %v, want the newest three [5 6 7]", got)
 	}
@@ -241,11 +242,11 @@ func TestExpiredIntervalsDropped(t *testing.T) {
 		c.set(t0.Add(at))
 		e.Export(interval(t0.Add(at), uint64(i+1)))
 	}
-	waitFor(t, "a failed attempt", func() bool { return e.Stats().Failed > 0 })
+	waitfor.Condition(t, "a failed attempt", time.Minute, func() bool { return e.Stats().Failed > 0 })
 	// 61 minutes after the first interval: the first two are past the
 	// server's hour, the third 40 minutes old.
 	c.set(t0.Add(61 * time.Minute))
-	waitFor(t, "the old intervals to expire", func() bool { return e.Stats().Expired >= 2 })
+	waitfor.Condition(t, "the old intervals to expire", time.Minute, func() bool { return e.Stats().Expired >= 2 })
 
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -253,7 +254,7 @@ func TestExpiredIntervalsDropped(t *testing.T) {
 	}
 	r := &receiver{Now: c.Now}
 	serve(t, r, lis)
-	waitFor(t, "the rest delivered", func() bool { return e.Stats().Pushed >= 2 })
+	waitfor.Condition(t, "the rest delivered", time.Minute, func() bool { return e.Stats().Pushed >= 2 })
 	if got := pushedLive(t, r); !equal(got, []int64{3, 4}) {
 		t.Errorf("pushed %v, want [3 4]", got)
 	}
@@ -288,13 +289,13 @@ func TestPlainHTTPAnswers(t *testing.T) {
 			e.Export(interval(time.Now(), 1))
 			reason := fmt.Sprintf("HTTP %d", tc.status)
 			if tc.dropped {
-				waitFor(t, "the rejection", func() bool { return e.Stats().Rejected >= 1 })
+				waitfor.Condition(t, "the rejection", time.Minute, func() bool { return e.Stats().Rejected >= 1 })
 				if s := e.Stats(); s.RejectedBy[reason] != 1 || s.Failed != 0 || s.Queued != 0 || !strings.HasPrefix(s.LastRejection, reason+": ") {
 					t.Errorf("stats %+v", s)
 				}
 				return
 			}
-			waitFor(t, "two failed attempts", func() bool { return e.Stats().Failed >= 2 })
+			waitfor.Condition(t, "two failed attempts", time.Minute, func() bool { return e.Stats().Failed >= 2 })
 			if s := e.Stats(); s.Rejected != 0 || s.Queued != 1 || !strings.Contains(s.LastError, fmt.Sprint(tc.status)) {
 				t.Errorf("stats %+v", s)
 			}
@@ -361,7 +362,7 @@ func TestNamesAreUTF8(t *testing.T) {
 	bad := row(1, 1, memory.KindDevice, "load_\xe6\x97", accounting.Counters{AllocBytes: 10, AllocCount: 1})
 	bad.Comm = "trainer-\xe6\x97"
 	e.Export(snapshot.Snapshot{Time: time.Now()}.With([]snapshot.Row{bad}...))
-	waitFor(t, "a push", func() bool { return e.Stats().Pushed+e.Stats().Rejected > 0 })
+	waitfor.Condition(t, "a push", time.Minute, func() bool { return e.Stats().Pushed+e.Stats().Rejected > 0 })
 	if s := e.Stats(); s.Pushed != 1 || s.Rejected != 0 {
 		t.Fatalf("stats %+v", s)
 	}

@@ -16,6 +16,7 @@ import (
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pyroscope"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
@@ -56,11 +57,11 @@ func TestAgentStartedBeforeTheWorkload(t *testing.T) {
 		allocated, live, _ := workloadBytes(t, r.Received(), w.pid)
 		return maps.Equal(allocated, wantAllocated) && maps.Equal(live, wantLive)
 	}
-	waitUntil(t, "the workload's bytes pushed", exact)
+	waitfor.Condition(t, "the workload's bytes pushed", hangLimit, exact)
 	// And they stay so: later intervals allocate nothing and see the same
 	// memory live.
 	_, _, pushes := workloadBytes(t, r.Received(), w.pid)
-	waitUntil(t, "two more pushes", func() bool {
+	waitfor.Condition(t, "two more pushes", hangLimit, func() bool {
 		_, _, n := workloadBytes(t, r.Received(), w.pid)
 		return n >= pushes+2
 	})
@@ -348,18 +349,6 @@ func waitLines(t *testing.T, c *cli, wants ...string) []string {
 		}
 	}
 	return found
-}
-
-// waitUntil waits for cond, checked every 20 ms.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(hangLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, hangLimit)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func residentKiB(t *testing.T, pid int) int {

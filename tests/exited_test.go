@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -132,7 +133,7 @@ func TestRunDropsExitedProcesses(t *testing.T) {
 		exited[w.pid] = int64(4096 * (i + 1))
 	}
 	pushes := len(r.Received())
-	waitUntil(t, "three pushes after the last exit", func() bool { return len(r.Received()) >= pushes+3 })
+	waitfor.Condition(t, "three pushes after the last exit", hangLimit, func() bool { return len(r.Received()) >= pushes+3 })
 	c.interrupt()
 	live.exit()
 

@@ -12,6 +12,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/usdt"
 )
@@ -71,8 +72,8 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 
 	first.cmd.Process.Kill() // SIGKILL: no cleanup of its own
 	first.cmd.Wait()
-	waitUntil(t, "the semaphores back to zero", func() bool { return allZero(readSemaphores(t, w.pid, allocator, semaphores)) })
-	waitUntil(t, "the agent's links gone", func() bool {
+	waitfor.Condition(t, "the semaphores back to zero", hangLimit, func() bool { return allZero(readSemaphores(t, w.pid, allocator, semaphores)) })
+	waitfor.Condition(t, "the agent's links gone", hangLimit, func() bool {
 		now := kernelLinks(t)
 		for id := range links {
 			if now[id] {
@@ -113,7 +114,7 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 	// As after the kill: the kernel may count a semaphore down a moment
 	// after the process that held the link is gone (seen once in five runs
 	// beside another suite).
-	waitUntil(t, "the semaphores back to zero after the agent stopped", func() bool {
+	waitfor.Condition(t, "the semaphores back to zero after the agent stopped", hangLimit, func() bool {
 		return allZero(readSemaphores(t, w.pid, allocator, semaphores))
 	})
 	w.exit()
