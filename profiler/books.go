@@ -67,7 +67,9 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	case ev.Exit:
 		b.exitLocked(ev.PID, ev.Timestamp)
 	case ev.Op.MakesContext():
-		b.contexts[processDevice{ev.PID, ev.Device}] = true // sized by NVML, beside the ledger (gpumemory.go)
+		// Its size is NVML's, beside the ledger (gpumemory.go); its
+		// process's device series start here.
+		b.contexts[processDevice{ev.PID, ev.Device}] = true
 	case ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
 		// sized by NVML, beside the ledger (gpumemory.go)
 	case ev.Op.IsFree():

@@ -10,7 +10,6 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
-	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -50,9 +49,10 @@ func (p *Profiler) peak(proc *process, pk accounting.Peak, withRows bool) snapsh
 }
 
 // rowFrames are the frames of a row of a peak: its stack's, or for NVML's
-// part of no stack, the frame that says what it is.
+// driver internals, a stack out of the store's range, the frame that says
+// what they are.
 func (p *Profiler) rowFrames(k accounting.Key) []*symbolize.Frame {
-	if k.Kind == memory.KindDriverInternal {
+	if k.Stack == stackDriverInternal {
 		return []*symbolize.Frame{frameDriverInternal}
 	}
 	return p.stacks.stackFrames(k.Stack)

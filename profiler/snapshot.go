@@ -54,7 +54,6 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
 	peaks, timeline, err := p.copyBooks(s, procs, true, true)
-	peaks = p.gpus.addToPeaks(peaks, p.onGPU, bpfNow())
 	p.gpus.addStackRows(s, procs, p.onGPU)
 	p.nameRows(s, true)
 	p.finish(s, procs, peaks, timeline, true)
@@ -72,7 +71,6 @@ func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error 
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
 	peaks, _, err := p.copyBooks(s, procs, false, parts == RowsAndPeaks)
-	peaks = p.gpus.addToPeaks(peaks, p.onGPU, bpfNow())
 	if parts == RowsAndPeaks {
 		p.gpus.addStackRows(s, procs, p.onGPU)
 	}
@@ -117,12 +115,13 @@ func (p *Profiler) finish(s *snapshot.Snapshot, procs map[uint32]*process, peaks
 
 // copyBooks copies the books into s, with rows or not, and returns the
 // peaks and timeline to name: the run's peaks and its timeline for a
-// snapshot of the run (whole), else the interval's peaks as it ends.
+// snapshot of the run (whole), else the interval's peaks as it ends; the
+// driver view's peaks with NVML's part in them.
 func (p *Profiler) copyBooks(s *snapshot.Snapshot, procs map[uint32]*process, whole, rows bool) ([]accounting.Peak, *accounting.Timeline, error) {
 	losses, err := p.currentLosses()
 	s.Time, s.Losses = time.Now(), losses
 	peaks, timeline := p.books.copyTo(s, procs, p.onGPU, whole, rows, whole && p.cfg.Timeline)
-	return peaks, timeline, err
+	return p.gpus.addToPeaks(peaks, p.onGPU, bpfNow()), timeline, err
 }
 
 // nameRows names the snapshot's rows. Unless whole, the rows whose
