@@ -54,6 +54,22 @@ type ProcessMemory struct {
 	DriverInternal int64
 }
 
+// Of is what NVML says process pid uses on the GPU its rows name gpu; nil
+// if NVML says nothing of it.
+func (m *GPUMemory) Of(pid uint32, gpu string) *ProcessMemory {
+	if m == nil {
+		return nil
+	}
+	for i := range m.GPUs {
+		for j := range m.GPUs[i].Processes {
+			if p := &m.GPUs[i].Processes[j]; p.PID == pid && p.GPU == gpu {
+				return p
+			}
+		}
+	}
+	return nil
+}
+
 // Comm is the name of a process the GPUs hold memory of; empty if none.
 func (m *GPUMemory) Comm(pid uint32) string {
 	if m == nil {

@@ -1,0 +1,205 @@
+package breakdown
+
+import (
+	"cmp"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/symbolize"
+)
+
+// Of is where each traced process's memory went on each GPU, by the
+// snapshot's rows, sorted by the rules (Default when nil): by PID, then
+// GPU. Memory in the host's RAM and processes gpu-mem does not trace are
+// left out.
+func Of(s *snapshot.Snapshot, rules *Rules) []snapshot.Breakdown {
+	if rules == nil {
+		rules = Default()
+	}
+	sorter := newSorter(rules, s)
+	s.EachRow(sorter.add)
+	return sorter.breakdowns(s.GPUMemory)
+}
+
+// where is one process on one GPU.
+type where struct {
+	pid uint32
+	gpu string
+}
+
+// sorter adds up rows into parts.
+type sorter struct {
+	rules *Rules
+	// claimed caches each frame's rule, for tensors and for driver memory:
+	// frames are shared by every row through them.
+	claimed [2]map[*symbolize.Frame]*rule
+	tensors map[uint32]bool // the processes whose tensor view is on
+	procs   map[where]*process
+}
+
+// process is one process's parts on one GPU as they add up.
+type process struct {
+	snapshot.Breakdown
+	parts    map[string]*snapshot.Part // by Part.Name
+	segments uint64                    // outside graph pools
+	tensors  uint64                    // outside graph pools
+}
+
+func newSorter(rules *Rules, s *snapshot.Snapshot) *sorter {
+	st := &sorter{rules: rules, procs: map[where]*process{}, tensors: map[uint32]bool{},
+		claimed: [2]map[*symbolize.Frame]*rule{{}, {}}}
+	for _, v := range s.TensorViews {
+		if !v.Since.IsZero() && v.Ended.IsZero() {
+			st.tensors[v.PID] = true
+		}
+	}
+	for i := range s.Entries {
+		if s.Entries[i].Kind == memory.KindTensor {
+			st.tensors[s.Entries[i].PID] = true
+		}
+	}
+	return st
+}
+
+func (st *sorter) add(r *snapshot.Row) {
+	gpu := r.Key.GPU()
+	live := r.LiveBytes()
+	if live == 0 || gpu == memory.GPUHost || gpu == "managed" || r.Kind == memory.KindUntraced || r.Kind == memory.KindHost {
+		return
+	}
+	p := st.process(r, gpu)
+	inPool := slices.ContainsFunc(r.Frames, func(f *symbolize.Frame) bool { return f.Function == memory.GraphPool })
+	switch {
+	case r.Kind == memory.KindContext:
+		p.charge(snapshot.Context, "", r, live)
+	case r.Kind == memory.KindModule:
+		p.charge(snapshot.Modules, "", r, live)
+	case r.Kind == memory.KindDriverInternal:
+		p.charge(snapshot.DriverInternal, "", r, live)
+	case r.Kind == memory.KindTensor && inPool:
+		// inside a graph pool's segment, counted with it
+	case r.Kind == memory.KindTensor:
+		p.tensors += live
+		p.charge(st.tensorCategory(r.Frames), "", r, live)
+	case inPool:
+		p.charge(snapshot.CUDAGraphPools, "", r, live)
+	case slices.ContainsFunc(r.Frames, func(f *symbolize.Frame) bool { return memory.InAllocator(f.Function) }):
+		p.segments += live
+		p.charge(snapshot.AllocatorSegments, "", r, live)
+	default:
+		category, library := st.driverCategory(r.Frames)
+		p.charge(category, library, r, live)
+	}
+}
+
+func (st *sorter) process(r *snapshot.Row, gpu string) *process {
+	w := where{r.PID, gpu}
+	p := st.procs[w]
+	if p == nil {
+		p = &process{Breakdown: snapshot.Breakdown{PID: r.PID, GPU: gpu, Comm: r.Comm, Container: r.Container,
+			TensorView: st.tensors[r.PID]}, parts: map[string]*snapshot.Part{}}
+		st.procs[w] = p
+	}
+	return p
+}
+
+// charge adds a row's live bytes to a part, and its stack to the part's
+// holders if it holds among the most.
+func (p *process) charge(category, library string, r *snapshot.Row, live uint64) {
+	part := snapshot.Part{Category: category, Library: library}
+	name := part.Name()
+	if p.parts[name] == nil {
+		p.parts[name] = &part
+	}
+	pt := p.parts[name]
+	pt.Bytes += live
+	if len(pt.Top) == snapshot.MaxHolders && pt.Top[len(pt.Top)-1].Bytes >= live {
+		return
+	}
+	pt.Top = append(pt.Top, snapshot.Holding{Stack: r.Stack, Kind: r.Kind, Frames: slices.Clone(r.Frames), Bytes: live})
+	slices.SortStableFunc(pt.Top, func(a, b snapshot.Holding) int { return cmp.Compare(b.Bytes, a.Bytes) })
+	pt.Top = pt.Top[:min(len(pt.Top), snapshot.MaxHolders)]
+}
+
+func (st *sorter) tensorCategory(frames []*symbolize.Frame) string {
+	if r := st.claim(frames, true); r != nil {
+		return r.category
+	}
+	return snapshot.Activations
+}
+
+// driverCategory sorts driver memory outside PyTorch's allocator: by the
+// rules, else by the innermost shared library beyond the driver and
+// runtime that asked for it.
+func (st *sorter) driverCategory(frames []*symbolize.Frame) (category, library string) {
+	if r := st.claim(frames, false); r != nil {
+		return r.category, r.library
+	}
+	for _, f := range frames {
+		if lib := libraryName(f.Module); lib != "" {
+			return snapshot.LibraryWorkspaces, lib
+		}
+	}
+	return snapshot.OtherDriver, ""
+}
+
+// libraryName is a shared object's name without its directory and
+// version ("libfoo" for /usr/lib/libfoo.so.12), empty for the CUDA driver
+// and runtime and for what is not a shared library.
+func libraryName(module string) string {
+	base := filepath.Base(module)
+	name, _, ok := strings.Cut(base, ".so")
+	if module == "" || !ok || !strings.HasPrefix(name, "lib") || name == "libcuda" || name == "libcudart" {
+		return ""
+	}
+	return name
+}
+
+// claim is the rule claiming the innermost frame it can, each frame's
+// answer kept.
+func (st *sorter) claim(frames []*symbolize.Frame, tensors bool) *rule {
+	i := 0
+	if tensors {
+		i = 1
+	}
+	for _, f := range frames {
+		r, seen := st.claimed[i][f]
+		if !seen {
+			r = st.rules.classify([]*symbolize.Frame{f}, tensors)
+			st.claimed[i][f] = r
+		}
+		if r != nil {
+			return r
+		}
+	}
+	return nil
+}
+
+// breakdowns finishes the parts: with the tensor view, the segments' part
+// becomes the cache, the segments less their tensors.
+func (st *sorter) breakdowns(nvml *snapshot.GPUMemory) []snapshot.Breakdown {
+	out := make([]snapshot.Breakdown, 0, len(st.procs))
+	for _, p := range st.procs {
+		p.NVML = nvml.Of(p.PID, p.GPU) != nil
+		if seg := p.parts[snapshot.AllocatorSegments]; seg != nil && p.TensorView {
+			seg.Category = snapshot.AllocatorCache
+			seg.Bytes = p.segments - min(p.tensors, p.segments)
+		}
+		for _, part := range p.parts {
+			if part.Bytes > 0 {
+				p.Parts = append(p.Parts, *part)
+			}
+		}
+		slices.SortFunc(p.Parts, func(a, b snapshot.Part) int {
+			return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), strings.Compare(a.Name(), b.Name()))
+		})
+		out = append(out, p.Breakdown)
+	}
+	slices.SortFunc(out, func(a, b snapshot.Breakdown) int {
+		return cmp.Or(cmp.Compare(a.PID, b.PID), strings.Compare(a.GPU, b.GPU))
+	})
+	return out
+}
