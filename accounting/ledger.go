@@ -390,6 +390,31 @@ func (l *Ledger) Row(k Key) (Counters, bool) {
 	return r.Counters, true
 }
 
+// Allocation is one live allocation where it lies.
+type Allocation struct {
+	Key
+	Address, Bytes uint64
+}
+
+// AppendLive appends process pid's live allocations of kind device
+// memory and tensors to to: where PyTorch's segments and tensors lie, for
+// the allocator's fragmentation. Allocations of another name space (VMM
+// handles) have no place.
+func (l *Ledger) AppendLive(to []Allocation, pid uint32) []Allocation {
+	p := l.procs[pid]
+	if p == nil {
+		return to
+	}
+	for a, live := range p.live {
+		if (a.space == memory.SpacePointer || a.space == memory.SpaceTensor) &&
+			(live.row.kind == memory.KindDevice || live.row.kind == memory.KindTensor) {
+			k := Key{PID: pid, Stack: live.row.stack, Kind: live.row.kind, Device: live.row.device}
+			to = append(to, Allocation{Key: k, Address: a.value, Bytes: live.bytes})
+		}
+	}
+	return to
+}
+
 // Rows calls fn with each row of the books, without copying them: for
 // reports of many rows, every interval. fn must not call the ledger.
 func (l *Ledger) Rows(fn func(Key, Counters)) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -21,7 +22,8 @@ func Of(s *snapshot.Snapshot, rules *Rules) []snapshot.Breakdown {
 	}
 	sorter := newSorter(rules, s)
 	s.EachRow(sorter.add)
-	return sorter.breakdowns(s.GPUMemory)
+	frag := fragmentation(s.Layout, func(k accounting.Key) []*symbolize.Frame { return sorter.frames[k] }, false)
+	return sorter.breakdowns(s.GPUMemory, frag)
 }
 
 // where is one process on one GPU.
@@ -38,6 +40,9 @@ type sorter struct {
 	claimed [2]map[*symbolize.Frame]*rule
 	tensors map[uint32]bool // the processes whose tensor view is on
 	procs   map[where]*process
+	// frames are the stacks of the driver rows the layout has
+	// allocations of, to tell segments by.
+	frames map[accounting.Key][]*symbolize.Frame
 }
 
 // process is one process's parts on one GPU as they add up.
@@ -50,7 +55,12 @@ type process struct {
 
 func newSorter(rules *Rules, s *snapshot.Snapshot) *sorter {
 	st := &sorter{rules: rules, procs: map[where]*process{}, tensors: map[uint32]bool{},
-		claimed: [2]map[*symbolize.Frame]*rule{{}, {}}}
+		claimed: [2]map[*symbolize.Frame]*rule{{}, {}}, frames: map[accounting.Key][]*symbolize.Frame{}}
+	for _, a := range s.Layout {
+		if a.Kind == memory.KindDevice {
+			st.frames[a.Key] = nil
+		}
+	}
 	for _, v := range s.TensorViews {
 		if !v.Since.IsZero() && v.Ended.IsZero() {
 			st.tensors[v.PID] = true
@@ -65,6 +75,9 @@ func newSorter(rules *Rules, s *snapshot.Snapshot) *sorter {
 }
 
 func (st *sorter) add(r *snapshot.Row) {
+	if _, ok := st.frames[r.Key]; ok {
+		st.frames[r.Key] = slices.Clone(r.Frames)
+	}
 	gpu := r.Key.GPU()
 	live := r.LiveBytes()
 	if live == 0 || gpu == memory.GPUHost || gpu == "managed" || r.Kind == memory.KindUntraced || r.Kind == memory.KindHost {
@@ -86,7 +99,7 @@ func (st *sorter) add(r *snapshot.Row) {
 		p.charge(st.tensorCategory(r.Frames), "", r, live)
 	case inPool:
 		p.charge(snapshot.CUDAGraphPools, "", r, live)
-	case slices.ContainsFunc(r.Frames, func(f *symbolize.Frame) bool { return memory.InAllocator(f.Function) }):
+	case isSegment(r.Frames):
 		p.segments += live
 		p.charge(snapshot.AllocatorSegments, "", r, live)
 	default:
@@ -132,27 +145,37 @@ func (st *sorter) tensorCategory(frames []*symbolize.Frame) string {
 }
 
 // driverCategory sorts driver memory outside PyTorch's allocator: by the
-// rules, else by the innermost shared library beyond the driver and
-// runtime that asked for it.
+// rules, else by the library that called the CUDA driver or runtime, when
+// it is a library of its own (libfoo.so) and not the interpreter's or the
+// system's.
 func (st *sorter) driverCategory(frames []*symbolize.Frame) (category, library string) {
 	if r := st.claim(frames, false); r != nil {
 		return r.category, r.library
 	}
 	for _, f := range frames {
-		if lib := libraryName(f.Module); lib != "" {
-			return snapshot.LibraryWorkspaces, lib
+		name := libraryName(f.Module)
+		if name == "libcuda" || name == "libcudart" {
+			continue
 		}
+		if name != "" && !notWorkspaces[name] && !strings.HasPrefix(name, "libpython") {
+			return snapshot.LibraryWorkspaces, name
+		}
+		break
 	}
 	return snapshot.OtherDriver, ""
 }
 
+// notWorkspaces are the libraries that call the driver for a caller above
+// them: ctypes' libffi, the C and C++ runtimes (and libpython*, the
+// interpreter).
+var notWorkspaces = map[string]bool{"libffi": true, "libc": true, "libstdc++": true, "libgcc_s": true, "libpthread": true}
+
 // libraryName is a shared object's name without its directory and
-// version ("libfoo" for /usr/lib/libfoo.so.12), empty for the CUDA driver
-// and runtime and for what is not a shared library.
+// version ("libfoo" for /usr/lib/libfoo.so.12); empty for what is not a
+// shared library.
 func libraryName(module string) string {
-	base := filepath.Base(module)
-	name, _, ok := strings.Cut(base, ".so")
-	if module == "" || !ok || !strings.HasPrefix(name, "lib") || name == "libcuda" || name == "libcudart" {
+	name, _, ok := strings.Cut(filepath.Base(module), ".so")
+	if module == "" || !ok || !strings.HasPrefix(name, "lib") {
 		return ""
 	}
 	return name
@@ -180,10 +203,14 @@ func (st *sorter) claim(frames []*symbolize.Frame, tensors bool) *rule {
 
 // breakdowns finishes the parts: with the tensor view, the segments' part
 // becomes the cache, the segments less their tensors.
-func (st *sorter) breakdowns(nvml *snapshot.GPUMemory) []snapshot.Breakdown {
+func (st *sorter) breakdowns(nvml *snapshot.GPUMemory, frag map[where]*snapshot.Fragmentation) []snapshot.Breakdown {
 	out := make([]snapshot.Breakdown, 0, len(st.procs))
-	for _, p := range st.procs {
-		p.NVML = nvml.Of(p.PID, p.GPU) != nil
+	for w, p := range st.procs {
+		pm, _ := nvml.Of(p.PID, p.GPU)
+		p.NVML = pm != nil
+		if p.TensorView {
+			p.Fragmentation = frag[w]
+		}
 		if seg := p.parts[snapshot.AllocatorSegments]; seg != nil && p.TensorView {
 			seg.Category = snapshot.AllocatorCache
 			seg.Bytes = p.segments - min(p.tensors, p.segments)
@@ -193,13 +220,18 @@ func (st *sorter) breakdowns(nvml *snapshot.GPUMemory) []snapshot.Breakdown {
 				p.Parts = append(p.Parts, *part)
 			}
 		}
-		slices.SortFunc(p.Parts, func(a, b snapshot.Part) int {
-			return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), strings.Compare(a.Name(), b.Name()))
-		})
+		sortParts(p.Parts)
 		out = append(out, p.Breakdown)
 	}
 	slices.SortFunc(out, func(a, b snapshot.Breakdown) int {
 		return cmp.Or(cmp.Compare(a.PID, b.PID), strings.Compare(a.GPU, b.GPU))
 	})
 	return out
+}
+
+// sortParts sorts parts by bytes, descending, then by name.
+func sortParts(parts []snapshot.Part) {
+	slices.SortFunc(parts, func(a, b snapshot.Part) int {
+		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), strings.Compare(a.Name(), b.Name()))
+	})
 }

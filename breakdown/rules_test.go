@@ -83,8 +83,10 @@ func TestDriverStacks(t *testing.T) {
 		{[]*symbolize.Frame{native("", "/usr/lib/libcublas.so.13")}, snapshot.LibraryWorkspaces, "cublas"},
 		{[]*symbolize.Frame{native("ncclCommInitRank", "/opt/nccl/lib/libnccl.so.2")}, snapshot.LibraryWorkspaces, "nccl"},
 		{[]*symbolize.Frame{native("", "/usr/lib/libcudart.so.13"), native("f", "/opt/lib/libcustom.so.1"), native("g", "/usr/lib/libcublas.so.13")}, snapshot.LibraryWorkspaces, "cublas"},
+		{[]*symbolize.Frame{native("", "/usr/lib/libcuda.so.1"), native("f", "/opt/lib/libcustom.so.1"), native("g", "/usr/lib/libother.so.1")}, snapshot.LibraryWorkspaces, "libcustom"},
 		{[]*symbolize.Frame{native("", "/usr/lib/libcudart.so.13"), native("f", "/opt/lib/libcustom.so.1")}, snapshot.LibraryWorkspaces, "libcustom"},
 		{[]*symbolize.Frame{native("main", "/usr/bin/simwork"), py("f", "/app/x.py")}, snapshot.OtherDriver, ""},
+		{[]*symbolize.Frame{native("", "/usr/lib/libcuda.so.1"), native("ffi_call", "/usr/lib/libffi.so.8"), native("", "/usr/lib/libcustom.so")}, snapshot.OtherDriver, ""},
 	} {
 		cat, lib := st.driverCategory(c.frames)
 		if cat != c.cat || lib != c.library {

@@ -201,12 +201,19 @@ func (b *books) copyTo(s *snapshot.Snapshot, procs map[uint32]*process, keep fun
 	s.OOMs = slices.Clone(b.ooms)
 	if rows {
 		s.Entries = slices.Grow(s.Entries, b.ledger.Len())
+		tensors := map[uint32]bool{}
 		b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 			if keep(k) {
 				s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c})
 				procs[k.PID] = nil
+				tensors[k.PID] = tensors[k.PID] || k.Kind == memory.KindTensor
 			}
 		})
+		for pid, with := range tensors {
+			if with {
+				s.Layout = b.ledger.AppendLive(s.Layout, pid)
+			}
+		}
 	}
 	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
 		if keep(k.Key) {

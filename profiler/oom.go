@@ -15,6 +15,7 @@ type oomSnapshot struct {
 	failure accounting.FailureKey
 	bytes   uint64
 	rows    map[accounting.Key]accounting.Counters
+	layout  []accounting.Allocation
 }
 
 // oomRepeat bounds how far apart two failures can be one out-of-memory.
@@ -40,7 +41,8 @@ func (b *books) takeOOM(k accounting.FailureKey, bytes uint64, python []tracer.P
 		return false
 	}
 	b.lastOOM[k.PID] = oomMark{at: now, bytes: bytes, python: slices.Clone(python)}
-	b.oomPending = append(b.oomPending, oomSnapshot{time: now, failure: k, bytes: bytes, rows: b.ledger.ProcessRows(k.PID)})
+	b.oomPending = append(b.oomPending, oomSnapshot{time: now, failure: k, bytes: bytes, rows: b.ledger.ProcessRows(k.PID),
+		layout: b.ledger.AppendLive(nil, k.PID)})
 	return true
 }
 
@@ -60,9 +62,15 @@ func (p *Profiler) deliverOOMs() {
 		return
 	}
 	p.stacks.resolving.await()
+	p.gpus.await() // NVML read after the failure
+	p.gpus.mu.Lock()
+	view := p.gpus.view
+	p.gpus.mu.Unlock()
 	ooms := make([]snapshot.OOM, 0, len(pending))
 	for _, s := range pending {
-		ooms = append(ooms, p.oom(s))
+		o := p.oom(s)
+		_, o.GPU = view.Of(o.Failure.PID, o.Failure.GPU())
+		ooms = append(ooms, o)
 	}
 	p.books.delivered(ooms)
 	if p.cfg.OnOOM != nil {
@@ -77,7 +85,7 @@ func (p *Profiler) oom(s oomSnapshot) snapshot.OOM {
 	procs := map[uint32]*process{s.failure.PID: nil}
 	p.procs.lookup(procs)
 	proc := procs[s.failure.PID]
-	o := snapshot.OOM{Time: s.time, Failure: snapshot.Failure{
+	o := snapshot.OOM{Time: s.time, Layout: s.layout, Failure: snapshot.Failure{
 		FailureKey: s.failure, Comm: proc.Comm, Frames: p.stacks.stackFrames(s.failure.Stack),
 		Failures: accounting.Failures{Count: 1, Bytes: s.bytes},
 	}}

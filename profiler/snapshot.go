@@ -86,7 +86,7 @@ func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error 
 // reset empties s, keeping the memory of its rows, and returns the map of
 // the processes it will hold.
 func (p *Profiler) reset(s *snapshot.Snapshot) map[uint32]*process {
-	*s = snapshot.Snapshot{Entries: s.Entries[:0], Shares: s.Shares[:0], Frames: s.Frames[:0],
+	*s = snapshot.Snapshot{Entries: s.Entries[:0], Shares: s.Shares[:0], Frames: s.Frames[:0], Layout: s.Layout[:0],
 		Libraries: p.attacher.appendLibraries(s.Libraries[:0])}
 	return map[uint32]*process{}
 }

@@ -95,3 +95,32 @@ type Fragmentation struct {
 	FreeInSegments   uint64 // "reserved but unallocated"
 	LargestFreeBlock uint64 // the largest run of free bytes in one segment
 }
+
+// The verdicts of an out-of-memory: why the GPU had no room.
+const (
+	// Demand: the process's own parts add up to the GPU.
+	Demand = "demand"
+	// FragmentationVerdict: PyTorch's cache held the bytes asked for, free,
+	// but in no block large enough.
+	FragmentationVerdict = "fragmentation"
+	// AnotherProcess: what was missing is held by other processes.
+	AnotherProcess = "another_process"
+	// Limit: the driver refused though the GPU had the bytes free (a MIG
+	// slice, or a limit below the GPU's size).
+	Limit = "limit"
+)
+
+// Verdict is why one out-of-memory happened, as of that moment.
+type Verdict struct {
+	Verdict string // Demand, FragmentationVerdict, AnotherProcess or Limit
+	Why     string // one sentence: the numbers behind the verdict
+	Asked   uint64 // what the refused call asked for
+	// Breakdown is the process's on the GPU then: its rows, and NVML's
+	// parts read just after.
+	Breakdown     Breakdown
+	Fragmentation *Fragmentation // nil without the tensor view
+	// Free is what NVML said the GPU had free just after; Neighbours the
+	// other processes on it, by bytes (none known without NVML).
+	Free       uint64
+	Neighbours []ProcessMemory
+}

@@ -54,20 +54,20 @@ type ProcessMemory struct {
 	DriverInternal int64
 }
 
-// Of is what NVML says process pid uses on the GPU its rows name gpu; nil
-// if NVML says nothing of it.
-func (m *GPUMemory) Of(pid uint32, gpu string) *ProcessMemory {
+// Of is what NVML says process pid uses on the GPU its rows name gpu, and
+// that GPU; nil if NVML says nothing of it.
+func (m *GPUMemory) Of(pid uint32, gpu string) (*ProcessMemory, *GPU) {
 	if m == nil {
-		return nil
+		return nil, nil
 	}
 	for i := range m.GPUs {
 		for j := range m.GPUs[i].Processes {
 			if p := &m.GPUs[i].Processes[j]; p.PID == pid && p.GPU == gpu {
-				return p
+				return p, &m.GPUs[i]
 			}
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // Comm is the name of a process the GPUs hold memory of; empty if none.

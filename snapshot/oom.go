@@ -3,6 +3,7 @@ package snapshot
 import (
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 )
 
@@ -14,6 +15,15 @@ type OOM struct {
 	Time    time.Time
 	Failure Failure // the refused call: its stack, function and bytes asked
 	Held    []Row   // the process's rows with live memory, by live bytes
+	// Layout is where its segments and tensors lay (with the tensor
+	// view).
+	Layout []accounting.Allocation
+	// GPU is what NVML said the GPU held just after (every process on it);
+	// nil without NVML.
+	GPU *GPU
+	// Verdict is why it happened: set by its reader (breakdown.Judge),
+	// nil until.
+	Verdict *Verdict
 }
 
 // MaxOOMs is how many OOM snapshots a Snapshot keeps, the latest.

@@ -41,6 +41,13 @@ type Snapshot struct {
 
 	Entries []Entry
 	Frames  []*symbolize.Frame // the entries' frames: shared, read-only
+	// Breakdown is where each process's memory went on each GPU, by
+	// category: set by its reader (breakdown.Fill), nil until.
+	Breakdown []Breakdown
+	// Layout is where the segments and tensors of the processes with
+	// the tensor view lie, with the rows: what the breakdown measures
+	// PyTorch's fragmentation by.
+	Layout []accounting.Allocation
 
 	// Exits is how many process exits the books had seen when it was
 	// taken: the processes that exited by then are dropped once it is read
