@@ -112,7 +112,7 @@ func (st *sorter) process(r *snapshot.Row, gpu string) *process {
 	w := where{r.PID, gpu}
 	p := st.procs[w]
 	if p == nil {
-		p = &process{Breakdown: snapshot.Breakdown{PID: r.PID, GPU: gpu, Comm: r.Comm, Container: r.Container,
+		p = &process{Breakdown: snapshot.Breakdown{PID: r.PID, GPU: gpu, Comm: r.Comm, Device: r.Device, Container: r.Container,
 			TensorView: st.tensors[r.PID]}, parts: map[string]*snapshot.Part{}}
 		st.procs[w] = p
 	}

@@ -33,6 +33,12 @@ type PeakSource interface {
 	Peaks() []snapshot.Peak
 }
 
+// BreakdownSource is what the breakdown gauges read: each process's
+// breakdown at the end of the agent's last interval.
+type BreakdownSource interface {
+	Breakdown() []snapshot.Breakdown
+}
+
 // Labels of the metrics besides a row's (package schema's), for queries
 // (dashboards/).
 const (
@@ -78,6 +84,14 @@ const (
 	// NVML's, per GPU.
 	GPUUsedName  = "gpumem_gpu_used_bytes"
 	GPUTotalName = "gpumem_gpu_total_bytes"
+	// The breakdown's, per process, GPU and category.
+	BreakdownName = "gpumem_breakdown_bytes"
+)
+
+// Labels of the breakdown gauges.
+const (
+	LabelCategory = "category" // parameters, kv_cache, ... (package snapshot's names)
+	LabelLibrary  = "library"  // library_workspaces' library; empty for the others
 )
 
 // Metric is one metric gpu-mem exports. The collectors describe and send
@@ -209,18 +223,24 @@ var bookMetrics = slices.Concat(views[memory.ViewDriver].series(), views[memory.
 // peakMetrics are the peak gauges, sent with a PeakSource.
 var peakMetrics = []*Metric{views[memory.ViewDriver].peakBytes, views[memory.ViewTensor].peakBytes}
 
+// breakdownBytes is the breakdown gauge, sent with a BreakdownSource.
+var breakdownBytes = newMetric(BreakdownName, prometheus.GaugeValue, append(slices.Clone(peakLabels), LabelCategory, LabelLibrary),
+	"Where the process's memory on the GPU went, by category (docs/breakdown.md), at the end of the agent's last interval: "+
+		"the categories sum to what nvidia-smi says the process uses there (to its driver view without NVML).")
+
 // Reference is every metric gpu-mem's collectors send: Collector's (the
 // books, read at each scrape, and the peak gauges) and PushCollector's.
 // The caller must not change them.
 func Reference() (books, pushes []*Metric) {
-	return slices.Concat(bookMetrics, peakMetrics, igMetrics), pushMetrics
+	return slices.Concat(bookMetrics, peakMetrics, []*Metric{breakdownBytes}, igMetrics), pushMetrics
 }
 
 // Collector is a prometheus.Collector over a Source and, if any, a
 // PeakSource.
 type Collector struct {
-	Source Source
-	Peaks  PeakSource
+	Source    Source
+	Peaks     PeakSource
+	Breakdown BreakdownSource
 	// GPUObservability adds the metrics Inspektor Gadget's GPU
 	// observability dashboard queries (mem_alloc_bytes_total and its two
 	// companions).
@@ -232,6 +252,9 @@ func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 	describe(ch, bookMetrics)
 	if c.Peaks != nil {
 		describe(ch, peakMetrics)
+	}
+	if c.Breakdown != nil {
+		ch <- breakdownBytes.desc
 	}
 	if c.GPUObservability {
 		describe(ch, igMetrics)
@@ -289,6 +312,9 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.Peaks != nil {
 		collectPeaks(ch, c.Peaks.Peaks())
+	}
+	if c.Breakdown != nil {
+		collectBreakdown(ch, c.Breakdown.Breakdown())
 	}
 	if c.GPUObservability {
 		collectIG(ch, t.Series)
@@ -362,31 +388,57 @@ func collectPeaks(ch chan<- prometheus.Metric, peaks []snapshot.Peak) {
 	}
 }
 
-// LastPeaks keeps the peaks of the interval that ended last, without their
-// rows, for the gauges: the agent sets them once per interval, and scrapes
-// read them meanwhile. Safe for concurrent use.
-type LastPeaks struct {
-	mu    sync.Mutex
-	peaks []snapshot.Peak
+// collectBreakdown sends one gauge per part of each breakdown.
+func collectBreakdown(ch chan<- prometheus.Metric, bs []snapshot.Breakdown) {
+	for _, b := range bs {
+		values := append([]string{strconv.FormatUint(uint64(b.PID), 10), b.Comm, b.GPU}, containerLabels(b.Container)...)
+		for _, p := range b.Parts {
+			ch <- breakdownBytes.sample(float64(p.Bytes), append(values, p.Category, p.Library)...)
+		}
+	}
 }
 
-// Set keeps peaks, an interval's (Profiler.EndInterval's).
-func (l *LastPeaks) Set(peaks []snapshot.Peak) {
-	kept := make([]snapshot.Peak, len(peaks))
+// LastInterval keeps what the interval that ended last says for the
+// gauges, totals only (no rows, no stacks): the agent sets it once per
+// interval, and scrapes read it meanwhile. Safe for concurrent use.
+type LastInterval struct {
+	mu        sync.Mutex
+	peaks     []snapshot.Peak
+	breakdown []snapshot.Breakdown
+}
+
+// Set keeps an interval's (Profiler.EndInterval's) peaks and breakdown.
+func (l *LastInterval) Set(peaks []snapshot.Peak, breakdown []snapshot.Breakdown) {
+	keptPeaks := make([]snapshot.Peak, len(peaks))
 	for i, pk := range peaks {
-		kept[i] = pk
-		kept[i].Shares, kept[i].Rows = nil, nil // only totals are exposed
+		keptPeaks[i] = pk
+		keptPeaks[i].Shares, keptPeaks[i].Rows = nil, nil
+	}
+	keptBreakdown := make([]snapshot.Breakdown, len(breakdown))
+	for i, b := range breakdown {
+		keptBreakdown[i] = b
+		keptBreakdown[i].Parts = make([]snapshot.Part, len(b.Parts))
+		for j, p := range b.Parts {
+			keptBreakdown[i].Parts[j] = snapshot.Part{Category: p.Category, Library: p.Library, Bytes: p.Bytes}
+		}
 	}
 	l.mu.Lock()
-	l.peaks = kept
+	l.peaks, l.breakdown = keptPeaks, keptBreakdown
 	l.mu.Unlock()
 }
 
 // Peaks are the peaks kept; the caller must not change them.
-func (l *LastPeaks) Peaks() []snapshot.Peak {
+func (l *LastInterval) Peaks() []snapshot.Peak {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.peaks
+}
+
+// Breakdown is the breakdown kept; the caller must not change it.
+func (l *LastInterval) Breakdown() []snapshot.Breakdown {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.breakdown
 }
 
 func containerLabels(c container.Identity) []string {

@@ -24,12 +24,12 @@ func (noTotals) Totals() (snapshot.Totals, error) { return snapshot.Totals{}, ni
 func TestPeakGauges(t *testing.T) {
 	pod := container.Identity{Namespace: "ml", Pod: "trainer-1", Name: "trainer", PodUID: "uid", ContainerID: "cid"}
 	held := snapshot.Row{Frames: []*symbolize.Frame{{Function: "forward"}}}
-	var last LastPeaks
+	var last LastInterval
 	last.Set([]snapshot.Peak{
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4}, Rows: []snapshot.Row{held}},
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Container: pod, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}},
 		{PID: 7, Comm: "python3", GPU: "1", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 2 << 20, Count: 1}},
-	})
+	}, nil)
 	if rows := last.Peaks()[0].Rows; rows != nil {
 		t.Errorf("rows kept: %v", rows)
 	}
@@ -68,4 +68,42 @@ func labelMap(m *dto.Metric) map[string]string {
 		labels[l.GetName()] = l.GetValue()
 	}
 	return labels
+}
+
+// TestBreakdownGauges: one gauge per part of each process's breakdown on
+// each GPU, labelled with its category and library; its stacks not kept.
+func TestBreakdownGauges(t *testing.T) {
+	pod := container.Identity{Namespace: "ml", Pod: "trainer-1", Name: "trainer", PodUID: "uid", ContainerID: "cid"}
+	var last LastInterval
+	last.Set(nil, []snapshot.Breakdown{{PID: 7, Comm: "python3", GPU: "0", Container: pod, Parts: []snapshot.Part{
+		{Category: snapshot.Parameters, Bytes: 100 << 20, Top: []snapshot.Holding{{Bytes: 100 << 20}}},
+		{Category: snapshot.LibraryWorkspaces, Library: "cublas", Bytes: 8 << 20},
+	}}})
+	if top := last.Breakdown()[0].Parts[0].Top; top != nil {
+		t.Errorf("stacks kept: %v", top)
+	}
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(Collector{Source: noTotals{}, Breakdown: &last})
+	families, err := registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := labelMap(m)
+			if f.GetName() != BreakdownName {
+				continue
+			}
+			want := map[string]string{"pid": "7", "comm": "python3", "gpu": "0", "namespace": "ml", "pod": "trainer-1",
+				"container": "trainer", "pod_uid": "uid", "container_id": "cid", "category": labels["category"], "library": labels["library"]}
+			if !maps.Equal(labels, want) {
+				t.Errorf("labels %v, want %v", labels, want)
+			}
+			got[labels["category"]+"/"+labels["library"]] = m.GetGauge().GetValue()
+		}
+	}
+	if want := map[string]float64{"parameters/": 100 << 20, "library_workspaces/cublas": 8 << 20}; !maps.Equal(got, want) {
+		t.Errorf("gauges %v, want %v", got, want)
+	}
 }

@@ -44,13 +44,13 @@ func (someStats) Stats() pyroscope.Stats {
 // is generated from; a pedantic registry also checks each sample against
 // what was described.
 func TestReferenceIsWhatIsSent(t *testing.T) {
-	var peaks LastPeaks
-	peaks.Set([]snapshot.Peak{
+	var last LastInterval
+	last.Set([]snapshot.Peak{
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 1}},
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 1}},
-	})
+	}, []snapshot.Breakdown{{PID: 7, Comm: "python3", GPU: "0", Parts: []snapshot.Part{{Category: snapshot.Parameters, Bytes: 1}}}})
 	registry := prometheus.NewPedanticRegistry()
-	registry.MustRegister(Collector{Source: everyTotal{}, Peaks: &peaks, GPUObservability: true}, PushCollector{Source: someStats{}})
+	registry.MustRegister(Collector{Source: everyTotal{}, Peaks: &last, Breakdown: &last, GPUObservability: true}, PushCollector{Source: someStats{}})
 	families, err := registry.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,8 @@ type jsonReport struct {
 	Failures []jsonFailure        `json:"failures"`
 	OOMs     []jsonOOM            `json:"out_of_memory"`
 	Peaks    []jsonPeak           `json:"peaks"`
+	// Where each process's memory went on each GPU, by category.
+	Breakdown []jsonBreakdown `json:"breakdown"`
 	Losses   schema.Losses        `json:"losses"`
 	Ledger   accounting.Stats     `json:"ledger"`
 	Python   snapshot.PythonStats `json:"python"`
@@ -96,6 +98,9 @@ type jsonOOM struct {
 	Time    time.Time   `json:"time"`
 	Failure jsonFailure `json:"failure"`
 	Held    []jsonStack `json:"held"` // by live bytes, both views
+	// Why it happened: demand, fragmentation, another_process or limit,
+	// with the process's breakdown and fragmentation then.
+	*jsonVerdict
 }
 
 // jsonPeak is one process's most memory at once on one GPU in one view,
@@ -158,11 +163,15 @@ func WriteJSON(w io.Writer, r *snapshot.Snapshot) error {
 	}
 	out.OOMs = []jsonOOM{}
 	for _, o := range r.OOMs {
-		j := jsonOOM{Time: o.Time, Failure: newJSONFailure(o.Failure), Held: []jsonStack{}}
+		j := jsonOOM{Time: o.Time, Failure: newJSONFailure(o.Failure), Held: []jsonStack{}, jsonVerdict: newJSONVerdict(o.Verdict)}
 		for _, row := range o.Held {
 			j.Held = append(j.Held, newJSONStack(row))
 		}
 		out.OOMs = append(out.OOMs, j)
+	}
+	out.Breakdown = make([]jsonBreakdown, 0, len(r.Breakdown))
+	for _, b := range r.Breakdown {
+		out.Breakdown = append(out.Breakdown, newJSONBreakdown(b))
 	}
 	out.Peaks = make([]jsonPeak, 0, len(r.Peaks))
 	for _, pk := range r.Peaks {

@@ -10,7 +10,11 @@ import (
 // DescribeOOM is one line: who asked for how much, and what held the memory.
 func DescribeOOM(o snapshot.OOM) string {
 	f := o.Failure
-	s := fmt.Sprintf("out of memory: pid %d (%s) asked %s through %s on gpu %s; it held %s in tensors, %s from the driver",
+	s := "out of memory"
+	if v := o.Verdict; v != nil {
+		s += " (" + v.Verdict + ": " + v.Why + ")"
+	}
+	s += fmt.Sprintf(": pid %d (%s) asked %s through %s on gpu %s; it held %s in tensors, %s from the driver",
 		f.PID, Printable(f.Comm), HumanBytes(f.Bytes), f.Op.Symbol(), f.GPU(),
 		HumanBytes(o.HeldBy(memory.KindTensor)), HumanBytes(o.HeldBy(memory.KindDevice)+o.HeldBy(memory.KindVMM)))
 	if len(o.Held) > 0 {

@@ -98,7 +98,8 @@ func HottestFrame(frames []*symbolize.Frame) string {
 	return "?"
 }
 
-// WriteTop writes a status line, each view's total, the table of Top, at
+// WriteTop writes a status line, each view's total, what NVML says, a
+// line per process and GPU with its breakdown, the table of Top, at
 // most limit rows (all when limit <= 0), the three stacks that grew most
 // over the window g follows, the table of peaks (at most limit rows a
 // view), and the latest out-of-memory.
@@ -114,6 +115,7 @@ func WriteTop(w io.Writer, r *snapshot.Snapshot, limit int, g *Growth) error {
 	named := r.Rows()
 	writeViewTotals(w, named)
 	writeGPUMemory(w, r.GPUMemory)
+	writeBreakdowns(w, r.Breakdown)
 	grew := g.Observe(r)
 	window := windowName(g.Window)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -3,6 +3,7 @@ package snapshot
 import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -38,6 +39,7 @@ type Breakdown struct {
 	PID       uint32
 	GPU       string
 	Comm      string
+	Device    gpuinfo.Device // the GPU, where the driver says which it is
 	Container container.Identity
 	Parts     []Part // by bytes, descending
 	// NVML says the parts hold NVML's number: its contexts, modules and

@@ -18,12 +18,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/control"
 	"github.com/gpu-mem/gpu-mem/kube"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/pyroscope"
+	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -55,7 +57,7 @@ type agentOptions struct {
 	tensorBudget profiler.Budget
 	driverBudget profiler.Budget
 	control      string            // the control socket's path
-	peaks        metrics.LastPeaks // the last interval's, for the gauges
+	last         metrics.LastInterval // the last interval's peaks and breakdown, for the gauges
 	snapshot     snapshot.Snapshot // the last interval's, its memory reused
 	exitsBefore  uint64            // the interval before's Exits: dropped at this one's end
 	pushes       pyroscope.StatusLine
@@ -205,6 +207,10 @@ func (o *agentOptions) run(ctx context.Context) error {
 	defer stop()
 	cfg := o.target.config()
 	cfg.TensorPIDs, cfg.TensorBudget, cfg.DriverBudget = o.tensorPIDs, o.tensorBudget, o.driverBudget
+	cfg.OnOOM = func(oom snapshot.OOM) { // the status line at an out-of-memory, its verdict first
+		oom.Verdict = breakdown.Judge(&oom, o.target.rules.get())
+		logf("%s", report.DescribeOOM(oom))
+	}
 	if len(cfg.TensorPIDs) > 0 && cfg.Tensors != profiler.TensorsOnDemand {
 		return usageError{fmt.Errorf("--tensor-pid needs --tensors=on-demand")}
 	}
@@ -230,7 +236,7 @@ func (o *agentOptions) run(ctx context.Context) error {
 		logf("exporting to %s every %v", o.pyroscope.URL, o.interval)
 	}
 	if o.metricsAddr != "" {
-		if err := serveMetrics(ctx, o.metricsAddr, metrics.Collector{Source: p, Peaks: &o.peaks, GPUObservability: o.igMetrics}, exp); err != nil {
+		if err := serveMetrics(ctx, o.metricsAddr, metrics.Collector{Source: p, Peaks: &o.last, Breakdown: &o.last, GPUObservability: o.igMetrics}, exp); err != nil {
 			return err
 		}
 	}
@@ -274,12 +280,15 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 		line += o.pushes.Say(exp.Stats())
 	}
 	logf("%s", line)
-	parts := profiler.PeaksOnly // for the gauges alone: no row copied
-	if exp != nil {
-		parts = profiler.RowsAndPeaks
+	parts := profiler.PeaksOnly // for the peak gauges alone: no row copied
+	if exp != nil || o.metricsAddr != "" {
+		parts = profiler.RowsAndPeaks // the breakdown reads the rows
 	}
 	_ = p.EndInterval(&o.snapshot, parts) // a loss counter's read error: said by the status line
-	o.peaks.Set(o.snapshot.Peaks)
+	if parts == profiler.RowsAndPeaks {
+		breakdown.Fill(&o.snapshot, o.target.rules.get())
+	}
+	o.last.Set(o.snapshot.Peaks, o.snapshot.Breakdown)
 	if exp != nil {
 		exp.Export(&o.snapshot)
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/nvml"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
@@ -18,6 +19,7 @@ type targetFlags struct {
 	// tensorNative walks tensors' whole native stacks.
 	tensorNative bool
 	nvml         string // the NVIDIA management library read
+	rules        rulesFile
 }
 
 // register adds the flags; tensors is the command's default scope of the
@@ -30,6 +32,7 @@ func (t *targetFlags) register(fs *pflag.FlagSet, tensors profiler.TensorScope) 
 	fs.Var(&t.tensors, "tensors", "the tensor view (PyTorch's caching allocator, libc10_cuda.so): all (every process; --tensors alone), on-demand (the processes switched on; the agent), or off")
 	fs.Lookup("tensors").NoOptDefVal = "all"
 	fs.BoolVar(&t.tensorNative, "tensor-native-stacks", false, "walk the whole native stack (ATen, bindings) of tensors allocated from Python, not only the allocator's frame")
+	fs.Var(&t.rules, "breakdown-rules", "a file of rules sorting stacks into the breakdown's categories, read before the shipped ones (docs/breakdown.md)")
 	fs.StringVar(&t.nvml, "nvml-library", nvml.Library, "the NVIDIA driver's management library, read for what nvidia-smi shows per GPU and process (contexts, kernel images, driver internals, untraced processes): a path, or a name the dynamic loader finds; empty: not read")
 }
 
@@ -62,3 +65,31 @@ func (s *tensorScope) Set(v string) error {
 }
 
 func (*tensorScope) Type() string { return "scope" }
+
+// rulesFile is --breakdown-rules: a user's rules, read (and refused, with
+// the line and why) when the flag is parsed.
+type rulesFile struct {
+	path  string
+	rules *breakdown.Rules
+}
+
+func (r *rulesFile) String() string { return r.path }
+
+func (r *rulesFile) Set(path string) error {
+	rules, err := breakdown.Load(path)
+	if err != nil {
+		return err
+	}
+	r.path, r.rules = path, rules
+	return nil
+}
+
+func (*rulesFile) Type() string { return "file" }
+
+// get are the rules: the user's and the shipped ones, or the shipped ones.
+func (r *rulesFile) get() *breakdown.Rules {
+	if r.rules == nil {
+		return breakdown.Default()
+	}
+	return r.rules
+}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/report"
@@ -25,6 +26,7 @@ import (
 // The count is said at the end; tracing goes on.
 type oomWriter struct {
 	dir     string
+	rules   *breakdown.Rules // for each one's verdict
 	n       int
 	written int
 	lost    int
@@ -33,6 +35,7 @@ type oomWriter struct {
 
 func (w *oomWriter) write(o snapshot.OOM) {
 	w.n++
+	o.Verdict = breakdown.Judge(&o, w.rules)
 	logf("%s", report.DescribeOOM(o))
 	base := filepath.Join(w.dir, fmt.Sprintf("oom-%d-%d", o.Failure.PID, w.n))
 	r := o.Snapshot()

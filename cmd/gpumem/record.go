@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpu-mem/gpu-mem/pprof"
+	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -106,7 +107,7 @@ func (o *recordOptions) config() profiler.Config {
 	cfg := o.target.config()
 	cfg.Timeline = o.format == "html" // the report's timeline; the other formats have none
 	if o.onOOM != "" {
-		o.oom = &oomWriter{dir: o.onOOM}
+		o.oom = &oomWriter{dir: o.onOOM, rules: o.target.rules.get()}
 		cfg.OnOOM = o.oom.write
 	}
 	return cfg
@@ -160,6 +161,7 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	if err != nil {
 		logf("reading loss counters: %v", err)
 	}
+	breakdown.Fill(r, o.target.rules.get())
 	if child != nil && child.ProcessState == nil {
 		child.Process.Signal(syscall.SIGTERM)
 	}

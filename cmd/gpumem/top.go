@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
 )
@@ -97,5 +98,6 @@ func (o *topOptions) draw(p *profiler.Profiler, interactive bool) error {
 	if interactive {
 		fmt.Print("\033[H\033[2J")
 	}
+	breakdown.Fill(s, o.target.rules.get())
 	return report.WriteTop(os.Stdout, s, o.limit, &o.growth)
 }

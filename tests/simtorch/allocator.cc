@@ -20,6 +20,8 @@
 //   size_t simtorch_max_memory_allocated(int device)  last reset, as torch.cuda.max_memory_reserved(),
 //   size_t simtorch_max_memory_requested(int device)  max_memory_allocated() and requested_bytes.all.peak
 //   void simtorch_reset_peak_memory_stats(int device) as torch.cuda.reset_peak_memory_stats()
+//   size_t simtorch_inactive_bytes(int device, size_t *largest)  the free blocks inside the default
+//       pool's segments, as memory_snapshot()'s inactive blocks: their sum, and the largest
 //
 // CUDA graphs' private pools, as torch's allocator keeps them (see
 // docs/pytorch-allocator-books.md): blocks allocated while a capture is
@@ -263,6 +265,21 @@ public:
 	{
 		std::lock_guard<std::mutex> lock(mu_);
 		graph_pools_.at(id).use_count--;
+	}
+
+	// inactive sums the default pool's free blocks and finds the largest.
+	size_t inactive(size_t *largest)
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		size_t sum = 0;
+		*largest = 0;
+		for (auto &[ptr, b] : blocks_) {
+			if (b.pool == kDefaultPool && !b.allocated) {
+				sum += b.size;
+				*largest = std::max(*largest, b.size);
+			}
+		}
+		return sum;
 	}
 
 	// pool_bytes sums the pool's blocks: all (its segments, reserved) or the
@@ -619,6 +636,7 @@ size_t simtorch_max_memory_reserved(int device) { return allocator.device(device
 size_t simtorch_max_memory_allocated(int device) { return allocator.device(device).stats().peak_allocated; }
 size_t simtorch_max_memory_requested(int device) { return allocator.device(device).stats().peak_requested; }
 void simtorch_reset_peak_memory_stats(int device) { allocator.device(device).reset_peak_stats(); }
+size_t simtorch_inactive_bytes(int device, size_t *largest) { return allocator.device(device).inactive(largest); }
 
 uint64_t simtorch_graph_pool_handle(void)
 {

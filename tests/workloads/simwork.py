@@ -105,6 +105,8 @@ def load_allocator():
         for f in (getattr(torch, "simtorch_memory_" + stat), getattr(torch, "simtorch_max_memory_" + stat)):
             f.argtypes, f.restype = [ctypes.c_int], ctypes.c_size_t
     torch.simtorch_reset_peak_memory_stats.argtypes = [ctypes.c_int]
+    torch.simtorch_inactive_bytes.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
+    torch.simtorch_inactive_bytes.restype = ctypes.c_size_t
     torch.simtorch_raw_delete.argtypes = [ctypes.c_void_p]
     torch.simtorch_raw_alloc.argtypes, torch.simtorch_raw_alloc.restype = [ctypes.c_size_t], ctypes.c_void_p
     torch.simtorch_raw_alloc_with_stream.argtypes = [ctypes.c_size_t, ctypes.c_void_p]
@@ -431,6 +433,41 @@ def views():
     totals["reserved"] = torch.simtorch_memory_reserved(0)
     totals["allocated"] = torch.simtorch_memory_allocated(0)
     totals["tensor_live"] = torch.simtorch_memory_requested(0)
+    inactive_blocks()
+
+
+def inactive_blocks():
+    """The allocator's free blocks, as memory_snapshot()'s inactive ones."""
+    largest = ctypes.c_size_t()
+    totals["inactive"] = torch.simtorch_inactive_bytes(0, ctypes.byref(largest))
+    totals["largest_inactive"] = largest.value
+
+
+def fragment(held):
+    """Four 20 MiB segments of five 4 MiB tensors each, the second and
+    fourth of each freed: 32 MiB free in them, in blocks of 4 MiB."""
+    tensors = []
+    for _ in range(20):
+        ptr = ctypes.c_void_p()
+        if torch.simtorch_malloc(0, 4 << 20, ctypes.byref(ptr)):
+            raise MemoryError("fragment")
+        tensors.append(ptr.value)
+    for i, ptr in enumerate(tensors):
+        if i % 5 in (1, 3):
+            torch.simtorch_free(ptr)
+        else:
+            held.append(ptr)
+
+
+def fragment_oom():
+    """An out-of-memory of fragmentation (SIMCUDA_CAPACITY=88 MiB): 12 MiB
+    asked with 32 MiB free in the cache, in no block larger than 4 MiB."""
+    fragment(held_tensors)
+    ptr = ctypes.c_void_p()
+    totals["result"] = torch.simtorch_malloc(0, 12 << 20, ctypes.byref(ptr))
+    totals["requested"] = 12 << 20
+    totals["reserved"] = torch.simtorch_memory_reserved(0)
+    inactive_blocks()
 
 
 def activation_spike():
@@ -685,14 +722,14 @@ def dlopen_cycles():
 
 
 def main():
-    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views,
+    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views, "fragment_oom": fragment_oom,
                  "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles,
                  "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
     cuda.cuInit(0)
-    if sys.argv[1].startswith("tensor") or sys.argv[1] in ("views", "graph_tree"):
+    if sys.argv[1].startswith("tensor") or sys.argv[1] in ("views", "graph_tree", "fragment_oom"):
         load_allocator()  # as import torch does, before any tensor
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()

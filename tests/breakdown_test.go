@@ -1,0 +1,186 @@
+package tests
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/gpu-mem/gpu-mem/breakdown"
+	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
+)
+
+// userRules sorts simwork.py's functions as a user's file would: its
+// weights, its KV cache, and the workspace it takes from the driver.
+const userRules = `# simwork.py's own names
+parameters                      function=load_weights
+kv_cache                        function=kv_cache    file=*/simwork.py
+library_workspaces/workspace    function=library_workspace
+`
+
+// jsonBreakdown is record's JSON breakdown, as a reader decodes it.
+type jsonBreakdown struct {
+	PID        uint32 `json:"pid"`
+	GPU        string `json:"gpu"`
+	Bytes      uint64 `json:"bytes"`
+	NVML       bool   `json:"nvml"`
+	TensorView bool   `json:"tensor_view"`
+	Categories []struct {
+		Category  string            `json:"category"`
+		Library   string            `json:"library"`
+		Bytes     uint64            `json:"bytes"`
+		TopStacks []json.RawMessage `json:"top_stacks"`
+	} `json:"categories"`
+	Fragmentation *struct {
+		FreeInSegments   uint64 `json:"free_in_segments_bytes"`
+		LargestFreeBlock uint64 `json:"largest_free_block_bytes"`
+	} `json:"fragmentation"`
+}
+
+// TestBreakdownOfSimulatedTorch: a PyTorch-shaped process (simwork.py
+// views: weights, a KV cache and activations from the simulated caching
+// allocator, a workspace straight from the driver) broken down by a
+// user's rules file given to record, every category exact: the tensors'
+// by the allocator's own requested bytes, the cache its segments less its
+// tensors, NVML's parts the rest of nvidia-smi's number, which the parts
+// sum to. The fragmentation is the allocator's own free blocks (their sum
+// and the largest), the sum larger by its rounding of each live block.
+func TestBreakdownOfSimulatedTorch(t *testing.T) {
+	dir := t.TempDir()
+	rulesPath := filepath.Join(dir, "simwork.rules")
+	if err := os.WriteFile(rulesPath, []byte(userRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := nvmlState(t, 7*MiB)
+	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsAll, NVML: simNVML()}, pythons(t)[2], "views", env...)
+	out := filepath.Join(dir, "record.json")
+	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors", "--nvml-library", simNVML(),
+		"--breakdown-rules", rulesPath, "--format", "json", "-o", out)
+	c.waitStderr("PyTorch allocator probes")
+	expect := w.run()
+	r := s.report()
+	c.interrupt()
+	rules, err := breakdown.Load(rulesPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	breakdown.Fill(r, rules)
+	b := breakdownOf(t, r.Breakdown, w.pid, "0")
+	nvml, _ := r.GPUMemory.Of(uint32(w.pid), "0")
+	if nvml == nil {
+		t.Fatalf("NVML says nothing of pid %d: %+v", w.pid, r.GPUMemory)
+	}
+	want := map[string]uint64{
+		snapshot.Parameters:            expect["tensor_load_weights"],
+		snapshot.KVCache:               expect["tensor_kv_cache"],
+		snapshot.Activations:           expect["tensor_activations"],
+		snapshot.AllocatorCache:        expect["reserved"] - expect["tensor_live"],
+		"library_workspaces/workspace": 6 * MiB,
+	}
+	nvmlParts := uint64(0)
+	for _, p := range b.Parts {
+		switch p.Category {
+		case snapshot.Context, snapshot.Modules, snapshot.DriverInternal:
+			nvmlParts += p.Bytes
+			continue
+		}
+		if want[p.Name()] != p.Bytes {
+			t.Errorf("%s: %d bytes, want %d", p.Name(), p.Bytes, want[p.Name()])
+		}
+		delete(want, p.Name())
+	}
+	if len(want) != 0 {
+		t.Errorf("parts missing: %v", want)
+	}
+	if b.Bytes() != nvml.NVML || nvmlParts != nvml.NVML-expect["driver_live"] || !b.NVML || !b.TensorView {
+		t.Errorf("parts sum to %d (NVML's parts %d), NVML says %d of which %d traced", b.Bytes(), nvmlParts, nvml.NVML, expect["driver_live"])
+	}
+	frag := snapshot.Fragmentation{FreeInSegments: expect["inactive"] + expect["allocated"] - expect["tensor_live"], LargestFreeBlock: expect["largest_inactive"]}
+	if b.Fragmentation == nil || *b.Fragmentation != frag {
+		t.Errorf("fragmentation %+v, want %+v (the allocator's free blocks %d, and its rounding of live blocks %d)",
+			b.Fragmentation, frag, expect["inactive"], expect["allocated"]-expect["tensor_live"])
+	}
+
+	// record --breakdown-rules writes the same breakdown in its JSON.
+	var report struct {
+		Breakdown []jsonBreakdown `json:"breakdown"`
+	}
+	readJSON(t, out, &report)
+	if len(report.Breakdown) != 1 {
+		t.Fatalf("record's breakdown: %+v", report.Breakdown)
+	}
+	j := report.Breakdown[0]
+	if j.PID != uint32(w.pid) || j.GPU != "0" || j.Bytes != b.Bytes() || !j.NVML || !j.TensorView || len(j.Categories) != len(b.Parts) ||
+		j.Fragmentation == nil || j.Fragmentation.FreeInSegments != frag.FreeInSegments || j.Fragmentation.LargestFreeBlock != frag.LargestFreeBlock {
+		t.Errorf("record's breakdown %+v, want %+v", j, b)
+	}
+	for i, p := range j.Categories {
+		if p.Category != b.Parts[i].Category || p.Library != b.Parts[i].Library || p.Bytes != b.Parts[i].Bytes || len(p.TopStacks) == 0 {
+			t.Errorf("record's part %d: %+v, want %+v", i, p, b.Parts[i])
+		}
+	}
+	w.exit()
+}
+
+// TestFragmentationVerdict: a process whose cache holds 32 MiB free, in
+// blocks of 4 MiB, asks for 12 MiB with the driver full: the verdict is
+// fragmentation, its figures the allocator's own free blocks, and it is
+// the first words of record's out-of-memory line and in its JSON.
+func TestFragmentationVerdict(t *testing.T) {
+	dir := t.TempDir()
+	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsAll}, pythons(t)[2], "fragment_oom", "SIMCUDA_CAPACITY="+strconv.Itoa(88*MiB))
+	out := filepath.Join(dir, "record.json")
+	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors", "--on-oom", dir, "--format", "json", "-o", out)
+	c.waitStderr("PyTorch allocator probes")
+	expect := w.run()
+	if expect["result"] != 2 || expect["reserved"] != 80*MiB || expect["inactive"] != 32*MiB || expect["largest_inactive"] != 4*MiB {
+		t.Fatalf("workload: %v", expect)
+	}
+	r := s.report()
+	c.waitStderr("out of memory (fragmentation: PyTorch's cache held 33554432 bytes free, enough for the 12582912 asked, but its largest free block was 4194304 bytes")
+	c.interrupt()
+	breakdown.Fill(r, nil)
+	if len(r.OOMs) != 1 {
+		t.Fatalf("%d out-of-memory snapshots", len(r.OOMs))
+	}
+	v := r.OOMs[0].Verdict
+	frag := snapshot.Fragmentation{FreeInSegments: expect["inactive"], LargestFreeBlock: expect["largest_inactive"]}
+	if v.Verdict != snapshot.FragmentationVerdict || v.Asked != expect["requested"] || v.Fragmentation == nil || *v.Fragmentation != frag {
+		t.Errorf("verdict %+v, want fragmentation of %+v", v, frag)
+	}
+	if cache := v.Breakdown.Parts[0]; cache.Category != snapshot.Activations || cache.Bytes != 48*MiB {
+		t.Errorf("the breakdown then: %+v, want 48 MiB of activations first", v.Breakdown.Parts)
+	}
+	var report struct {
+		OOMs []struct {
+			Verdict       string `json:"verdict"`
+			Asked         uint64 `json:"asked_bytes"`
+			Fragmentation struct {
+				FreeInSegments   uint64 `json:"free_in_segments_bytes"`
+				LargestFreeBlock uint64 `json:"largest_free_block_bytes"`
+			} `json:"fragmentation"`
+			Breakdown jsonBreakdown `json:"breakdown"`
+		} `json:"out_of_memory"`
+	}
+	readJSON(t, out, &report)
+	if len(report.OOMs) != 1 || report.OOMs[0].Verdict != "fragmentation" || report.OOMs[0].Asked != 12*MiB ||
+		report.OOMs[0].Fragmentation.FreeInSegments != 32*MiB || report.OOMs[0].Fragmentation.LargestFreeBlock != 4*MiB ||
+		report.OOMs[0].Breakdown.Bytes != 80*MiB {
+		t.Errorf("record's out_of_memory: %+v", report.OOMs)
+	}
+	w.exit()
+}
+
+// breakdownOf is the breakdown of pid on gpu.
+func breakdownOf(t *testing.T, bs []snapshot.Breakdown, pid int, gpu string) snapshot.Breakdown {
+	t.Helper()
+	for _, b := range bs {
+		if b.PID == uint32(pid) && b.GPU == gpu {
+			return b
+		}
+	}
+	t.Fatalf("no breakdown of pid %d on gpu %s in %+v", pid, gpu, bs)
+	return snapshot.Breakdown{}
+}
