@@ -1,0 +1,178 @@
+"""Workloads for checking gpu-mem's breakdown against PyTorch's own
+account on a GPU (run_breakdown.sh, check_breakdown.py), models built
+from a config, nothing downloaded.
+
+Usage: torch_breakdown.py MODE
+  train     a transformers Llama trained one step with AdamW, gradients kept
+  generate  the Llama generating with a StaticCache kept
+  compile   torch.compile(mode="reduce-overhead") of the Llama's forward:
+            its CUDA graphs' private pools
+  vllm      a vLLM-shaped runner (vllm/gpu_model_runner.py): weights, KV cache
+  oom_demand       asks more than the GPU has left: torch's out-of-memory
+  oom_fragment     the cache holds more free bytes than asked, in no block
+                   large enough: torch's out-of-memory of fragmentation
+
+Run after gpumem is recording (protocol.sh's record_first). It runs at
+once, then, everything synchronized and held, prints "done" and
+"expect {JSON}" (PyTorch's own numbers, NVML's for this process) and
+waits for a line.
+"""
+import gc
+import json
+import os
+import re
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MiB = 1 << 20
+
+
+def nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None and t.is_cuda)
+
+
+def llama(layers=4, hidden=1024):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=16, num_key_value_heads=16, vocab_size=32000, max_position_embeddings=1024)
+    with torch.device("cuda"):
+        return LlamaForCausalLM(config)
+
+
+def build_model():
+    return llama()
+
+
+def train(expect):
+    model = build_model()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 32000, (4, 256), device="cuda")
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    opt.step()
+    del out, ids
+    expect["parameters"] = nbytes(list(model.parameters()) + list(model.buffers()))
+    expect["gradients"] = nbytes(p.grad for p in model.parameters())
+    expect["optimizer_state"] = nbytes(t for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    return model, opt
+
+
+def generate(expect):
+    from transformers import StaticCache
+    model = build_model()
+    model.eval()
+    cache = StaticCache(config=model.config, max_cache_len=512)
+    ids = torch.randint(0, 32000, (1, 32), device="cuda")
+    with torch.no_grad():
+        model.generate(ids, past_key_values=cache, max_new_tokens=16, do_sample=False)
+    expect["parameters"] = nbytes(list(model.parameters()) + list(model.buffers()))
+    expect["kv_cache"] = nbytes(t for layer in cache.layers for t in (layer.keys, layer.values))
+    return model, cache
+
+
+def compiled(expect):
+    model = build_model()
+    model.eval()
+    step = torch.compile(model, mode="reduce-overhead")
+    ids = torch.randint(0, 32000, (1, 64), device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            out = step(input_ids=ids).logits.clone()
+    torch.cuda.synchronize()
+    pools = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)]
+    expect["cuda_graph_pools"] = sum(s["total_size"] for s in pools)
+    return model, step, out
+
+
+def vllm(expect):
+    sys.path.insert(0, HERE)
+    from vllm.gpu_model_runner import GPUModelRunner
+    runner = GPUModelRunner(layers=8, hidden=2048, blocks=256, block_size=16)
+    runner.load_model()
+    runner.initialize_kv_cache()
+    out = runner.execute_model(64)
+    expect["parameters"] = nbytes(runner.weights)
+    expect["kv_cache"] = nbytes(runner.kv_caches)
+    return runner, out
+
+
+def asked_and_cache(err):
+    """What torch's out-of-memory message says: asked, and reserved but unallocated."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": MiB, "GiB": 1 << 30}
+    m = re.search(r"Tried to allocate ([\d.]+) (\w+)", str(err))
+    c = re.search(r"([\d.]+) (\w+) is reserved by PyTorch but unallocated", str(err))
+    return (round(float(m.group(1)) * units[m.group(2)]) if m else -1,
+            round(float(c.group(1)) * units[c.group(2)]) if c else -1)
+
+
+def oom_demand(expect):
+    free, _ = torch.cuda.mem_get_info()
+    held = torch.empty(free - 4096 * MiB, dtype=torch.uint8, device="cuda")
+    try:
+        torch.empty(8192 * MiB, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as err:
+        expect["oom_message"] = str(err).splitlines()[0]
+        expect["asked"], expect["reserved_unallocated"] = asked_and_cache(err)
+    return held
+
+
+def oom_fragment(expect):
+    held = []
+    free, _ = torch.cuda.mem_get_info()
+    for _ in range((free - 1024 * MiB) // (2048 * MiB)):
+        big = torch.empty(2048 * MiB, dtype=torch.uint8, device="cuda")
+        del big  # its 2 GiB segment cached, then split into 100 MiB blocks
+        blocks = [torch.empty(100 * MiB, dtype=torch.uint8, device="cuda") for _ in range(20)]
+        held.extend(blocks[0::2])
+        del blocks
+    try:
+        torch.empty(4096 * MiB, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as err:
+        expect["oom_message"] = str(err).splitlines()[0]
+        expect["asked"], expect["reserved_unallocated"] = asked_and_cache(err)
+    return held
+
+
+def nvml_used():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            if p.pid == os.getpid():
+                return p.usedGpuMemory
+    except Exception as err:  # said in the output, checked as missing
+        print(f"nvml: {err}", file=sys.stderr)
+    return -1
+
+
+def inactive_blocks():
+    """torch.cuda.memory_snapshot()'s inactive blocks outside graph pools:
+    their sum and the largest."""
+    sizes = [b["size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) == (0, 0)
+             for b in s["blocks"] if b["state"] == "inactive"]
+    return sum(sizes), max(sizes, default=0)
+
+
+def main():
+    modes = {"train": train, "generate": generate, "compile": compiled, "vllm": vllm,
+             "oom_demand": oom_demand, "oom_fragment": oom_fragment}
+    expect = {"pid": os.getpid(), "mode": sys.argv[1]}
+    kept = modes[sys.argv[1]](expect)
+    gc.collect()
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    expect.update(reserved=torch.cuda.memory_reserved(), allocated=torch.cuda.memory_allocated(),
+                  requested=stats.get("requested_bytes.all.current", -1), nvml=nvml_used())
+    expect["inactive"], expect["largest_inactive"] = inactive_blocks()
+    print("done", flush=True)
+    print("expect " + json.dumps(expect), flush=True)
+    sys.stdin.readline()
+    del kept
+
+
+if __name__ == "__main__":
+    main()
