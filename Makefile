@@ -6,7 +6,7 @@ IG = $(shell $(GO) list -m -f '{{.Dir}}' github.com/inspektor-gadget/inspektor-g
 SIM = build/sim
 SIM_CFLAGS = -O0 -g -fno-omit-frame-pointer -Wall -Wextra -Werror
 
-.PHONY: setup build generate dashboard docs check-generated sim demo image test bench bench-smoke soak fuzz fuzz-seeds clean
+.PHONY: setup setup-demo build generate dashboard docs check-generated sim demo image test bench bench-smoke soak fuzz fuzz-seeds clean
 
 # Install toolchains and Go modules (Debian, as root). Cheap when done.
 setup:
@@ -72,8 +72,13 @@ $(SIM)/simwork: tests/workloads/simwork.c tests/simcuda/cuda.h $(SIM)/libcuda.so
 
 # Profile the demo workload on the simulated driver: prints the stacks
 # holding the most and writes gpumem-demo.pb.gz (go tool pprof -top it).
-demo: setup build sim
-	./bin/gpumem record --duration 3s --library $(SIM)/libcuda.so.1 -o gpumem-demo.pb.gz --top 6 -- env SIMWORK_NOWAIT=1 $(SIM)/simwork demo
+# It needs a C compiler and the lean build only, not setup's toolchains for
+# the tests: a few minutes on a fresh machine.
+setup-demo:
+	./scripts/setup.sh demo
+
+demo: setup-demo bin/gpumem-lean $(SIM)/libcuda.so.1 $(SIM)/simwork
+	./bin/gpumem-lean record --duration 3s --library $(SIM)/libcuda.so.1 -o gpumem-demo.pb.gz --top 6 -- env SIMWORK_NOWAIT=1 $(SIM)/simwork demo
 
 # The gadget as an Inspektor Gadget image in IG's local store, built with
 # local tools (no Docker); gpumem image export IMAGE FILE makes a tarball.

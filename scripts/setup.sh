@@ -5,9 +5,14 @@
 # libtorch1.13 for a real large C++ library to symbolize (tests, bench), the Go
 # modules, and IG's headers where its local image builder looks. Safe to run
 # again.
+#
+# `setup.sh demo` installs only what `make demo` needs: a C compiler for the
+# simulated driver and its workload (the BPF object is committed; go build
+# fetches the few modules the lean build links).
 set -euo pipefail
 
-packages=(clang-19 llvm-19 libbpf-dev bpftool gcc g++ make util-linux chromium systemtap-sdt-dev libtorch1.13)
+packages=(gcc make)
+[ "${1:-}" = demo ] || packages+=(clang-19 llvm-19 libbpf-dev bpftool g++ util-linux chromium systemtap-sdt-dev libtorch1.13)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,6 +22,8 @@ if ((${#missing[@]})); then
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+[ "${1:-}" = demo ] && exit 0
 
 cd "$(dirname "$0")/.."
 # The fork of notation-go that IG's go.mod replaces in is not in the public
