@@ -1,3 +1,5 @@
+// Decoding the ring buffer's records into Events.
+
 package tracer
 
 import (

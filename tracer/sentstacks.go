@@ -1,3 +1,5 @@
+// Naming again the Python stacks the BPF program sent only by their hash.
+
 package tracer
 
 import (
