@@ -10,11 +10,17 @@ import (
 )
 
 // TestObjectWithoutAMapIsRefused: an object lacking a program or a map the
-// tracer uses is refused, by name, and nothing of it stays loaded.
+// tracer uses, or a map or variable it sizes or sets at load, is refused,
+// by name, and nothing of it stays loaded. Each name is one bpf2go gives:
+// the built-in object has them all.
 func TestObjectWithoutAMapIsRefused(t *testing.T) {
-	fields := reflect.TypeFor[objects]()
-	for i := range fields.NumField() {
-		missing := fields.Field(i).Tag.Get("ebpf")
+	var names []string
+	for _, fields := range []reflect.Type{reflect.TypeFor[objects](), reflect.TypeFor[sized]()} {
+		for i := range fields.NumField() {
+			names = append(names, fields.Field(i).Tag.Get("ebpf"))
+		}
+	}
+	for _, missing := range names {
 		spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(_GpumemBytes))
 		if err != nil {
 			t.Fatal(err)
@@ -22,8 +28,12 @@ func TestObjectWithoutAMapIsRefused(t *testing.T) {
 		if err := checkObject(spec); err != nil {
 			t.Fatalf("the built-in object: %v", err)
 		}
+		if spec.Programs[missing] == nil && spec.Maps[missing] == nil && spec.Variables[missing] == nil {
+			t.Fatalf("the built-in object has no %s", missing)
+		}
 		delete(spec.Programs, missing)
 		delete(spec.Maps, missing)
+		delete(spec.Variables, missing)
 		if tr, err := load(spec, Options{}); err == nil || !strings.Contains(err.Error(), missing) {
 			t.Errorf("without %s: %v", missing, err)
 			if tr != nil {

@@ -125,34 +125,49 @@ func checkObject(spec *ebpf.CollectionSpec) error {
 	return nil
 }
 
-// load trims what only stock IG uses (the in-kernel totals and stack
-// maps, left at one entry, should a program gpumem loads refer to them) and
-// loads gpumem's objects.
+// sized are the parts of the object load sizes or sets before loading, as
+// bpf2go names them. Assign looks each up by its tag and fails on one the
+// object lacks, so that a map or variable renamed in program.bpf.c stops
+// the load instead of leaving it unsized.
+type sized struct {
+	// What only stock IG fills (the in-kernel totals and stack maps, and
+	// gpumem_finish's tail calls): one entry each, should a program gpumem
+	// loads refer to them.
+	Stacks            *ebpf.MapSpec `ebpf:"stacks"`
+	Allocations       *ebpf.MapSpec `ebpf:"allocations"`
+	Processes         *ebpf.MapSpec `ebpf:"processes"`
+	IgUstack          *ebpf.MapSpec `ebpf:"ig_ustack"`
+	IgBuildId         *ebpf.MapSpec `ebpf:"ig_build_id"`
+	Finishing         *ebpf.MapSpec `ebpf:"finishing"`
+	FinishAllocations *ebpf.MapSpec `ebpf:"finish_allocations"`
+
+	StackWindows *ebpf.MapSpec `ebpf:"stack_windows"` // an entry per CPU
+
+	FilterPids         *ebpf.VariableSpec `ebpf:"filter_pids"`
+	TensorNativeStacks *ebpf.VariableSpec `ebpf:"tensor_native_stacks"`
+}
+
+// load sizes the object's maps for gpumem, trimming what only stock IG
+// uses, and loads gpumem's objects.
 func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
-	for _, name := range []string{"stacks", "allocations", "processes", "ig_ustack", "ig_build_id", "finishing", "finish_allocations"} {
-		if m := spec.Maps[name]; m != nil {
-			m.MaxEntries = 1
-		}
+	var s sized
+	if err := spec.Assign(&s); err != nil {
+		return nil, fmt.Errorf("size the maps: %w", err)
 	}
-	if m := spec.Maps["finish_allocations"]; m != nil {
-		m.Contents = nil // gpumem_finish, trimmed above
+	for _, m := range []*ebpf.MapSpec{s.Stacks, s.Allocations, s.Processes, s.IgUstack, s.IgBuildId, s.Finishing, s.FinishAllocations} {
+		m.MaxEntries = 1
 	}
-	if m := spec.Maps["stack_windows"]; m != nil {
-		cpus, err := ebpf.PossibleCPU()
-		if err != nil {
-			return nil, fmt.Errorf("size the stack windows: %w", err)
-		}
-		m.MaxEntries = uint32(cpus) // an entry per CPU
+	s.FinishAllocations.Contents = nil // gpumem_finish, trimmed above
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("size the stack windows: %w", err)
 	}
-	for name, on := range map[string]bool{"filter_pids": len(opts.PIDs) > 0, "tensor_native_stacks": opts.TensorNativeStacks} {
-		if !on {
-			continue // the default, also in objects built before the variable
-		}
-		if v := spec.Variables[name]; v == nil {
-			return nil, fmt.Errorf("set %s: no such variable in this object", name)
-		} else if err := v.Set(true); err != nil {
-			return nil, fmt.Errorf("set %s: %w", name, err)
-		}
+	s.StackWindows.MaxEntries = uint32(cpus)
+	if err := s.FilterPids.Set(len(opts.PIDs) > 0); err != nil {
+		return nil, fmt.Errorf("set filter_pids: %w", err)
+	}
+	if err := s.TensorNativeStacks.Set(opts.TensorNativeStacks); err != nil {
+		return nil, fmt.Errorf("set tensor_native_stacks: %w", err)
 	}
 	t := &Tracer{}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
