@@ -230,11 +230,12 @@ func TestBrokenGadgetYAMLFailsBuild(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			for _, f := range []string{"program.bpf.c", "build.yaml", "gadget.yaml", "gadgets/include/gpumem.h"} {
-				if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(f)), 0o755); err != nil {
-					t.Fatal(err)
-				}
+			for _, f := range []string{"program.bpf.c", "build.yaml", "gadget.yaml"} {
 				copyFile(t, filepath.Join(repoRoot, f), filepath.Join(dir, f))
+			}
+			// The headers program.bpf.c includes, found beside it.
+			if err := os.CopyFS(filepath.Join(dir, "gadgets/include"), os.DirFS(filepath.Join(repoRoot, "gadgets/include"))); err != nil {
+				t.Fatal(err)
 			}
 			yaml, err := os.ReadFile(filepath.Join(dir, "gadget.yaml"))
 			if err != nil {

@@ -16,9 +16,9 @@ const pySentBefore = StackFlags(gpumemGpumemStackFlagGPUMEM_PY_SENT_BEFORE)
 
 // sentStacks keeps the Python frames of each process's tensor allocations
 // by their hash, for the later events that name them (name_sent_stack in
-// program.bpf.c). A process's stacks are kept until it exits: a thread
-// names only stacks it sent, each sent ahead of the events naming it in
-// the one ring buffer.
+// gadgets/include/gpumem/sent_stacks.h). A process's stacks are kept until
+// it exits: a thread names only stacks it sent, each sent ahead of the
+// events naming it in the one ring buffer.
 type sentStacks struct {
 	byPID map[uint32]map[uint64][]PyFrame
 	named uint64 // events whose frames were named
@@ -70,7 +70,8 @@ func (s *sentStacks) name(ev *Event) {
 	s.named++
 }
 
-// pyStackHash is python_stack_hash (program.bpf.c) of frames.
+// pyStackHash is python_stack_hash (gadgets/include/gpumem/sent_stacks.h)
+// of frames.
 func pyStackHash(frames []PyFrame) uint64 {
 	const codeMul, restMul = 0x9e3779b97f4a7c15, 0xc2b2ae3d27d4eb4f
 	code, rest := uint64(codeMul), uint64(restMul)
