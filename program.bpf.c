@@ -144,6 +144,9 @@ int gpumem_leave(struct pt_regs *ctx)
 	return 0;
 }
 
+/* A tensor allocated or freed by PyTorch's caching allocator, at one of
+ * its USDT probes' sites (usdt_sites: gpumem/usdt.h); the attach cookie is
+ * the site's index. */
 SEC("uprobe.multi/libc10_cuda")
 int gpumem_tensor(struct pt_regs *ctx)
 {
@@ -170,6 +173,8 @@ int gpumem_tensor(struct pt_regs *ctx)
 	return 0;
 }
 
+/* NativeCachingAllocator::setCheckpointPoolState, a CUDA graph pool's
+ * checkpoint restore (gpumem/allocator.h), at its entry. */
 SEC("uprobe.multi/libc10_cuda")
 int gpumem_restore_enter(struct pt_regs *ctx)
 {
@@ -302,8 +307,9 @@ int gpumem_restore_return(struct pt_regs *ctx)
 	return 0;
 }
 
-/* gadget.yaml leaves it unattached: only the tail call runs it, with the
- * scratch held by leave_allocation. */
+/* Stock IG's per-function programs (gpumem/stock_ig.h) finish their
+ * allocations here. gadget.yaml leaves it unattached: only the tail call
+ * runs it, with the scratch held by leave_allocation. */
 SEC("kprobe/gpumem_finish")
 int gpumem_finish(struct pt_regs *ctx)
 {

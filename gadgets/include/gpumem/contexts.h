@@ -185,7 +185,7 @@ static __always_inline int leave_context(struct pt_regs *ctx, const struct gpume
 	return 0;
 }
 
-/* ---- CUDA contexts made and destroyed, for the reconciliation with NVML
+/* CUDA contexts made and destroyed, for the reconciliation with NVML
  * (profiler/gpumemory.go): a context's device memory is NVML's growth across
  * its creation, charged to the stack that made it. Reported by gpumem's own
  * attach only; stock IG's per-function programs follow contexts as before. */
@@ -221,7 +221,5 @@ static __always_inline void begin_context(struct gpumem_event *e, const struct g
 	else
 		e->device = (__s32)call->bytes; /* the device argument */
 }
-
-/* ---- end of CUDA contexts made and destroyed */
 
 #endif

@@ -10,11 +10,4 @@ static __always_inline __u64 read_ptr(__u64 addr)
 	return v;
 }
 
-static __always_inline __u8 read_u8(__u64 addr)
-{
-	__u8 v = 0;
-	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
-	return v;
-}
-
 #endif

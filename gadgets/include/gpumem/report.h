@@ -95,7 +95,6 @@ static __always_inline int report_retain(struct pt_regs *ctx, const struct gpume
 	return report_address(call->op, handle, false);
 }
 
-
 /* module_loaded is the module or library a successful load returned, else
  * 0; a successful unload is reported here, by its handle, once the driver
  * let its images go (NVML, read after it, no longer counts them). Reported
