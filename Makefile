@@ -166,8 +166,8 @@ bench-smoke: build sim
 # loaded again, over 100,000 distinct stacks, the Pyroscope receiver down
 # 30 s every 5 minutes), each process's books checked against its own
 # counts, the agent's RSS, goroutines, heap and open files sampled. Writes
-# bench/soak/RESULTS.md (copied into BENCHMARKS.md by bench) and
-# samples.csv beside it; the agent's log is in build/soak/. Fails when a
+# bench/soak/RESULTS.md (copied into BENCHMARKS.md by bench); every sample
+# and the agent's log go to build/soak/. Fails when a
 # figure grew or a book is off. SOAKFLAGS='-duration 3m' for a short one.
 SOAKFLAGS ?=
 soak: setup build sim

@@ -35,7 +35,7 @@ var (
 	downFor      = flag.Duration("down", 30*time.Second, "how long the receiver stays down each time")
 	sampleEvery  = flag.Duration("sample", 10*time.Second, "how often the agent is sampled")
 	out          = flag.String("o", "bench/soak/RESULTS.md", "where to write the figures")
-	samplesOut   = flag.String("samples", "", "where to write every sample, as CSV (default: samples.csv beside -o)")
+	samplesOut   = flag.String("samples", "", "where to write every sample, as CSV (default: build/soak/samples.csv, beside the agent's log)")
 	repo         = flag.String("repo", ".", "the repository root (bin/ and build/sim built)")
 )
 
@@ -47,7 +47,9 @@ func main() {
 	root, err := filepath.Abs(*repo)
 	check(err)
 	if *samplesOut == "" {
-		*samplesOut = filepath.Join(filepath.Dir(*out), "samples.csv")
+		// Every sample is for reading a run, not for the tree: RESULTS.md
+		// says what a document needs of them.
+		*samplesOut = filepath.Join(root, "build/soak/samples.csv")
 	}
 	// Ctrl-C ends the churn early; the run is then checked and written
 	// as for its full duration.
