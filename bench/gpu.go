@@ -6,13 +6,12 @@ import (
 )
 
 // gpuSection is the GPU part, measured on the GPU machine with
-// bench/gpu/run.sh and kept in bench/gpu/RESULTS.md, the real model's, by
-// bench/gpu/model.sh and model_report.py into bench/gpu/MODEL.md, then the analysis of
-// the targets missed, bench/NOTES.md: both are copied in as they are.
+// bench/gpu/run.sh and kept in bench/gpu/RESULTS.md, and the real model's,
+// by bench/gpu/model.sh and model_report.py into bench/gpu/MODEL.md: both
+// are copied in as they are.
 func gpuSection(root string) string {
 	section := recordedSection(root, "bench/gpu/RESULTS.md", "\n## On the GPU\n\nNot measured yet: see bench/gpu/run.sh.\n")
-	section += recordedSection(root, "bench/gpu/MODEL.md", "\n## A real model on the GPU\n\nNot measured yet: see bench/gpu/model.sh.\n")
-	return section + recordedSection(root, "bench/NOTES.md", "")
+	return section + recordedSection(root, "bench/gpu/MODEL.md", "\n## A real model on the GPU\n\nNot measured yet: see bench/gpu/model.sh.\n")
 }
 
 // soakSection is the soak's, run apart for 30 minutes by `make soak` and

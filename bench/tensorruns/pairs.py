@@ -9,8 +9,8 @@ a shim frame on the C stack each, as a real model's stacks have), or
 after-nested (plain, once 1000 pairs were made 10 __call__s deep).
 PAIRS_TOUCH (bytes, default 0) is written after each allocation and each
 free, so that the programs find the caches and the TLB as cold as a real
-workload leaves them between two tensors (torch's process on the GPU
-machine: bench/NOTES.md); the pairs' own time then means nothing, only
+workload leaves them between two tensors (as in torch's process on the GPU
+machine); the pairs' own time then means nothing, only
 the programs' run time does. PAIRS_WORK (default 0) runs that many rounds
 of a long and varied code path (json, re, sorting: much of the
 interpreter's and its libraries' code) after each allocation and each
