@@ -152,8 +152,8 @@ fuzz-seeds:
 	GPUMEM_RECORD_SEEDS=$(RECORD) $(GO) generate -tags fuzzseed -run fuzzseed ./...
 
 # Benchmarks, side by side in one run: writes BENCHMARKS.md (about 4 minutes).
-# The GPU section comes from bench/gpu/RESULTS.md, made on the GPU machine by
-# bench/gpu/run.sh.
+# The GPU sections come from bench/gpu/MODEL.md and RESULTS.md, made on the
+# GPU machine (bench/README.md says how).
 bench: setup build sim
 	$(GO) run ./bench -o BENCHMARKS.md
 

@@ -55,16 +55,16 @@ func costs(root string) string {
 	}
 	floor := c["floor: empty entry and return programs"]
 	var b strings.Builder
-	fmt.Fprintf(&b, "One thread calls cuMemAlloc_v2 then cuMemFree_v2 (4 KiB) in a loop (`simwork pairs %s`);\n", pairs)
-	b.WriteString("the cost is the time per pair. The floor attaches empty programs to the same two\n")
-	b.WriteString("functions: the kernel's uprobe and uretprobe trap, which any uprobe tracer pays.\n\n")
+	fmt.Fprintf(&b, "One thread calls cuMemAlloc_v2 then cuMemFree_v2 (4 KiB) in a loop (`simwork pairs %s`): the time\n", pairs)
+	b.WriteString("per pair under each tracer. The floor is empty programs on the same two functions: the uprobe and\n")
+	b.WriteString("uretprobe traps any uprobe tracer pays.\n\n")
 	b.WriteString("| C caller | ns per pair | added over no tracing | ratio to the floor |\n| --- | ---: | ---: | ---: |\n")
 	for _, v := range variants {
 		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.2fx |\n", v.name, c[v.name], c[v.name]-c["no tracing"], c[v.name]/floor)
 	}
 	pyFloor := py["floor: empty entry and return programs"]
-	b.WriteString("\nThe same pairs from Python through ctypes (`simwork.py pairs`, CPython 3.12): gpu-mem also\n")
-	b.WriteString("walks the Python frames.\n\n| Python caller | ns per pair | added over no tracing | ratio to the floor |\n| --- | ---: | ---: | ---: |\n")
+	b.WriteString("\nThe same pairs from Python through ctypes (`simwork.py pairs`, CPython 3.12), where gpu-mem also\n")
+	b.WriteString("walks the Python frames:\n\n| Python caller | ns per pair | added over no tracing | ratio to the floor |\n| --- | ---: | ---: | ---: |\n")
 	for _, v := range variants[:3] {
 		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.2fx |\n", v.name, py[v.name], py[v.name]-py["no tracing"], py[v.name]/pyFloor)
 	}

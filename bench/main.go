@@ -13,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/gpu-mem/gpu-mem/bench/machine"
 )
@@ -58,43 +57,51 @@ func main() {
 
 	var report strings.Builder
 	header(&report)
+	report.WriteString(gpuSection(root))
 	for _, s := range []struct {
 		name, title string
 		run         func() string
 	}{
-		{"costs", "Cost per allocation + free pair", func() string { return costs(root) }},
-		{"rates", "Sustained event rate without loss", rates},
-		{"agent", "Agent CPU and memory", agentFootprint},
-		{"latency", "Attach latency", attachLatency},
-		{"load", "Load time of the BPF object", func() string { return loadTimes(root) }},
-		{"symbols", "Naming the first stack through large C++ libraries", func() string { return symbolsFirstStack(root) }},
-		{"discovery", "Discovery against the processes on the node", discoveryCost},
-		{"nvml", "Reading NVML", func() string { return nvmlCost(root) }},
+		{"costs", "What does tracing add to one driver allocation?", func() string { return costs(root) }},
+		{"rates", "How many events a second without loss?", rates},
+		{"agent", "What does the agent take, CPU and memory?", agentFootprint},
+		{"latency", "How soon is a new process traced?", attachLatency},
+		{"load", "How long does the BPF object take to load?", func() string { return loadTimes(root) }},
+		{"symbols", "What does naming the first stack through large C++ libraries cost?", func() string { return symbolsFirstStack(root) }},
+		{"discovery", "What does finding processes cost, against how many run?", discoveryCost},
+		{"nvml", "What does reading NVML cost?", func() string { return nvmlCost(root) }},
 	} {
 		switch *only {
 		case "":
 			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
-			section(&report, s.title, s.run())
+			section(&report, s.title, measuredBy(s.name)+s.run())
 		case s.name:
 			fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
-			check(replaceSection(*out, s.title, s.run()))
+			check(replaceSection(*out, s.title, measuredBy(s.name)+s.run()))
 			fmt.Fprintf(os.Stderr, "bench: wrote its section of %s\n", *out)
 			return
 		}
 	}
 	report.WriteString(soakSection(root))
-	report.WriteString(gpuSection(root))
-	report.WriteString("\nReproduce: `make bench` (as root, after the README setup); the soak section: `make soak` (30 minutes; it writes bench/soak/RESULTS.md); the GPU section: `bench/gpu/run.sh GPUMEM USDTFLOOR OUTDIR` on the GPU machine (both built with `CGO_ENABLED=0 go build`: `./cmd/gpumem`, `./bench/usdtfloor`), then copy OUTDIR/RESULTS.md to bench/gpu/.\n")
 	check(os.WriteFile(*out, []byte(report.String()), 0o644))
 	fmt.Fprintf(os.Stderr, "bench: wrote %s\n", *out)
 }
 
 func header(w io.Writer) {
-	fmt.Fprintf(w, "# Benchmarks\n\nMeasured %s on %s, by `make bench` (`go run ./bench`).\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), machine.Describe())
-	fmt.Fprintf(w, "Each figure is the median of %d runs; ratios compare figures of this same run.\n", runs)
-	fmt.Fprintf(w, "The CPU side runs on the simulated driver (`tests/simcuda`), whose calls cost ~100 ns,\n")
-	fmt.Fprintf(w, "so the figures are the probes' own cost; a real cuMemAlloc+cuMemFree pair costs 80-150 us.\n")
+	fmt.Fprint(w, "# Benchmarks\n\n"+
+		"What gpu-mem costs, one question a section. A section's figures were measured side by side in one run\n"+
+		"(its ratios compare figures of that run), on the machine it names, by the command it gives. The sections\n"+
+		"`go run ./bench` measures run on the simulated driver (`tests/simcuda`), whose calls cost ~100 ns: their\n"+
+		"figures are the probes' own cost, where a real cuMemAlloc + cuMemFree pair costs 80-150 us. How the\n"+
+		"harness works and what to keep in mind reading it: [bench/README.md](bench/README.md).\n")
+}
+
+// measuredBy says where and how a section of this run is measured: a
+// section measured alone (-only) may come from another machine than the
+// rest.
+func measuredBy(name string) string {
+	return fmt.Sprintf("Measured on %s, by `go run ./bench -only %s` (as root, after `make build sim`; `make bench` runs every section), medians of %d runs.\n\n",
+		machine.Describe(), name, runs)
 }
 
 func section(w *strings.Builder, title, body string) {
@@ -120,8 +127,7 @@ func replaceSection(file, title, body string) error {
 	}
 	var b strings.Builder
 	b.WriteString(text[:start])
-	section(&b, title, fmt.Sprintf("Measured %s on %s, by `go run ./bench -only %s`; `make bench` runs it with the rest.\n\n%s",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), machine.Describe(), *only, body))
+	section(&b, title, body)
 	b.WriteString(text[end:])
 	return os.WriteFile(file, []byte(b.String()), 0o644)
 }

@@ -47,11 +47,10 @@ func nvmlCost(root string) string {
 	var b strings.Builder
 	b.WriteString("| what | per read | share of one core at one read per scan (500 ms) |\n| --- | ---: | ---: |\n")
 	fmt.Fprintf(&b, "| NVML read, simulated NVML, %d processes | %.1f us | %.4f%% |\n", listed, us, us/float64(every.Microseconds())*100)
-	b.WriteString("\nThe agent reads NVML (memory and process list of every GPU) at each scan, when a context\n")
-	b.WriteString("is made or destroyed, after an out-of-memory failure and before each snapshot, scrape and\n")
-	b.WriteString("interval, on a job of its own, never on the goroutine that reads events. The simulated\n")
-	b.WriteString("NVML reads a directory; the driver's own cost is measured on the GPU machine\n")
-	b.WriteString("(`tests/gpu/run_nvml.sh` runs `nvmlcost` there).\n")
+	b.WriteString("\nThe agent reads NVML (every GPU's memory and process list) at each scan, when a context is made or\n")
+	b.WriteString("destroyed, after an out-of-memory failure and before each snapshot, on a job of its own, never on the\n")
+	b.WriteString("goroutine that reads events. The simulated NVML reads a directory; `tests/gpu/run_nvml.sh` times the\n")
+	b.WriteString("driver's own.\n")
 	return b.String()
 }
 

@@ -62,12 +62,10 @@ func symbolsFirstStack(root string) string {
 	check(err)
 	defer os.RemoveAll(dir)
 	var b strings.Builder
-	b.WriteString("A fresh symbolizer names a stack with 32 frames in each library (mid-function return addresses\n")
-	b.WriteString("spread over its functions) through real large C++ libraries, as the agent does for the first\n")
-	b.WriteString("stack through it: map the file, index its function symbols, read and demangle the names hit.\n")
-	b.WriteString("The eager way, the symbolizer before, read every symbol into Go strings and demangled all\n")
-	b.WriteString("of them first. Heap held: live heap with the tables kept, after a GC; allocated: all the\n")
-	b.WriteString("bytes allocated on the way, which the GC must collect. Files in the page cache.\n\n")
+	b.WriteString("A fresh symbolizer names a stack of 32 frames in each library (return addresses spread over its\n")
+	b.WriteString("functions), as the agent names the first stack through it: map the file, index its function symbols,\n")
+	b.WriteString("demangle the names hit; against reading and demangling every symbol first (eager). Heap held: the live\n")
+	b.WriteString("heap after a GC, tables kept; allocated: every byte allocated on the way. Files in the page cache.\n\n")
 	b.WriteString("| stack through | functions | way | first stack named | heap held | allocated | eager / lazy time |\n")
 	b.WriteString("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n")
 	var all []int

@@ -39,6 +39,8 @@ BASE_FLAGS=${BASE_FLAGS:-}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 sysctl -qw kernel.bpf_stats_enabled=1 || echo "model.sh: no BPF run time (kernel.bpf_stats_enabled)" >&2
+# The machine the lines were measured on, which model_report.py names.
+echo "# machine: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) CPUs, kernel $(uname -r)"
 
 # The windows, in order: each round the modes shifted by one.
 windows=()

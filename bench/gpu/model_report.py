@@ -1,18 +1,20 @@
-"""Writes MODEL.md, the real model's section of BENCHMARKS.md, from the lines
-bench/gpu/model.sh printed (kept in bench/gpu/h200/).
+"""Writes MODEL.md, the real model's sections of BENCHMARKS.md, from the
+lines bench/gpu/model.sh printed (kept in bench/gpu/h100/ or h200/).
 
-Usage: model_report.py [--jax JAX_TXT] NOCACHE_TXT MODEL_MD MODEL_TXT...
-Each MODEL_TXT is one run (one process), reported on its own: each figure is
-the median of its rounds, with the spread (lowest-highest); ratios are
-against no agent in the same process; its "# note: " lines are said under
-its heading. A target is met when every run meets
-it. The tensor micro-benchmark
-(torch.empty + del at Python depth 5 and 40) is reported as the cost added
-over no agent, against the floor's (empty programs on the same USDT sites).
+Usage: model_report.py [--jax JAX_TXT] NOCACHE_TXT MODEL_MD MODEL_TXT
+MODEL_TXT is one run (one process): each figure is the median of its
+rounds, with the spread (lowest-highest); ratios are against no agent in
+the same process. The tensor micro-benchmark (torch.empty + del at Python
+depth 5 and 40) is reported as the cost added over no agent, against the
+floor's (empty programs on the same USDT sites). NOCACHE_TXT is a run with
+PYTORCH_NO_CUDA_MEMORY_CACHING=1, JAX_TXT one of jax_cost.py. Each section
+names the machine from its file's "# machine: " line (model.sh writes it).
 """
+import os
 import statistics
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = {
     "none": "no agent",
     "default": "**the default** (`gpumem agent`: the driver view; the tensor view on demand, no process switched on)",
@@ -20,7 +22,7 @@ NAMES = {
     "tensors": "the tensor view switched on for this process (`--tensor-pid`)",
     "native": "the same with `--tensor-native-stacks`",
     "all": "`--tensors=all` (every process's tensor view)",
-    "base": "the agent before this work (058618e: tensor view on for every process)",
+    "base": "another build, side by side (`BASE_GPUMEM`)",
     "floor": "floor: empty programs on the tensor USDT sites (the traps alone)",
 }
 
@@ -35,9 +37,15 @@ def read(path):
     return rows
 
 
-def notes(path):
-    """A run's "# note: " lines, said under its heading."""
-    return [line[len("# note: "):].strip() for line in open(path) if line.startswith("# note: ")]
+def measured(path, rows, env=""):
+    """Where a run was measured, its raw lines and the command that makes them again (env: what the
+    run's environment adds to MODES and ROUNDS)."""
+    machine = next((line[len("# machine: "):].strip() for line in open(path) if line.startswith("# machine: ")),
+                   "a machine not recorded")
+    modes = " ".join(rows)  # in the order of the first round, as MODES gave them
+    env += f'MODES="{modes}" ROUNDS={len(rows["none"])}'
+    return (f"Measured on {machine}, by `{env} bench/gpu/model.sh GPUMEM USDTFLOOR OUT` on the GPU machine "
+            f"(raw lines: `{os.path.relpath(os.path.abspath(path), ROOT)}`).\n\n")
 
 
 def med(xs, key):
@@ -47,39 +55,35 @@ def med(xs, key):
 
 def main():
     args = sys.argv[1:]
-    jax = {}
+    jax_path = None
     if args[0] == "--jax":
-        jax, args = read(args[1]), args[2:]
-    nocache, out, runs = read(args[0]), args[1], [(path, read(path)) for path in args[2:]]
+        jax_path, args = args[1], args[2:]
+    nocache_path, out, path = args
+    rows = read(path)
     f = open(out, "w")
-    f.write("\n## A real model on the GPU\n\n")
-    first = runs[0][1]["none"][0]
-    f.write("A transformers Llama (8 layers, hidden 2048, 16 heads, bf16) built from a config on an H200 (the runs in "
-            "`h100/` on an H100 machine), "
-            f"{int(first['allocs_step'])} tensor allocations a training step (batch 4 x 512, AdamW) and "
-            f"{first['allocs_token']:.0f} a decoded token (greedy, batch 1), by torch's own counter. Every mode is "
-            "measured in ONE Python process, the agent started before each window and stopped after it, the modes rotated "
-            "from round to round (`bench/gpu/model.sh`; raw lines in `bench/gpu/h200/` and `h100/`), the model's main thread on a "
-            "CPU of its own, the agent on the others. Each run is one process; medians of its rounds, spread in "
-            "brackets.\n")
-    ratios = [run(f, path, rows) for path, rows in runs]
-    t5, t40 = max(r[0] for r in ratios), max(r[1] for r in ratios)
+    first = rows["none"][0]
+    f.write("\n## What does the agent cost a real model?\n\n")
+    f.write("A transformers Llama (8 layers, hidden 2048, 16 heads, bf16) built from a config: a training step "
+            f"(batch 4 x 512, AdamW; {int(first['allocs_step'])} tensor allocations) and greedy decoding (batch 1; "
+            f"{first['allocs_token']:.0f} tensor allocations a token). Every mode runs in ONE Python process, the "
+            "agent started before each window and stopped after it, the modes rotated from round to round, the "
+            f"model's main thread on a CPU of its own; medians of {len(rows['none'])} rounds, spread in brackets, "
+            "ratios against no agent in the same process.\n\n")
+    f.write(measured(path, rows))
+    t5, t40 = run(f, rows)
     f.write(f"\nTargets: the default within 1% of no agent (met, by the bound above; the timings cannot resolve 1%); "
-            f"the tensor view at most 1.2x the floor at depth 5 ({'met' if t5 <= 1.2 else 'missed'}: at most {t5:.2f}x) "
-            f"and 1.5x at depth 40 ({'met' if t40 <= 1.5 else 'missed'}: at most {t40:.2f}x).\n")
-    write_nocache(f, nocache)
-    write_jax(f, jax)
+            f"the tensor view at most 1.2x the floor at depth 5 ({'met' if t5 <= 1.2 else 'missed'}: {t5:.2f}x) "
+            f"and 1.5x at depth 40 ({'met' if t40 <= 1.5 else 'missed'}: {t40:.2f}x).\n")
+    write_nocache(f, nocache_path)
+    write_jax(f, jax_path)
     f.close()
 
 
-def run(f, path, rows):
-    """Writes one run's tables; returns the tensor view's ratios to the floor at depth 5 and 40."""
+def run(f, rows):
+    """Writes the run's tables; returns the tensor view's ratios to the floor at depth 5 and 40."""
     base = rows["none"]
     step0, tok0 = med(base, "step_ms")[0], med(base, "tok_s")[0]
     d5_0, d40_0 = med(base, "us_d5")[0], med(base, "us_d40")[0]
-    f.write(f"\n### `{'/'.join(path.split('/')[-2:])}`: {len(base)} rounds\n\n")
-    for note in notes(path):
-        f.write(note + "\n\n")
     f.write("| agent | training step, ms | vs none | decode, tokens/s | vs none | BPF run time per program run |\n")
     f.write("| --- | ---: | ---: | ---: | ---: | ---: |\n")
     for mode in ("none", "default", "driver", "tensors", "native", "all", "base", "floor"):
@@ -101,9 +105,12 @@ def run(f, path, rows):
             "about 1 us each (the floor's), what the default costs the model's threads is bounded by about "
             f"{(window_ns + 2 * runs * 1000) / 1e6:.2f} ms a window of 3 s or more: under 0.02%. The medians' "
             f"differences from no agent ({100 * (ds - 1):+.1f}% a step, {100 * (dt - 1):+.1f}% tokens a second) lie "
-            "inside no agent's own spread from window to window.\n\n")
-    f.write("One `torch.empty` + `del`, Python stack 5 and 40 frames deep (median of the rounds' medians), added "
-            "over no agent, and that cost against the floor's:\n\n")
+            "inside no agent's own spread from window to window.\n")
+    f.write("\n## What does the tensor view add to one tensor?\n\n")
+    f.write("In the same process, one `torch.empty` + `del` with the Python stack 5 and 40 frames deep (plain call "
+            "chains, bench/gpu/depth.py), added over no agent (median of the rounds' medians), and that cost against "
+            "the floor's. The model's own tensors cost more than this loop's: their stacks are deeper and pass a shim "
+            "frame at each nn.Module level.\n\n")
     f.write("| agent | depth 5: us added | vs floor | depth 40: us added | vs floor |\n| --- | ---: | ---: | ---: | ---: |\n")
     fl5, fl40 = med(rows["floor"], "us_d5")[0] - d5_0, med(rows["floor"], "us_d40")[0] - d40_0
     for mode in ("floor", "tensors", "native", "all", "base"):
@@ -151,16 +158,20 @@ def spread(r, key, fmt):
     return f"{m:{fmt}} [{lo:{fmt}}-{hi:{fmt}}]"
 
 
-def write_nocache(f, nocache):
-    if not nocache:
-        return
+def write_nocache(f, path):
+    nocache = read(path)
     d0 = med(nocache["none"], "us_d5")[0]
-    f.write("\nWith `PYTORCH_NO_CUDA_MEMORY_CACHING=1` every tensor reaches the driver (the driver view's worst "
-            f"case; {len(nocache['none'])} rounds of a shorter window). One `torch.empty` + `del` is then one cuMemAlloc "
-            f"and one cuMemFree ({d0:.1f} us with no agent): what a mode adds to it is what a driver allocation and its "
-            "free cost with that mode (`--driver-pair-cost`):\n\n")
+    f.write("\n## What does the driver view cost where every tensor reaches the driver?\n\n")
+    f.write("With `PYTORCH_NO_CUDA_MEMORY_CACHING=1` every tensor reaches the driver (the driver view's worst "
+            f"case; the same model, {len(nocache['none'])} rounds of a shorter window). One `torch.empty` + `del` is "
+            f"then one cuMemAlloc and one cuMemFree ({d0:.1f} us with no agent): what a mode adds to it is what a "
+            "driver allocation and its free cost with that mode (`--driver-pair-cost`).\n\n")
+    f.write(measured(path, nocache, "PYTORCH_NO_CUDA_MEMORY_CACHING=1 "))
+    s0, t0 = med(nocache["none"], "step_ms")[0], med(nocache["none"], "tok_s")[0]
     driver_table(f, nocache, [("training step, ms", lambda r: spread(r, "step_ms", ".1f")),
+                              ("vs none", lambda r: f"{med(r, 'step_ms')[0] / s0:.3f}x"),
                               ("decode, tokens/s", lambda r: spread(r, "tok_s", ".1f")),
+                              ("vs none", lambda r: f"{med(r, 'tok_s')[0] / t0:.3f}x"),
                               ("torch.empty + del, us added", lambda r: f"{med(r, 'us_d5')[0] - d0:+.2f}")])
 
 
@@ -171,13 +182,15 @@ NOCACHE_NAMES = {
 }
 
 
-def write_jax(f, jax):
-    if not jax:
+def write_jax(f, path):
+    if not path:
         return
+    jax = read(path)
     s0, o0 = med(jax["none"], "step_ms")[0], med(jax["none"], "us_op")[0]
-    f.write("\nJAX with `XLA_PYTHON_CLIENT_ALLOCATOR=platform` (bench/gpu/jax_cost.py: every buffer is its own "
-            f"cuMemCreate and cuMemRelease; a jitted 4-layer MLP's training step, {len(jax['none'])} rounds), and one "
+    f.write("\nJAX with `XLA_PYTHON_CLIENT_ALLOCATOR=platform` (every buffer is its own cuMemCreate and "
+            f"cuMemRelease; a jitted 4-layer MLP's training step, {len(jax['none'])} rounds), and one "
             f"`jnp.ones` + `del` of 1 MiB ({o0:.1f} us with no agent):\n\n")
+    f.write(measured(path, jax, "MODEL_SCRIPT=jax_cost.py "))
     driver_table(f, jax, [("training step, ms", lambda r: spread(r, "step_ms", ".2f")),
                           ("vs none", lambda r: f"{med(r, 'step_ms')[0] / s0:.3f}x"),
                           ("jnp.ones + del, us added", lambda r: f"{med(r, 'us_op')[0] - o0:+.2f}")])

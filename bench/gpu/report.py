@@ -11,10 +11,12 @@ for line in open(sys.argv[1]):
 rows = {k: (statistics.median(e for e, _ in v), statistics.median(s for _, s in v)) for k, v in runs.items()}
 gpu = open("/proc/driver/nvidia/gpus/" + __import__("os").listdir("/proc/driver/nvidia/gpus")[0] + "/information").read().split("\n")[0].split(":", 1)[1].strip()
 with open(sys.argv[3], "w") as f:
-    f.write("## On the GPU\n\n")
-    f.write(f"{gpu}, torch {__import__('torch').__version__}, measured by `bench/gpu/run.sh`: each figure is the median of\n")
-    f.write("3 interleaved rounds of the best of 5 repeats. `torch.empty` of 1 MiB then `del`; a 4-layer transformer encoder\n")
-    f.write("(d_model 512, batch 16 x 256 tokens) training step. Slowdown is relative to no profiler.\n\n")
+    f.write("## How does it compare with PyTorch's own `_record_memory_history`?\n\n")
+    f.write("`torch.empty` of 1 MiB then `del`, and a 4-layer transformer encoder's training step (d_model 512, batch\n")
+    f.write("16 x 256 tokens), with no profiler, under gpu-mem and with PyTorch's `_record_memory_history`, the caching\n")
+    f.write("allocator on and off: each figure the median of 3 interleaved rounds of the best of 5 repeats.\n\n")
+    f.write(f"Measured on {gpu}, torch {__import__('torch').__version__}, by `bench/gpu/run.sh GPUMEM USDTFLOOR OUT` on the\n")
+    f.write("GPU machine (raw lines: OUT/results.txt and OUT/tensor.txt, kept in `bench/gpu/`).\n\n")
     f.write("| caching allocator | profiler | us per empty+del | slowdown | ms per model step | slowdown |\n")
     f.write("| --- | --- | ---: | ---: | ---: | ---: |\n")
     ok2, below = True, True

@@ -43,7 +43,6 @@ func trendOf(name, unit string, samples []sample, value func(sample) float64) tr
 }
 
 type results struct {
-	start           time.Time
 	churned, total  time.Duration
 	procs           []*process
 	samples         []sample // all of them, the settling included
@@ -64,7 +63,7 @@ type results struct {
 func (s *soak) results(start time.Time, churned time.Duration, final finalState) *results {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := &results{start: start, churned: churned, total: time.Since(start), procs: s.procs, samples: s.samples, final: final}
+	r := &results{churned: churned, total: time.Since(start), procs: s.procs, samples: s.samples, final: final}
 	var churn []sample
 	for _, sm := range s.samples {
 		if sm.at <= churned {
@@ -157,9 +156,9 @@ func (r *results) passed() bool {
 
 func (r *results) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "## Soak\n\n")
-	fmt.Fprintf(&b, "Measured %s on %s, by `make soak` (`go run ./bench/soak -duration %v`): the agent\n",
-		r.start.UTC().Format("2006-01-02 15:04 MST"), machine.Describe(), *duration)
+	fmt.Fprintf(&b, "## Does the agent stay flat under hours of churn?\n\n")
+	fmt.Fprintf(&b, "Measured on %s, by `make soak` (`go run ./bench/soak -duration %v`): the agent\n",
+		machine.Describe(), *duration)
 	fmt.Fprintf(&b, "(`bin/gpumem-lean agent --pyroscope-interval %v`, started first, on its own copy of the simulated driver)\n", *interval)
 	fmt.Fprintf(&b, "under churn: a new process every %.1f s, each checked against its own counts before it exits;\n", 1 / *rate)
 	fmt.Fprintf(&b, "the Pyroscope receiver (the tests' strict one) stopped every %v for %v. Sampled every %v.\n\n", *restartEvery, *downFor, *sampleEvery)
