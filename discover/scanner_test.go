@@ -16,13 +16,13 @@ import (
 // fakeProcs is a /proc of processes written by the test, read by a Scanner
 // whose boot clock the test sets.
 type fakeProcs struct {
-	t    *testing.T
+	t    testing.TB
 	root string
 	now  time.Duration
 	s    *Scanner
 }
 
-func newFakeProcs(t *testing.T, driver string) *fakeProcs {
+func newFakeProcs(t testing.TB, driver string) *fakeProcs {
 	f := &fakeProcs{t: t, root: t.TempDir()}
 	f.s = NewScanner(f.root, driver)
 	f.s.clock = func() (time.Duration, error) { return f.now, nil }
