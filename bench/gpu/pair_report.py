@@ -7,10 +7,9 @@ each depth and the multiple they imply: a pair is one run of each
 program, so the tensor view adds twice the difference of the two
 programs' runs to the floor's added cost. On a machine whose timings move
 from window to window by more than a pair costs, that multiple is the one
-to read (a pair costs its loop what its programs run and its traps take,
-BENCHMARKS.md).
+to read (a pair costs its loop what its programs run and its traps take).
 
-Usage: pair_report.py LINES (pair_cost.sh's lines, or a raw file in h200/)
+Usage: pair_report.py LINES (pair_cost.sh's lines, or a raw file of them kept with a header)
 """
 import collections
 import statistics
@@ -35,7 +34,7 @@ def main():
     rounds = collections.defaultdict(dict)
     for line in open(sys.argv[1]):
         if " result " not in line:
-            continue  # the raw files kept in h200/ carry a header and this summary
+            continue  # a raw file kept carries a header and this summary
         kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
         rounds[kv["round"]][kv["mode"]] = kv
     whole = [r for r in rounds.values() if {"none", "floor", "tensors"} <= r.keys()]
