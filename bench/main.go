@@ -88,20 +88,21 @@ func main() {
 }
 
 func header(w io.Writer) {
-	fmt.Fprint(w, "# Benchmarks\n\n"+
+	fmt.Fprintf(w, "# Benchmarks\n\n"+
 		"What gpu-mem costs, one question a section. A section's figures were measured side by side in one run\n"+
 		"(its ratios compare figures of that run), on the machine it names, by the command it gives. The sections\n"+
 		"`go run ./bench` measures run on the simulated driver (`tests/simcuda`), whose calls cost ~100 ns: their\n"+
-		"figures are the probes' own cost, where a real cuMemAlloc + cuMemFree pair costs 80-150 us. How the\n"+
-		"harness works and what to keep in mind reading it: [bench/README.md](bench/README.md).\n")
+		"figures are the probes' own cost, where a real cuMemAlloc + cuMemFree pair costs 80-150 us; a measure it\n"+
+		"repeats is the median of %d runs. How the harness works and what to keep in mind reading it:\n"+
+		"[bench/README.md](bench/README.md).\n", runs)
 }
 
 // measuredBy says where and how a section of this run is measured: a
 // section measured alone (-only) may come from another machine than the
 // rest.
 func measuredBy(name string) string {
-	return fmt.Sprintf("Measured on %s, by `go run ./bench -only %s` (as root, after `make build sim`; `make bench` runs every section), medians of %d runs.\n\n",
-		machine.Describe(), name, runs)
+	return fmt.Sprintf("Measured on %s, by `go run ./bench -only %s` (as root, after `make build sim`; `make bench` runs every section).\n\n",
+		machine.Describe(), name)
 }
 
 func section(w *strings.Builder, title, body string) {
