@@ -9,6 +9,7 @@ import (
 	gadgetmanifest "github.com/inspektor-gadget/inspektor-gadget/pkg/gadget-manifest"
 	otelmetrics "github.com/inspektor-gadget/inspektor-gadget/pkg/operators/otel-metrics"
 
+	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/tests/chartrender"
 )
@@ -185,5 +186,35 @@ func TestGadgetInstanceManifest(t *testing.T) {
 	}
 	if name := specs[0].ParamValues["operator.otel-metrics."+otelmetrics.ParamOtelMetricsName]; name != "libcuda_mem_stats:libcuda_mem_stats" {
 		t.Errorf("otel-metrics exports %q, want top_cuda_memory's counters, libcuda_mem_stats", name)
+	}
+}
+
+// TestChartBreakdownRules: a user's rules (breakdownRules) are mounted from
+// a ConfigMap and given to the agent; the text is a rules file the agent
+// reads. Without them, no ConfigMap, no flag.
+func TestChartBreakdownRules(t *testing.T) {
+	const rules = "kv_cache function=Engine.allocate_cache\nparameters function=*.load_checkpoint\n"
+	if _, err := breakdown.Parse(strings.NewReader(rules), "values"); err != nil {
+		t.Fatal(err)
+	}
+	objects := render(t, map[string]any{"breakdownRules": rules, "pyroscope": map[string]any{"existingSecret": "pyro"}})
+	cm := named(objects["ConfigMap"], "r-gpu-mem-breakdown-rules")
+	if dig(cm, "data", "rules") != rules {
+		t.Fatalf("ConfigMap %v", cm)
+	}
+	pod := dig(objects["DaemonSet"][0], "spec", "template", "spec")
+	args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " ")
+	if !strings.Contains(args, "--breakdown-rules=/etc/gpumem/breakdown/rules") {
+		t.Errorf("args %s", args)
+	}
+	if dig(pod, "volumes", 1, "configMap", "name") != "r-gpu-mem-breakdown-rules" || dig(pod, "volumes", 0, "secret", "secretName") != "pyro" ||
+		dig(pod, "containers", 0, "volumeMounts", 1, "mountPath") != "/etc/gpumem/breakdown" {
+		t.Errorf("volumes %v, mounts %v", dig(pod, "volumes"), dig(pod, "containers", 0, "volumeMounts"))
+	}
+	objects = render(t, nil)
+	pod = dig(objects["DaemonSet"][0], "spec", "template", "spec")
+	if named(objects["ConfigMap"], "r-gpu-mem-breakdown-rules") != nil || dig(pod, "volumes") != nil ||
+		strings.Contains(strings.Join(toStrings(dig(pod, "containers", 0, "args")), " "), "--breakdown-rules") {
+		t.Errorf("without rules: %v", pod)
 	}
 }
