@@ -32,12 +32,54 @@ type where struct {
 	gpu string
 }
 
-// sorter adds up rows into parts.
-type sorter struct {
+// Categorizer names the category of rows one at a time, each frame's rule
+// kept: for a reader of many rows at once (an interval's), made anew for
+// each, as frames are kept only while their processes are.
+type Categorizer struct {
 	rules *Rules
 	// claimed caches each frame's rule, for tensors and for driver memory:
 	// frames are shared by every row through them.
 	claimed [2]map[*symbolize.Frame]*rule
+}
+
+// Categorizer is a Categorizer by rs (Default when nil).
+func (rs *Rules) Categorizer() *Categorizer {
+	if rs == nil {
+		rs = Default()
+	}
+	return &Categorizer{rules: rs, claimed: [2]map[*symbolize.Frame]*rule{{}, {}}}
+}
+
+// Category is the category of one row's memory, as a flame graph's
+// series is labelled; library is library_workspaces' library. A driver
+// row of PyTorch's allocator is AllocatorSegments whole: how much of a
+// segment is cache, only the breakdown says. Empty for memory of no
+// category (the host's, an untraced process's).
+func (c *Categorizer) Category(r *snapshot.Row) (category, library string) {
+	gpu := r.Key.GPU()
+	if gpu == memory.GPUHost || gpu == "managed" || r.Kind == memory.KindUntraced || r.Kind == memory.KindHost {
+		return "", ""
+	}
+	switch {
+	case r.Kind == memory.KindContext:
+		return snapshot.Context, ""
+	case r.Kind == memory.KindModule:
+		return snapshot.Modules, ""
+	case r.Kind == memory.KindDriverInternal:
+		return snapshot.DriverInternal, ""
+	case slices.ContainsFunc(r.Frames, func(f *symbolize.Frame) bool { return f.Function == memory.GraphPool }):
+		return snapshot.CUDAGraphPools, ""
+	case r.Kind == memory.KindTensor:
+		return c.tensorCategory(r.Frames), ""
+	case isSegment(r.Frames):
+		return snapshot.AllocatorSegments, ""
+	}
+	return c.driverCategory(r.Frames)
+}
+
+// sorter adds up rows into parts.
+type sorter struct {
+	*Categorizer
 	tensors map[uint32]bool // the processes whose tensor view is on
 	procs   map[where]*process
 	// frames are the stacks of the driver rows the layout has
@@ -54,8 +96,8 @@ type process struct {
 }
 
 func newSorter(rules *Rules, s *snapshot.Snapshot) *sorter {
-	st := &sorter{rules: rules, procs: map[where]*process{}, tensors: map[uint32]bool{},
-		claimed: [2]map[*symbolize.Frame]*rule{{}, {}}, frames: map[accounting.Key][]*symbolize.Frame{}}
+	st := &sorter{Categorizer: rules.Categorizer(), procs: map[where]*process{}, tensors: map[uint32]bool{},
+		frames: map[accounting.Key][]*symbolize.Frame{}}
 	for _, a := range s.Layout {
 		if a.Kind == memory.KindDevice {
 			st.frames[a.Key] = nil
@@ -78,34 +120,19 @@ func (st *sorter) add(r *snapshot.Row) {
 	if _, ok := st.frames[r.Key]; ok {
 		st.frames[r.Key] = slices.Clone(r.Frames)
 	}
-	gpu := r.Key.GPU()
 	live := r.LiveBytes()
-	if live == 0 || gpu == memory.GPUHost || gpu == "managed" || r.Kind == memory.KindUntraced || r.Kind == memory.KindHost {
-		return
+	category, library := st.Category(r)
+	if live == 0 || category == "" || r.Kind == memory.KindTensor && category == snapshot.CUDAGraphPools {
+		return // a graph pool's tensors are inside its segments, counted with them
 	}
-	p := st.process(r, gpu)
-	inPool := slices.ContainsFunc(r.Frames, func(f *symbolize.Frame) bool { return f.Function == memory.GraphPool })
+	p := st.process(r, r.Key.GPU())
 	switch {
-	case r.Kind == memory.KindContext:
-		p.charge(snapshot.Context, "", r, live)
-	case r.Kind == memory.KindModule:
-		p.charge(snapshot.Modules, "", r, live)
-	case r.Kind == memory.KindDriverInternal:
-		p.charge(snapshot.DriverInternal, "", r, live)
-	case r.Kind == memory.KindTensor && inPool:
-		// inside a graph pool's segment, counted with it
 	case r.Kind == memory.KindTensor:
 		p.tensors += live
-		p.charge(st.tensorCategory(r.Frames), "", r, live)
-	case inPool:
-		p.charge(snapshot.CUDAGraphPools, "", r, live)
-	case isSegment(r.Frames):
+	case category == snapshot.AllocatorSegments:
 		p.segments += live
-		p.charge(snapshot.AllocatorSegments, "", r, live)
-	default:
-		category, library := st.driverCategory(r.Frames)
-		p.charge(category, library, r, live)
 	}
+	p.charge(category, library, r, live)
 }
 
 func (st *sorter) process(r *snapshot.Row, gpu string) *process {
@@ -137,8 +164,8 @@ func (p *process) charge(category, library string, r *snapshot.Row, live uint64)
 	pt.Top = pt.Top[:min(len(pt.Top), snapshot.MaxHolders)]
 }
 
-func (st *sorter) tensorCategory(frames []*symbolize.Frame) string {
-	if r := st.claim(frames, true); r != nil {
+func (c *Categorizer) tensorCategory(frames []*symbolize.Frame) string {
+	if r := c.claim(frames, true); r != nil {
 		return r.category
 	}
 	return snapshot.Activations
@@ -148,8 +175,8 @@ func (st *sorter) tensorCategory(frames []*symbolize.Frame) string {
 // rules, else by the library that called the CUDA driver or runtime, when
 // it is a library of its own (libfoo.so) and not the interpreter's or the
 // system's.
-func (st *sorter) driverCategory(frames []*symbolize.Frame) (category, library string) {
-	if r := st.claim(frames, false); r != nil {
+func (c *Categorizer) driverCategory(frames []*symbolize.Frame) (category, library string) {
+	if r := c.claim(frames, false); r != nil {
 		return r.category, r.library
 	}
 	for _, f := range frames {
@@ -183,16 +210,16 @@ func libraryName(module string) string {
 
 // claim is the rule claiming the innermost frame it can, each frame's
 // answer kept.
-func (st *sorter) claim(frames []*symbolize.Frame, tensors bool) *rule {
+func (c *Categorizer) claim(frames []*symbolize.Frame, tensors bool) *rule {
 	i := 0
 	if tensors {
 		i = 1
 	}
 	for _, f := range frames {
-		r, seen := st.claimed[i][f]
+		r, seen := c.claimed[i][f]
 		if !seen {
-			r = st.rules.classify([]*symbolize.Frame{f}, tensors)
-			st.claimed[i][f] = r
+			r = c.rules.classify([]*symbolize.Frame{f}, tensors)
+			c.claimed[i][f] = r
 		}
 		if r != nil {
 			return r

@@ -67,14 +67,14 @@ func TestRealStacks(t *testing.T) {
 		{"vLLM's KV cache", []*symbolize.Frame{py("GPUModelRunner._allocate_kv_cache_tensors", "/opt/vllm/vllm/v1/worker/gpu_model_runner.py"), py("GPUModelRunner.initialize_kv_cache", "/opt/vllm/vllm/v1/worker/gpu_model_runner.py")}, snapshot.KVCache},
 		{"vLLM's weights", []*symbolize.Frame{py("LlamaForCausalLM.load_weights", "/opt/vllm/vllm/model_executor/models/llama.py"), py("GPUModelRunner.load_model", "/opt/vllm/vllm/v1/worker/gpu_model_runner.py")}, snapshot.Parameters},
 	} {
-		if got := (&sorter{rules: Default(), claimed: [2]map[*symbolize.Frame]*rule{{}, {}}}).tensorCategory(c.frames); got != c.want {
+		if got := Default().Categorizer().tensorCategory(c.frames); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
 	}
 }
 
 func TestDriverStacks(t *testing.T) {
-	st := &sorter{rules: Default(), claimed: [2]map[*symbolize.Frame]*rule{{}, {}}}
+	st := Default().Categorizer()
 	for _, c := range []struct {
 		frames       []*symbolize.Frame
 		cat, library string
@@ -135,7 +135,7 @@ func TestUserRulesComeFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &sorter{rules: rules, claimed: [2]map[*symbolize.Frame]*rule{{}, {}}}
+	st := rules.Categorizer()
 	if got := st.tensorCategory([]*symbolize.Frame{py("Linear.reset_parameters", site+"torch/nn/modules/linear.py")}); got != snapshot.Activations {
 		t.Errorf("a user's rule on the same frame: %s, want activations", got)
 	}

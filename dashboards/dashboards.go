@@ -43,7 +43,7 @@ var Outputs = []string{"dashboards/gpu-mem.json", "charts/gpu-mem/dashboards/gpu
 const (
 	uid     = "gpu-mem"
 	title   = "gpu-mem: GPU memory by code and pod"
-	version = 5
+	version = 6
 )
 
 // Data source plugins (the SDK names none).
@@ -148,6 +148,9 @@ type series struct {
 	unit        string
 	expr        string
 	legend      string
+	// perPod repeats the panel for each pod picked, its series stacked:
+	// the parts of one pod's whole.
+	perPod bool
 }
 
 var (
@@ -168,28 +171,35 @@ var seriesPanels = []series{
 	{5, "GPU memory held per pod (driver view)",
 		"Bytes the GPUs hold for each pod's processes: allocated through the CUDA driver and not yet freed, and, " +
 			"with NVML, their CUDA contexts and modules (pinned host memory, gpu=\"host\", left out).",
-		seriesWidth, units.BytesIEC, sumBy(perPod, selector(driverMetrics.LiveBytes, onGPUs)), perPodLegend},
+		seriesWidth, units.BytesIEC, sumBy(perPod, selector(driverMetrics.LiveBytes, onGPUs)), perPodLegend, false},
 	{6, "Live tensors per pod (tensor view)",
 		"Bytes of PyTorch tensors not yet freed, inside the driver view's segments: not to be added to it.",
-		seriesWidth, units.BytesIEC, sumBy(perPod, selector(tensorMetrics.LiveBytes)), perPodLegend},
+		seriesWidth, units.BytesIEC, sumBy(perPod, selector(tensorMetrics.LiveBytes)), perPodLegend, false},
 	{7, "Allocation rate per pod (driver view)",
 		"Bytes per second allocated through the CUDA driver on the GPUs (pinned host memory left out).",
-		seriesWidth, units.BytesPerSecondSI, sumBy(perPod, "rate("+selector(driverMetrics.AllocatedBytes, onGPUs)+"[5m])"), perPodLegend},
+		seriesWidth, units.BytesPerSecondSI, sumBy(perPod, "rate("+selector(driverMetrics.AllocatedBytes, onGPUs)+"[5m])"), perPodLegend, false},
 	{8, "Out-of-memory failures per pod",
 		"Allocations the driver refused with CUDA_ERROR_OUT_OF_MEMORY in the last 5 minutes (a process's first " +
 			"counts too: its series start at 0 when the agent sees its CUDA context).",
 		seriesWidth, units.Short,
 		sumBy(perPod, "increase("+selector(metrics.FailuresName, equal(metrics.LabelCode, strconv.Itoa(memory.CUDAOutOfMemory)))+"[5m])"),
-		perPodLegend},
+		perPodLegend, false},
 	{11, "Peak GPU memory per process and GPU (driver view)",
 		"The most bytes each process held at once on each GPU during the agent's last interval, however briefly, " +
 			"its CUDA context and modules included: what an out-of-memory error meets, never below what it holds. " +
 			"One line per process and GPU: peaks of two came at different moments.",
-		peakWidth, units.BytesIEC, maxBy(perGPU, selector(driverMetrics.PeakBytes, onGPUs)), perGPULegend},
+		peakWidth, units.BytesIEC, maxBy(perGPU, selector(driverMetrics.PeakBytes, onGPUs)), perGPULegend, false},
 	{12, "Peak of tensors per process and GPU (tensor view)",
 		"The most bytes each process's PyTorch tensors held at once on each GPU during the agent's last interval, " +
 			"inside the driver view's segments: not to be added to it.",
-		peakWidth, units.BytesIEC, maxBy(perGPU, selector(tensorMetrics.PeakBytes)), perGPULegend},
+		peakWidth, units.BytesIEC, maxBy(perGPU, selector(tensorMetrics.PeakBytes)), perGPULegend, false},
+	{13, "Where the GPU memory went: ${pod}",
+		"The pod's processes' memory on the GPUs by category (gpu-mem's breakdown: parameters, gradients, optimizer " +
+			"state, KV cache, activations, CUDA graph pools, the allocator's cache, libraries' workspaces, contexts, " +
+			"driver internals), stacked: the parts sum to what nvidia-smi says the processes use. The tensor categories " +
+			"need the tensor view; without it, PyTorch's segments are one part, allocator_segments.",
+		peakWidth, units.BytesIEC, sumBy([]string{schema.Namespace, schema.Pod, metrics.LabelCategory, metrics.LabelLibrary},
+			selector(metrics.BreakdownName)), legend(metrics.LabelCategory) + " " + legend(metrics.LabelLibrary), true},
 }
 
 // GPUMem builds the dashboard, in Grafana's classic JSON model (package
@@ -322,7 +332,13 @@ func labelSelector(v memory.View) string {
 }
 
 func (s series) panel() cog.Builder[dashboard.Panel] {
-	return timeseries.NewPanelBuilder().
+	p := timeseries.NewPanelBuilder()
+	if s.perPod {
+		p.Repeat(varPod).RepeatDirection(dashboard.PanelRepeatDirectionH).MaxPerRow(2).
+			FillOpacity(70).
+			Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal))
+	}
+	return p.
 		Id(s.id).
 		Title(s.title).
 		Description(s.description).

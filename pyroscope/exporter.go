@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/schema"
@@ -52,7 +53,11 @@ const (
 	LabelDelta   = "__delta__"
 	LabelService = "service_name"
 	LabelNode    = "node"
-	ProfileName  = "memory"
+	// LabelCategory is the breakdown's category of a series' stacks
+	// (Config.Categories), LabelLibrary library workspaces' library.
+	LabelCategory = "category"
+	LabelLibrary  = "library"
+	ProfileName   = "memory"
 	// LabelTensorViewSince is on a tensor series of a process whose tensor
 	// view was switched on on demand: from when it holds (RFC 3339).
 	LabelTensorViewSince = "tensor_view_since"
@@ -107,6 +112,11 @@ type Config struct {
 	// Prometheus panels count them (memory.AllocatedOnGPU: neither pinned
 	// host memory nor NVML's contexts and modules).
 	Malloc bool
+
+	// Categories splits each process's series by the breakdown's category
+	// of its stacks (labels category and, for library workspaces,
+	// library), so that a flame graph filters by category; nil: no split.
+	Categories *breakdown.Rules
 }
 
 // Stats are the exporter's counts, for the agent's status line.
@@ -305,18 +315,27 @@ func (e *Exporter) export(end time.Time, each func(func(*snapshot.Row)), peaks [
 // seriesKey names a series: a process's memory of one kind on one GPU,
 // or (malloc) its Malloc series.
 type seriesKey struct {
-	pid    uint32
-	kind   memory.Kind
-	gpu    string
-	malloc bool
+	pid               uint32
+	kind              memory.Kind
+	gpu               string
+	category, library string // the breakdown's, with Config.Categories
+	malloc            bool
 }
 
 // request builds the push of the interval ending at t.
 func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak) *pushv1.PushRequest {
 	e.interval++
 	shares := pprof.PeakShares(peaks)
+	var categories *breakdown.Categorizer
+	if e.cfg.Categories != nil {
+		categories = e.cfg.Categories.Categorizer()
+	}
 	each(func(row *snapshot.Row) {
-		e.add(seriesKey{pid: row.PID, kind: row.Kind, gpu: row.GPU()}, row).Add(row, shares[row.Key])
+		k := seriesKey{pid: row.PID, kind: row.Kind, gpu: row.GPU()}
+		if categories != nil {
+			k.category, k.library = categories.Category(row)
+		}
+		e.add(k, row).Add(row, shares[row.Key])
 		if e.cfg.Malloc && memory.AllocatedOnGPU(row.Kind, row.Key.Device) {
 			e.add(seriesKey{pid: row.PID, malloc: true}, row).Add(row, accounting.Amount{})
 		}
@@ -342,7 +361,13 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 		if a.kind != b.kind {
 			return a.kind < b.kind
 		}
-		return a.gpu < b.gpu
+		if a.gpu != b.gpu {
+			return a.gpu < b.gpu
+		}
+		if a.category != b.category {
+			return a.category < b.category
+		}
+		return a.library < b.library
 	})
 	req := &pushv1.PushRequest{}
 	for _, k := range keys {
@@ -376,7 +401,7 @@ func (e *Exporter) add(k seriesKey, row *snapshot.Row) *pprof.Encoder {
 		if k.malloc {
 			s.labels = e.mallocLabels(row)
 		} else {
-			s.labels = e.labels(*row)
+			s.labels = e.labels(*row, k)
 		}
 	}
 	return s.enc
@@ -436,7 +461,7 @@ func (e *Exporter) mallocLabels(row *snapshot.Row) []*typesv1.LabelPair {
 	return validUTF8(pairs)
 }
 
-func (e *Exporter) labels(row snapshot.Row) []*typesv1.LabelPair {
+func (e *Exporter) labels(row snapshot.Row, k seriesKey) []*typesv1.LabelPair {
 	pairs := []*typesv1.LabelPair{
 		{Name: LabelName, Value: ProfileName},
 		{Name: LabelDelta, Value: "false"},
@@ -454,6 +479,11 @@ func (e *Exporter) labels(row snapshot.Row) []*typesv1.LabelPair {
 		}
 	}
 	pairs = e.appendDriverOff(pairs, row.PID)
+	for _, l := range []struct{ name, value string }{{LabelCategory, k.category}, {LabelLibrary, k.library}} {
+		if l.value != "" {
+			pairs = append(pairs, &typesv1.LabelPair{Name: l.name, Value: l.value})
+		}
+	}
 	if e.cfg.Node != "" {
 		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})
 	}

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -490,5 +491,39 @@ func TestDriverViewOffLabelsTheProcess(t *testing.T) {
 	want := map[string]string{"10 device": "2026-12-03T08:00:00Z", "10 tensor": "2026-12-03T08:00:00Z", "11 device": ""}
 	if !maps.Equal(labelled, want) {
 		t.Errorf("%s by series %v, want %v", LabelDriverViewOffSince, labelled, want)
+	}
+}
+
+// TestCategoryLabels: with Categories, a process's series of one kind is
+// split by the breakdown's category of its stacks, each labelled with it;
+// memory of no category (the host's) has no label. The bytes are those of
+// their rows.
+func TestCategoryLabels(t *testing.T) {
+	lis := listen(t)
+	r := &receiver{}
+	serve(t, r, lis)
+	e := start(t, Config{URL: "http://" + lis.Addr().String(), Interval: time.Second, QueueSize: 4, Categories: breakdown.Default()})
+	e.Export(snapshot.Snapshot{Time: time.Now()}.With([]snapshot.Row{
+		row(10, 1, memory.KindTensor, "Linear.reset_parameters", accounting.Counters{AllocBytes: 100, AllocCount: 1}),
+		row(10, 2, memory.KindTensor, "forward", accounting.Counters{AllocBytes: 30, AllocCount: 1}),
+		row(10, 3, memory.KindTensor, "forward_again", accounting.Counters{AllocBytes: 12, AllocCount: 1}),
+		row(10, 4, memory.KindDevice, "load", accounting.Counters{AllocBytes: 7, AllocCount: 1}),
+		row(10, 5, memory.KindHost, "pin", accounting.Counters{AllocBytes: 8, AllocCount: 1}),
+	}...))
+	waitfor.Condition(t, "a push", time.Minute, func() bool { return len(r.Received()) == 1 })
+	got := map[string]int64{}
+	for _, s := range r.Received()[0].Series {
+		labels := pyroscopetest.Labels(s)
+		p, err := profile.ParseData(s.Samples[0].RawProfile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sample := range p.Sample {
+			got[labels["kind"]+"/"+labels["category"]] += sample.Value[3]
+		}
+	}
+	want := map[string]int64{"tensor/parameters": 100, "tensor/activations": 42, "device/other_driver": 7, "host-pinned/": 8}
+	if !maps.Equal(got, want) {
+		t.Errorf("live bytes by kind and category %v, want %v", got, want)
 	}
 }

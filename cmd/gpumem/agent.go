@@ -56,10 +56,10 @@ type agentOptions struct {
 	tensorPIDs   []int
 	tensorBudget profiler.Budget
 	driverBudget profiler.Budget
-	control      string            // the control socket's path
+	control      string               // the control socket's path
 	last         metrics.LastInterval // the last interval's peaks and breakdown, for the gauges
-	snapshot     snapshot.Snapshot // the last interval's, its memory reused
-	exitsBefore  uint64            // the interval before's Exits: dropped at this one's end
+	snapshot     snapshot.Snapshot    // the last interval's, its memory reused
+	exitsBefore  uint64               // the interval before's Exits: dropped at this one's end
 	pushes       pyroscope.StatusLine
 }
 
@@ -156,6 +156,7 @@ func (o *agentOptions) exporter() (*pyroscope.Exporter, error) {
 		return nil, usageError{err}
 	}
 	o.pyroscope.Interval = o.interval
+	o.pyroscope.Categories = o.target.rules.get() // a category label on every series
 	e, err := pyroscope.New(o.pyroscope)
 	if err != nil {
 		return nil, usageError{err}

@@ -13,8 +13,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/breakdown"
+	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/snapshot"
