@@ -156,6 +156,7 @@ func (p *process) charge(category, library string, r *snapshot.Row, live uint64)
 	}
 	pt := p.parts[name]
 	pt.Bytes += live
+	pt.Keys = append(pt.Keys, r.Key)
 	if len(pt.Top) == snapshot.MaxHolders && pt.Top[len(pt.Top)-1].Bytes >= live {
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -61,6 +62,26 @@ type flamePage struct {
 	Views    map[string]*flameNode `json:"views"`
 	Summary  []summaryRow          `json:"summary"`
 	Timeline *timelinePage         `json:"timeline"` // null without one
+	// Breakdown is each process's breakdown on each GPU, and Parts the
+	// flame graph of each of its parts, by "PID/GPU/part".
+	Breakdown []htmlBreakdown       `json:"breakdown"`
+	Parts     map[string]*flameNode `json:"parts"`
+}
+
+// htmlBreakdown is one process's breakdown on one GPU, as the page's
+// stacked bar draws it.
+type htmlBreakdown struct {
+	Process string     `json:"process"`
+	PID     uint32     `json:"pid"`
+	GPU     string     `json:"gpu"`
+	Bytes   uint64     `json:"bytes"`
+	Of      string     `json:"of"` // what the parts sum to: nvidia-smi, or the driver view
+	Parts   []htmlPart `json:"parts"`
+}
+
+type htmlPart struct {
+	Name  string `json:"name"` // Part.Name
+	Bytes uint64 `json:"bytes"`
 }
 
 // summaryRow is a ProcessGPU for the page; Cache is null where it means
@@ -94,7 +115,7 @@ func WriteHTML(w io.Writer, r *snapshot.Snapshot) error {
 	page := flamePage{Views: map[string]*flameNode{}, Summary: []summaryRow{}, Timeline: newTimelinePage(r)}
 	rows := r.Rows()
 	for _, v := range memory.Views {
-		page.Views[v.String()] = flameTree(rows, v)
+		page.Views[v.String()] = flameTree(rows, func(r snapshot.Row) bool { return r.Kind.View() == v })
 	}
 	views := map[uint32]string{}
 	for _, v := range r.TensorViews {
@@ -112,6 +133,7 @@ func WriteHTML(w io.Writer, r *snapshot.Snapshot) error {
 		}
 		page.Summary = append(page.Summary, row)
 	}
+	page.Breakdown, page.Parts = breakdownPage(r.Breakdown, rows)
 	data, err := json.Marshal(page) // escapes <, > and &: safe inside <script>
 	if err != nil {
 		return err
@@ -120,11 +142,33 @@ func WriteHTML(w io.Writer, r *snapshot.Snapshot) error {
 	return err
 }
 
-// flameTree is the flame graph of one view's rows.
-func flameTree(rows []snapshot.Row, v memory.View) *flameNode {
+// breakdownPage is the breakdowns for the page's stacked bars, and the
+// flame graph of each part: its rows'.
+func breakdownPage(bs []snapshot.Breakdown, rows []snapshot.Row) ([]htmlBreakdown, map[string]*flameNode) {
+	page, parts := []htmlBreakdown{}, map[string]*flameNode{}
+	for _, b := range bs {
+		h := htmlBreakdown{Process: processName(b.Comm, b.PID), PID: b.PID, GPU: b.GPU, Bytes: b.Bytes(), Of: "the driver view"}
+		if b.NVML {
+			h.Of = "nvidia-smi"
+		}
+		for _, p := range b.Parts {
+			h.Parts = append(h.Parts, htmlPart{Name: p.Name(), Bytes: p.Bytes})
+			keys := map[accounting.Key]bool{}
+			for _, k := range p.Keys {
+				keys[k] = true
+			}
+			parts[fmt.Sprintf("%d/%s/%s", b.PID, b.GPU, p.Name())] = flameTree(rows, func(r snapshot.Row) bool { return keys[r.Key] })
+		}
+		page = append(page, h)
+	}
+	return page, parts
+}
+
+// flameTree is the flame graph of the rows keep says.
+func flameTree(rows []snapshot.Row, keep func(snapshot.Row) bool) *flameNode {
 	root := &flameNode{Name: "all processes"}
 	for _, row := range rows {
-		if row.Kind.View() != v {
+		if !keep(row) {
 			continue
 		}
 		process := root.child(processName(row.Comm, row.PID), "")

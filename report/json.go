@@ -14,16 +14,16 @@ import (
 )
 
 type jsonReport struct {
-	Time     time.Time            `json:"time"`
-	Stacks   []jsonStack          `json:"stacks"`
-	Failures []jsonFailure        `json:"failures"`
-	OOMs     []jsonOOM            `json:"out_of_memory"`
-	Peaks    []jsonPeak           `json:"peaks"`
+	Time     time.Time     `json:"time"`
+	Stacks   []jsonStack   `json:"stacks"`
+	Failures []jsonFailure `json:"failures"`
+	OOMs     []jsonOOM     `json:"out_of_memory"`
+	Peaks    []jsonPeak    `json:"peaks"`
 	// Where each process's memory went on each GPU, by category.
-	Breakdown []jsonBreakdown `json:"breakdown"`
-	Losses   schema.Losses        `json:"losses"`
-	Ledger   accounting.Stats     `json:"ledger"`
-	Python   snapshot.PythonStats `json:"python"`
+	Breakdown []jsonBreakdown      `json:"breakdown"`
+	Losses    schema.Losses        `json:"losses"`
+	Ledger    accounting.Stats     `json:"ledger"`
+	Python    snapshot.PythonStats `json:"python"`
 	// allocations whose native stack was deeper than the frames kept
 	NativeTruncated uint64   `json:"native_truncated"`
 	Events          uint64   `json:"events"`

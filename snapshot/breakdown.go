@@ -68,6 +68,9 @@ type Part struct {
 	Library  string // LibraryWorkspaces' library: "cublas", "nccl", a .so's name
 	Bytes    uint64
 	Top      []Holding // the stacks holding the most of it, at most MaxHolders
+	// Keys are the rows it is made of: a reader filters its stacks by
+	// them (the HTML report's flame graph of one part).
+	Keys []accounting.Key
 }
 
 // Name is the part as one word: the category, and the library after a

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/breakdown"
@@ -55,13 +56,19 @@ func TestBreakdownOfSimulatedTorch(t *testing.T) {
 	}
 	env := nvmlState(t, 7*MiB)
 	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsAll, NVML: simNVML()}, pythons(t)[2], "views", env...)
-	out := filepath.Join(dir, "record.json")
-	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors", "--nvml-library", simNVML(),
-		"--breakdown-rules", rulesPath, "--format", "json", "-o", out)
-	c.waitStderr("PyTorch allocator probes")
+	out, page := filepath.Join(dir, "record.json"), filepath.Join(dir, "record.html")
+	var clis []*cli
+	for _, format := range []string{"json", "html"} {
+		c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors", "--nvml-library", simNVML(),
+			"--breakdown-rules", rulesPath, "--format", format, "-o", filepath.Join(dir, "record."+format))
+		c.waitStderr("PyTorch allocator probes")
+		clis = append(clis, c)
+	}
 	expect := w.run()
 	r := s.report()
-	c.interrupt()
+	for _, c := range clis {
+		c.interrupt()
+	}
 	rules, err := breakdown.Load(rulesPath)
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +127,19 @@ func TestBreakdownOfSimulatedTorch(t *testing.T) {
 		if p.Category != b.Parts[i].Category || p.Library != b.Parts[i].Library || p.Bytes != b.Parts[i].Bytes || len(p.TopStacks) == 0 {
 			t.Errorf("record's part %d: %+v, want %+v", i, p, b.Parts[i])
 		}
+	}
+
+	// The HTML report's stacked bar: a click on a part shows the flame
+	// graph of its stacks alone.
+	dom := dumpDOM(t, "file://"+page+"#part="+strconv.Itoa(w.pid)+"/0/kv_cache")
+	if !strings.Contains(dom, `data-part="`+strconv.Itoa(w.pid)+`/0/kv_cache"`) {
+		t.Error("the click on kv_cache's part did not show it")
+	}
+	if got := frameAttr(t, dom, "root", "all processes", "data-bytes"); got != strconv.FormatUint(expect["tensor_kv_cache"], 10) {
+		t.Errorf("kv_cache's flame graph holds %s bytes, want %d", got, expect["tensor_kv_cache"])
+	}
+	if got := frameAttr(t, dom, "python", "kv_cache", "data-bytes"); got != strconv.FormatUint(expect["tensor_kv_cache"], 10) {
+		t.Errorf("kv_cache's frame %s bytes", got)
 	}
 	w.exit()
 }
