@@ -55,17 +55,29 @@ type ProcessMemory struct {
 }
 
 // Of is what NVML says process pid uses on the GPU its rows name gpu, and
-// that GPU; nil if NVML says nothing of it.
+// that GPU; nil if NVML says nothing of it. Rows that name no GPU
+// ("unknown": the context was made before gpu-mem attached) are on the
+// GPU NVML lists the process on, if it lists it on one only.
 func (m *GPUMemory) Of(pid uint32, gpu string) (*ProcessMemory, *GPU) {
 	if m == nil {
 		return nil, nil
 	}
+	var found *ProcessMemory
+	var on *GPU
+	n := 0
 	for i := range m.GPUs {
 		for j := range m.GPUs[i].Processes {
-			if p := &m.GPUs[i].Processes[j]; p.PID == pid && p.GPU == gpu {
-				return p, &m.GPUs[i]
+			if p := &m.GPUs[i].Processes[j]; p.PID == pid {
+				if p.GPU == gpu {
+					return p, &m.GPUs[i]
+				}
+				found, on = p, &m.GPUs[i]
+				n++
 			}
 		}
+	}
+	if gpu == "unknown" && n == 1 {
+		return found, on
 	}
 	return nil, nil
 }

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -203,4 +204,64 @@ func breakdownOf(t *testing.T, bs []snapshot.Breakdown, pid int, gpu string) sna
 	}
 	t.Fatalf("no breakdown of pid %d on gpu %s in %+v", pid, gpu, bs)
 	return snapshot.Breakdown{}
+}
+
+// TestVerdictsFromNVML: the verdicts NVML decides, on a GPU of 200 MiB
+// (the simulated NVML's total, SIMCUDA_CAPACITY of the profiler) with
+// contexts of 1 MiB: a process holding 60 MiB and asking 60 more is
+// refused by its driver (a capacity of its own) with 139 MiB free (a
+// limit); beside a neighbour holding 100 MiB, with 38 MiB free (another
+// process); a process holding 150 MiB of a driver of 200 asking 60
+// (demand).
+func TestVerdictsFromNVML(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		capacity  int
+		held      int
+		neighbour int
+		want      string
+		why       string
+	}{
+		{"a limit", 100 * MiB, 60 * MiB, 0, snapshot.Limit, "the driver refused 62914560 bytes with 145752064 free on the GPU"},
+		{"another process", 100 * MiB, 60 * MiB, 100 * MiB, snapshot.AnotherProcess, "other processes held the rest, the most pid %d (simwork) with 105906176"},
+		{"demand", 200 * MiB, 150 * MiB, 0, snapshot.Demand, "the process held 158334976 bytes and asked 62914560 more of a GPU of 209715200"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := nvmlState(t, 1*MiB)
+			t.Setenv("SIMCUDA_CAPACITY", strconv.Itoa(200*MiB)) // the GPU NVML reads
+			var neighbour *workload
+			if c.neighbour > 0 {
+				neighbour = startWorkload(t, append(env, "SIMCUDA_CAPACITY="+strconv.Itoa(1<<30)), simwork, "hold", strconv.Itoa(c.neighbour))
+				neighbour.run()
+				c.why = fmt.Sprintf(c.why, neighbour.pid)
+			}
+			ooms := make(chan snapshot.OOM, 4)
+			w := startWorkload(t, append(env, "SIMCUDA_CAPACITY="+strconv.Itoa(c.capacity)), simwork, "oom", strconv.Itoa(60*MiB), strconv.Itoa(c.held))
+			s := startProfiler(t, profiler.Config{Library: simLib, NVML: simNVML(), OnOOM: func(o snapshot.OOM) { ooms <- o }}, w)
+			s.waitLog("NVML: driver simulated")
+			if expect := w.run(); expect["result"] != 2 {
+				t.Fatalf("workload: %v", expect)
+			}
+			o := <-ooms
+			v := breakdown.Judge(&o, nil)
+			if v.Verdict != c.want || !strings.Contains(v.Why, c.why) || v.Asked != 60*MiB {
+				t.Errorf("verdict %s (%s), asked %d; want %s (%s)", v.Verdict, v.Why, v.Asked, c.want, c.why)
+			}
+			if parts := names(v.Breakdown); parts[snapshot.OtherDriver] != uint64(c.held) || v.Breakdown.Bytes() != uint64(c.held)+MiB {
+				t.Errorf("the breakdown then: %v, want %d held and its 1 MiB context", parts, c.held)
+			}
+			w.exit()
+			if neighbour != nil {
+				neighbour.exit()
+			}
+		})
+	}
+}
+
+func names(b snapshot.Breakdown) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, p := range b.Parts {
+		m[p.Name()] = p.Bytes
+	}
+	return m
 }

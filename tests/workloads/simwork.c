@@ -11,7 +11,9 @@
  *   threads N SEC [RATE]
  *                  N threads allocating and freeing for SEC seconds, each
  *                  at most RATE allocations per second (default: no limit)
- *   oom BYTES      one allocation of BYTES (over SIMCUDA_CAPACITY: fails)
+ *   oom BYTES [HELD]
+ *                  one allocation of BYTES (over SIMCUDA_CAPACITY: fails),
+ *                  after one of HELD bytes kept
  *   hold BYTES     one device allocation kept until exit
  *   grow FIRST SECOND FREED
  *                  one device allocation of FIRST bytes and 4 KiB pinned,
@@ -249,9 +251,11 @@ static void threads(int n, double seconds, double rate)
 
 /* ---- oom, hold ---- */
 
-NOINLINE static void allocate_too_much(size_t bytes)
+NOINLINE static void allocate_too_much(size_t bytes, size_t held)
 {
 	CUdeviceptr p;
+	if (held)
+		CHECK(cuMemAlloc_v2(&p, held));
 	CUresult rc = cuMemAlloc_v2(&p, bytes);
 	printf("done\nexpect result=%d\n", rc);
 }
@@ -673,7 +677,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nowait = getenv("SIMWORK_NOWAIT") != NULL;
 	if (argc < 2) {
-		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES|hold BYTES|grow FIRST SECOND FREED|pairs N|stacks N [FIRST]|deep N|devices|retain|spike|modules MODULE LIBRARY|loads BYTES|demo|train\n");
+		fprintf(stderr, "usage: simwork kinds|threads N SEC [RATE]|oom BYTES [HELD]|hold BYTES|grow FIRST SECOND FREED|pairs N|stacks N [FIRST]|deep N|devices|retain|spike|modules MODULE LIBRARY|loads BYTES|demo|train\n");
 		return 2;
 	}
 	CHECK(cuInit(0));
@@ -689,8 +693,8 @@ int main(int argc, char **argv)
 		kinds();
 	else if (!strcmp(scenario, "threads") && (argc == 4 || argc == 5))
 		threads(atoi(argv[2]), atof(argv[3]), argc == 5 ? atof(argv[4]) : 0);
-	else if (!strcmp(scenario, "oom") && argc == 3)
-		allocate_too_much(strtoull(argv[2], NULL, 0));
+	else if (!strcmp(scenario, "oom") && (argc == 3 || argc == 4))
+		allocate_too_much(strtoull(argv[2], NULL, 0), argc == 4 ? strtoull(argv[3], NULL, 0) : 0);
 	else if (!strcmp(scenario, "hold") && argc == 3)
 		hold(strtoull(argv[2], NULL, 0));
 	else if (!strcmp(scenario, "grow") && argc == 5)
