@@ -108,14 +108,19 @@ def asked_and_cache(err):
             round(float(c.group(1)) * units[c.group(2)]) if c else -1)
 
 
-def oom_demand(expect):
-    free, _ = torch.cuda.mem_get_info()
-    held = torch.empty(free - 4096 * MiB, dtype=torch.uint8, device="cuda")
+def ask_too_much(n, expect):
+    """Asks for n bytes, which torch refuses: its message said in expect."""
     try:
-        torch.empty(8192 * MiB, dtype=torch.uint8, device="cuda")
+        torch.empty(n, dtype=torch.uint8, device="cuda")
     except torch.OutOfMemoryError as err:
         expect["oom_message"] = str(err).splitlines()[0]
         expect["asked"], expect["reserved_unallocated"] = asked_and_cache(err)
+
+
+def oom_demand(expect):
+    free, _ = torch.cuda.mem_get_info()
+    held = torch.empty(free - 4096 * MiB, dtype=torch.uint8, device="cuda")
+    ask_too_much(8192 * MiB, expect)
     return held
 
 
@@ -128,11 +133,7 @@ def oom_fragment(expect):
         blocks = [torch.empty(100 * MiB, dtype=torch.uint8, device="cuda") for _ in range(20)]
         held.extend(blocks[0::2])
         del blocks
-    try:
-        torch.empty(4096 * MiB, dtype=torch.uint8, device="cuda")
-    except torch.OutOfMemoryError as err:
-        expect["oom_message"] = str(err).splitlines()[0]
-        expect["asked"], expect["reserved_unallocated"] = asked_and_cache(err)
+    ask_too_much(4096 * MiB, expect)
     return held
 
 
