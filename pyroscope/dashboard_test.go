@@ -53,7 +53,7 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	labels := map[string]bool{LabelService: true, schema.PID: true, schema.Comm: true, schema.Kind: true, LabelNode: true, schema.GPU: true,
 		schema.Namespace: true, schema.Pod: true}
 	matcher := regexp.MustCompile("([a-z_]+)(=~|!=|=)[\"`]")
-	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|peak_bytes|allocated_bytes_total|failures_total)\{`)
+	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|peak_bytes|allocated_bytes_total|failures_total|breakdown_bytes)\{`)
 	flames := map[string]int{}   // by profile type
 	queried := map[string]bool{} // live bytes and peak metrics queried
 	for _, p := range d.Panels {
