@@ -103,15 +103,15 @@ func newSorter(rules *Rules, s *snapshot.Snapshot) *sorter {
 			st.frames[a.Key] = nil
 		}
 	}
-	for _, v := range s.TensorViews {
-		if !v.Since.IsZero() && v.Ended.IsZero() {
-			st.tensors[v.PID] = true
-		}
-	}
+	// A process has its tensors known when it has tensor rows, unless an
+	// on-demand view of it is not on (ended, or not yet attached).
 	for i := range s.Entries {
 		if s.Entries[i].Kind == memory.KindTensor {
 			st.tensors[s.Entries[i].PID] = true
 		}
+	}
+	for _, v := range s.TensorViews {
+		st.tensors[v.PID] = !v.Since.IsZero() && v.Ended.IsZero()
 	}
 	return st
 }

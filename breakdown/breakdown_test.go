@@ -117,3 +117,17 @@ func part(b snapshot.Breakdown, category string) snapshot.Part {
 	}
 	return snapshot.Part{}
 }
+
+// An on-demand tensor view that ended leaves its rows, released: the
+// process's segments are one part again.
+func TestBreakdownAfterTheTensorViewEnded(t *testing.T) {
+	s := snapshot.New(time.Now(),
+		row(7, 1, memory.KindDevice, 0, 200*MiB, segment, linear),
+		row(7, 5, memory.KindTensor, 0, 0, linear),
+	)
+	s.TensorViews = []snapshot.TensorView{{PID: 7, Since: time.Now().Add(-time.Minute), Ended: time.Now()}}
+	b := Of(s, nil)
+	if len(b) != 1 || b[0].TensorView || len(b[0].Parts) != 1 || b[0].Parts[0].Category != snapshot.AllocatorSegments || b[0].Parts[0].Bytes != 200*MiB {
+		t.Errorf("breakdown %+v, want the segments whole", b)
+	}
+}
