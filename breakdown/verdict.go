@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -14,8 +15,18 @@ import (
 // (Default when nil).
 func Fill(s *snapshot.Snapshot, rules *Rules) {
 	s.Breakdown = Of(s, rules)
+	pods := map[uint32]container.Identity{}
+	for i := range s.Entries {
+		if p := s.Entries[i].Process; p != nil {
+			pods[s.Entries[i].PID] = p.Container
+		}
+	}
 	for i := range s.OOMs {
-		s.OOMs[i].Verdict = Judge(&s.OOMs[i], rules)
+		v := Judge(&s.OOMs[i], rules)
+		for j := range v.Neighbours {
+			v.Neighbours[j].Container = pods[v.Neighbours[j].PID]
+		}
+		s.OOMs[i].Verdict = v
 	}
 }
 
@@ -89,7 +100,7 @@ func addNVMLParts(v *snapshot.Verdict, g *snapshot.GPU) uint64 {
 	var own uint64
 	for _, p := range g.Processes {
 		if p.PID != v.Breakdown.PID {
-			v.Neighbours = append(v.Neighbours, p)
+			v.Neighbours = append(v.Neighbours, snapshot.Neighbour{ProcessMemory: p})
 			continue
 		}
 		own = p.NVML
@@ -102,7 +113,7 @@ func addNVMLParts(v *snapshot.Verdict, g *snapshot.GPU) uint64 {
 		}
 	}
 	sortParts(v.Breakdown.Parts)
-	slices.SortFunc(v.Neighbours, func(a, b snapshot.ProcessMemory) int { return cmp.Compare(b.NVML, a.NVML) })
+	slices.SortFunc(v.Neighbours, func(a, b snapshot.Neighbour) int { return cmp.Compare(b.NVML, a.NVML) })
 	if !v.Breakdown.NVML {
 		return v.Breakdown.Bytes()
 	}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/gpu-mem/gpu-mem/gpuinfo"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -52,6 +53,7 @@ type jsonNeighbour struct {
 	PID   uint32 `json:"pid"`
 	Comm  string `json:"comm"`
 	Bytes uint64 `json:"bytes"`
+	jsonWhere
 }
 
 func newJSONBreakdown(b snapshot.Breakdown) jsonBreakdown {
@@ -82,7 +84,7 @@ func newJSONVerdict(v *snapshot.Verdict) *jsonVerdict {
 	j := &jsonVerdict{Verdict: v.Verdict, Why: v.Why, Asked: v.Asked, Fragmentation: newJSONFragmentation(v.Fragmentation),
 		Breakdown: newJSONBreakdown(v.Breakdown), FreeOnGPU: v.Free, Neighbours: []jsonNeighbour{}}
 	for _, n := range v.Neighbours {
-		j.Neighbours = append(j.Neighbours, jsonNeighbour{PID: n.PID, Comm: n.Comm, Bytes: n.NVML})
+		j.Neighbours = append(j.Neighbours, jsonNeighbour{PID: n.PID, Comm: n.Comm, Bytes: n.NVML, jsonWhere: newJSONWhere(gpuinfo.Device{}, n.Container)})
 	}
 	return j
 }

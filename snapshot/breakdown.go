@@ -127,5 +127,12 @@ type Verdict struct {
 	// Free is what NVML said the GPU had free just after; Neighbours the
 	// other processes on it, by bytes (none known without NVML).
 	Free       uint64
-	Neighbours []ProcessMemory
+	Neighbours []Neighbour
+}
+
+// Neighbour is another process on the GPU at an out-of-memory, with its
+// pod where the snapshot knows it.
+type Neighbour struct {
+	ProcessMemory
+	Container container.Identity
 }
