@@ -16,13 +16,18 @@ type Budget struct {
 	// makes them with the view on: the traps and the programs
 	// (BENCHMARKS.md).
 	PairCost time.Duration
-	// Window is how long rates are measured over; 5 s when zero.
+	// Window is how long rates are measured over; DefaultBudgetWindow
+	// when zero.
 	Window time.Duration
 }
 
+// DefaultBudgetWindow is what rates are measured over unless told
+// otherwise: long enough for a training step's bursts to average out.
+const DefaultBudgetWindow = 5 * time.Second
+
 func (b Budget) window() time.Duration {
 	if b.Window == 0 {
-		return 5 * time.Second
+		return DefaultBudgetWindow
 	}
 	return b.Window
 }

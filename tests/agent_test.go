@@ -35,7 +35,7 @@ func TestAgentStartedBeforeTheWorkload(t *testing.T) {
 	// Without the tensor view: it would trace other tests' simulated
 	// PyTorch allocators, running beside this one.
 	c, driver := startAgentFirst(t, 4, "--tensors=false", "--pyroscope-url", url,
-		"--pyroscope-interval", "300ms", "--node", "node-7")
+		"--pyroscope-interval", "300ms", "--node-name", "node-7")
 	if n, refused := len(r.Received()), r.Refused(); n != 0 || len(refused) != 0 {
 		t.Fatalf("before any process: %d pushes, refused %v", n, refused)
 	}
@@ -93,7 +93,7 @@ type agentDriver struct {
 // startAgentFirst starts `gpumem agent --library COPY args...` as a
 // DaemonSet starts it, before any GPU process, on a copy of the simulated
 // driver, and waits until it has logged intervals status lines counting no
-// process. Workloads started with the copy's env are traced from their
+// process, a status line every 200ms unless args say otherwise. Workloads started with the copy's env are traced from their
 // first call. With --tensors=false, every status line before must count no
 // process, and nothing pushed; with the tensor view, a line may count
 // another package's process (the allocator probes attach to the shared
@@ -106,7 +106,7 @@ func startAgentFirst(t *testing.T, intervals int, args ...string) (*cli, agentDr
 	copyFile(t, simLib, d.path)
 	d.env = []string{"LD_LIBRARY_PATH=" + dir}
 	d.pyEnv = []string{"SIMCUDA_LIB=" + d.path}
-	c := startCLI(t, append([]string{"agent", "--library", d.path}, args...)...)
+	c := startCLI(t, append([]string{"agent", "--library", d.path, "--status-interval", "200ms"}, args...)...)
 	waitLines(t, c, "attached to "+d.path)
 	tensors := !slices.Contains(args, "--tensors=false")
 	for idle := 0; idle < intervals; {

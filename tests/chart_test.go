@@ -76,8 +76,21 @@ func TestChartRenders(t *testing.T) {
 		t.Errorf("RBAC %v", rules)
 	}
 	args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " ")
-	if !strings.Contains(args, "agent --metrics-address=:9464") || !strings.Contains(args, "--tensors=on-demand") || strings.Contains(args, "--pyroscope-url") {
+	if !strings.Contains(args, "agent --metrics-address=:9464") || !strings.Contains(args, "--tensors=on-demand") || strings.Contains(args, "--pyroscope-url") ||
+		!strings.Contains(args, "--node-name=$(NODE_NAME)") {
 		t.Errorf("args %s", args)
+	}
+	// Each value once: one flag for the node, not two with the same value.
+	flags := map[string]int{}
+	for _, arg := range toStrings(dig(pod, "containers", 0, "args")) {
+		if name, _, _ := strings.Cut(arg, "="); strings.HasPrefix(name, "--") {
+			flags[name]++
+		}
+	}
+	for name, n := range flags {
+		if n != 1 {
+			t.Errorf("args %s: %s %d times", args, name, n)
+		}
 	}
 }
 

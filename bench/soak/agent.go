@@ -40,7 +40,7 @@ func startAgent(bin, driver, url string, interval time.Duration, logPath string)
 		return nil, err
 	}
 	cmd := exec.Command(bin, "agent", "--library", driver, "--pyroscope-url", url,
-		"--pyroscope-interval", interval.String(), "--metrics-address", "127.0.0.1:0", "--node", "soak")
+		"--pyroscope-interval", interval.String(), "--status-interval", interval.String(), "--metrics-address", "127.0.0.1:0", "--node-name", "soak")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGINT} // the soak gone, the agent stops
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -42,25 +42,31 @@ const defaultPairCost = 4 * time.Microsecond
 // that no process pays more than the budget.
 const defaultDriverPairCost = 30 * time.Microsecond
 
+// defaultStatusInterval paces the status line: the Pyroscope push's
+// default interval, whatever --pyroscope-interval says.
+const defaultStatusInterval = 15 * time.Second
+
 type agentOptions struct {
-	target       targetFlags
-	metricsAddr  string
-	igMetrics    bool
-	kubeconfig   string
-	nodeName     string
-	interval     time.Duration
-	duration     time.Duration
-	pyroscope    pyroscope.Config
-	passwordFile string
-	tokenFile    string
-	tensorPIDs   []int
-	tensorBudget profiler.Budget
-	driverBudget profiler.Budget
-	control      string               // the control socket's path
-	last         metrics.LastInterval // the last interval's peaks and breakdown, for the gauges
-	snapshot     snapshot.Snapshot    // the last interval's, its memory reused
-	exitsBefore  uint64               // the interval before's Exits: dropped at this one's end
-	pushes       pyroscope.StatusLine
+	target         targetFlags
+	metricsAddr    string
+	igMetrics      bool
+	kubeconfig     string
+	nodeName       string // also the profiles' node label
+	interval       time.Duration
+	statusInterval time.Duration
+	budgetWindow   time.Duration
+	duration       time.Duration
+	pyroscope      pyroscope.Config
+	passwordFile   string
+	tokenFile      string
+	tensorPIDs     []int
+	tensorBudget   profiler.Budget
+	driverBudget   profiler.Budget
+	control        string               // the control socket's path
+	last           metrics.LastInterval // the last interval's peaks and breakdown, for the gauges
+	snapshot       snapshot.Snapshot    // the last interval's, its memory reused
+	exitsBefore    uint64               // the interval before's Exits: dropped at this one's end
+	pushes         pyroscope.StatusLine
 }
 
 func newAgentCommand() *cobra.Command {
@@ -69,13 +75,14 @@ func newAgentCommand() *cobra.Command {
 		Use:   "agent [flags]",
 		Short: "Trace every process using the CUDA driver and export until stopped",
 		Long: `Agent is the always-on mode for hosts and DaemonSets. It traces every process
-that uses the CUDA driver and, every interval, logs one status line and, with
---pyroscope-url, pushes one profile per process and memory kind to Grafana
-Pyroscope: the bytes allocated during the interval, the bytes live at its
-end, and what held the memory at the interval's peak (the most each process
-held at once on a GPU, per view; also the gauges gpumem_peak_bytes and
-gpumem_tensor_peak_bytes). Pushes go through a bounded queue, retried with
-backoff; when the queue is full the oldest interval is dropped and counted. An interval without any
+that uses the CUDA driver, logs a status line every --status-interval and,
+every interval (--pyroscope-interval), with --pyroscope-url, pushes one
+profile per process and memory kind to Grafana Pyroscope: the bytes
+allocated during the interval, the bytes live at its end, and what held the
+memory at the interval's peak (the most each process held at once on a GPU,
+per view; also the gauges gpumem_peak_bytes and gpumem_tensor_peak_bytes).
+Pushes go through a bounded queue, retried with backoff; when the queue is
+full the oldest interval is dropped and counted. An interval without any
 process is not pushed; a push the server refuses for its content (gRPC
 InvalidArgument, FailedPrecondition, OutOfRange; HTTP 400, 413, 422) is
 dropped at once and counted as rejected, with its reason logged once; an
@@ -84,7 +91,11 @@ default hour) is dropped unsent and counted as expired. Tracing never waits
 for the server.
 
 Credentials are read from files or the environment (GPUMEM_PYROSCOPE_PASSWORD,
-GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
+GPUMEM_PYROSCOPE_TOKEN) and never logged.
+
+Each on-demand tensor view and each process's driver view is measured over
+--budget-window against its budget (--tensor-budget, --driver-budget) and
+switched off past it.`,
 		Example: `  gpumem agent --pyroscope-url http://pyroscope:4040
   gpumem agent --pyroscope-url https://profiles.example.com --pyroscope-user 1234 \
       --pyroscope-password-file /etc/gpumem/password --pyroscope-tenant team-a`,
@@ -95,12 +106,15 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	}
 	fs := cmd.Flags()
 	o.target.register(fs, profiler.TensorsOnDemand)
-	fs.DurationVar(&o.interval, "pyroscope-interval", pyroscope.DefaultInterval, "export and status interval")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until stopped)")
-	fs.StringVar(&o.pyroscope.URL, "pyroscope-url", "", "Pyroscope server, http://HOST:PORT (cleartext HTTP/2) or https://HOST:PORT; none: status lines only")
+	fs.DurationVar(&o.statusInterval, "status-interval", defaultStatusInterval, "log one status line this often (processes, events, losses, symbol tables, pushes)")
+	fs.IntSliceVar(&o.tensorPIDs, "tensor-pid", nil, "switch the tensor view of these processes on from the start (--tensors=on-demand)")
+	fs.StringVar(&o.control, "control-socket", control.DefaultSocket, "serve the control socket of gpumem tensors here, for root alone (--tensors=on-demand); empty: none")
+
+	fs.DurationVar(&o.interval, "pyroscope-interval", pyroscope.DefaultInterval, "push interval, and the interval whose peaks the peak gauges show")
+	fs.StringVar(&o.pyroscope.URL, "pyroscope-url", "", "Pyroscope server, http://HOST:PORT (cleartext HTTP/2) or https://HOST:PORT; none: no push")
 	fs.IntVar(&o.pyroscope.QueueSize, "pyroscope-queue", 20, "intervals kept while the server is unreachable")
 	fs.StringVar(&o.pyroscope.Service, "service-name", "", "service_name label (default: the process name)")
-	fs.StringVar(&o.pyroscope.Node, "node", "", "node label (default: the host name)")
 	fs.StringVar(&o.pyroscope.CAFile, "pyroscope-ca-file", "", "PEM certificates to trust for an https:// server")
 	fs.StringVar(&o.pyroscope.User, "pyroscope-user", "", "basic auth user")
 	fs.StringVar(&o.passwordFile, "pyroscope-password-file", "", "file holding the basic auth password (or GPUMEM_PYROSCOPE_PASSWORD)")
@@ -108,28 +122,45 @@ GPUMEM_PYROSCOPE_TOKEN) and never logged.`,
 	fs.StringVar(&o.pyroscope.TenantID, "pyroscope-tenant", "", "tenant, sent as X-Scope-OrgID")
 	fs.BoolVar(&o.pyroscope.Malloc, "gpu-observability-profiles", true, "also push, per process, the profile Inspektor Gadget's GPU observability dashboard reads "+
 		"(process_cpu:malloc:bytes: the driver view's bytes allocated each interval, labelled k8s_namespace and k8s_podName)")
+	groupFlags(fs, "Pyroscope", "pyroscope-interval", "pyroscope-url", "pyroscope-queue", "service-name", "pyroscope-ca-file", "pyroscope-user",
+		"pyroscope-password-file", "pyroscope-token-file", "pyroscope-tenant", "gpu-observability-profiles")
+
 	fs.StringVar(&o.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9464")
 	fs.BoolVar(&o.igMetrics, "gpu-observability-metrics", true, "serve, with the metrics, those Inspektor Gadget's GPU observability dashboard queries "+
 		"(mem_alloc_bytes_total, mem_free_bytes_total, mem_implicit_free_bytes_total: the driver view per process)")
+	groupFlags(fs, "Prometheus metrics", "metrics-address", "gpu-observability-metrics")
+
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "name pods from this API server (default: the in-cluster one, if any)")
-	fs.StringVar(&o.nodeName, "node-name", "", "the node whose pods are watched (default: $NODE_NAME, else the host name)")
-	fs.IntSliceVar(&o.tensorPIDs, "tensor-pid", nil, "switch the tensor view of these processes on from the start (--tensors=on-demand)")
-	fs.StringVar(&o.control, "control-socket", control.DefaultSocket, "serve the control socket of gpumem tensors here, for root alone (--tensors=on-demand); empty: none")
+	fs.StringVar(&o.nodeName, "node-name", "", "this node: the pods watched, and the node label of the profiles (default: $NODE_NAME, else the host name)")
+	// --node was the profiles' node label alone: now --node-name's, which
+	// Inspektor Gadget's k8smeta operator names so too.
+	fs.StringVar(&o.nodeName, "node", "", "")
+	_ = fs.MarkDeprecated("node", "use --node-name")
+	groupFlags(fs, "Kubernetes", "kubeconfig", "node-name")
+
 	fs.Float64Var(&o.tensorBudget.Share, "tensor-budget", 0.02, "switch a process's on-demand tensor view off when it costs more than this share of the process's time (0: never)")
-	fs.DurationVar(&o.tensorBudget.PairCost, "tensor-pair-cost", defaultPairCost, "what one tensor allocation and its free cost their thread with the tensor view on, for --tensor-budget (measured on an H200: BENCHMARKS.md)")
 	fs.Float64Var(&o.driverBudget.Share, "driver-budget", 0.02, "switch a process's driver view off when it costs more than this share of the process's time, "+
 		"as where every tensor reaches the driver (PyTorch without its cache, JAX's platform allocator) (0: never)")
-	fs.DurationVar(&o.driverBudget.PairCost, "driver-pair-cost", defaultDriverPairCost, "what one driver allocation and its free cost their thread with the driver view on, for --driver-budget (measured on an H200: BENCHMARKS.md)")
+	fs.DurationVar(&o.budgetWindow, "budget-window", profiler.DefaultBudgetWindow, "measure each view's cost over windows this long: a view over its budget is switched off at the end of one")
+	groupFlags(fs, "Budget", "tensor-budget", "driver-budget", "budget-window")
+	// What a view costs a pair of calls is the budgets' calibration,
+	// measured on an H200 (BENCHMARKS.md), not a choice: hidden, kept for
+	// measuring another machine.
+	fs.DurationVar(&o.tensorBudget.PairCost, "tensor-pair-cost", defaultPairCost, "what one tensor allocation and its free cost their thread with the tensor view on, for --tensor-budget")
+	fs.DurationVar(&o.driverBudget.PairCost, "driver-pair-cost", defaultDriverPairCost, "what one driver allocation and its free cost their thread with the driver view on, for --driver-budget")
+	_ = fs.MarkHidden("tensor-pair-cost")
+	_ = fs.MarkHidden("driver-pair-cost")
+	groupUsage(cmd)
 	return cmd
 }
 
-// defaultNodes fills in --node and --node-name, whose defaults are this
-// host's: resolved here, not as the flags' defaults, which the generated
-// reference (docs/reference/cli) would print as the generating machine's.
-func (o *agentOptions) defaultNodes() {
+// defaultNode fills in --node-name, whose default is this host's: resolved
+// here, not as the flag's default, which the generated reference
+// (docs/reference/cli) would print as the generating machine's.
+func (o *agentOptions) defaultNode() {
 	host, _ := os.Hostname()
-	o.pyroscope.Node = cmp.Or(o.pyroscope.Node, host)
 	o.nodeName = cmp.Or(o.nodeName, os.Getenv("NODE_NAME"), host)
+	o.pyroscope.Node = o.nodeName
 }
 
 // secret reads a credential from a file, else from the environment.
@@ -196,10 +227,15 @@ func (o *agentOptions) run(ctx context.Context) error {
 		}
 		debug.SetMemoryLimit(limit)
 	}
-	if o.interval <= 0 {
-		return usageError{fmt.Errorf("--pyroscope-interval must be positive")}
+	for _, d := range []struct {
+		flag string
+		d    time.Duration
+	}{{"--pyroscope-interval", o.interval}, {"--status-interval", o.statusInterval}, {"--budget-window", o.budgetWindow}} {
+		if d.d <= 0 {
+			return usageError{fmt.Errorf("%s must be positive", d.flag)}
+		}
 	}
-	o.defaultNodes()
+	o.defaultNode()
 	exp, err := o.exporter()
 	if err != nil {
 		return err
@@ -207,6 +243,7 @@ func (o *agentOptions) run(ctx context.Context) error {
 	ctx, stop := untilStopped(ctx, o.duration)
 	defer stop()
 	cfg := o.target.config()
+	o.tensorBudget.Window, o.driverBudget.Window = o.budgetWindow, o.budgetWindow
 	cfg.TensorPIDs, cfg.TensorBudget, cfg.DriverBudget = o.tensorPIDs, o.tensorBudget, o.driverBudget
 	cfg.OnOOM = func(oom snapshot.OOM) { // the status line at an out-of-memory, its verdict first
 		oom.Verdict = breakdown.Judge(&oom, o.target.rules.get())
@@ -244,26 +281,25 @@ func (o *agentOptions) run(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 
-	ticker := time.NewTicker(o.interval)
-	defer ticker.Stop()
+	interval := time.NewTicker(o.interval)
+	defer interval.Stop()
+	status := time.NewTicker(o.statusInterval)
+	defer status.Stop()
 	for {
 		select {
 		case err := <-done:
 			return err
-		case <-ticker.C:
+		case <-interval.C:
 			o.export(p, exp)
+		case <-status.C:
+			o.status(p, exp)
 		}
 	}
 }
 
-// export logs the status line and pushes one interval. The status line
-// needs the totals per process, and comes first: it never waits for
-// symbols. The interval's snapshot, taken as it ends, goes to the gauges
-// (its peaks) and the push, which keeps only what changes in its profiles;
-// its memory is reused the next interval. The processes that exited before
-// the interval before it are dropped then: each stays on /metrics one whole
-// interval after the one that read its exit.
-func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
+// status logs the status line. It needs the totals per process alone: it
+// never waits for symbols.
+func (o *agentOptions) status(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	t, err := p.Totals()
 	if err != nil {
 		logf("reading loss counters: %v", err)
@@ -281,6 +317,15 @@ func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 		line += o.pushes.Say(exp.Stats())
 	}
 	logf("%s", line)
+}
+
+// export ends one interval. Its snapshot, taken as it ends, goes to the
+// gauges (its peaks and breakdown) and the push, which keeps only what
+// changes in its profiles; its memory is reused the next interval. The
+// processes that exited before the interval before it are dropped then:
+// each stays on /metrics one whole interval after the one that read its
+// exit.
+func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
 	parts := profiler.PeaksOnly // for the peak gauges alone: no row copied
 	if exp != nil || o.metricsAddr != "" {
 		parts = profiler.RowsAndPeaks // the breakdown reads the rows

@@ -2,7 +2,11 @@ package main
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/gpu-mem/gpu-mem/breakdown"
@@ -92,4 +96,64 @@ func (r *rulesFile) get() *breakdown.Rules {
 		return breakdown.Default()
 	}
 	return r.rules
+}
+
+// flagGroup is the annotation that puts a flag under a heading of its
+// command's help and reference page, as kubectl groups its flags: a
+// command with many flags reads as a few sets, each named for the
+// system it talks to.
+const flagGroup = "gpumem_flag_group"
+
+// groupFlags puts the named flags of fs under heading.
+func groupFlags(fs *pflag.FlagSet, heading string, names ...string) {
+	for _, name := range names {
+		if err := fs.SetAnnotation(name, flagGroup, []string{heading}); err != nil {
+			panic(fmt.Sprintf("flag group %s: %v", heading, err)) // a name misspelt here
+		}
+	}
+}
+
+// flagSection is one heading of a command's flags and their usage.
+type flagSection struct {
+	Heading, Usages string
+}
+
+// flagSections parts fs's flags by group: those of none first, under
+// "Flags", then each group's, by heading. Hidden flags are left out.
+func flagSections(fs *pflag.FlagSet) []flagSection {
+	ungrouped := pflag.NewFlagSet("", pflag.ContinueOnError)
+	groups := map[string]*pflag.FlagSet{}
+	fs.VisitAll(func(f *pflag.Flag) {
+		g := f.Annotations[flagGroup]
+		if len(g) == 0 {
+			ungrouped.AddFlag(f)
+			return
+		}
+		if groups[g[0]] == nil {
+			groups[g[0]] = pflag.NewFlagSet(g[0], pflag.ContinueOnError)
+		}
+		groups[g[0]].AddFlag(f)
+	})
+	sections := []flagSection{{"Flags", ungrouped.FlagUsages()}}
+	for _, heading := range slices.Sorted(maps.Keys(groups)) {
+		sections = append(sections, flagSection{heading + " flags", groups[heading].FlagUsages()})
+	}
+	return sections
+}
+
+// flatFlags is where cobra's usage template prints a command's flags, in
+// one list.
+const flatFlags = "Flags:\n{{.LocalFlags.FlagUsages | trimTrailingWhitespaces}}"
+
+// groupUsage has cmd's help print its flags by group (flagSections).
+func groupUsage(cmd *cobra.Command) {
+	cobra.AddTemplateFunc("flagSections", flagSections)
+	tmpl := cmd.UsageTemplate()
+	if !strings.Contains(tmpl, flatFlags) {
+		panic("cobra's usage template prints flags otherwise: update flatFlags")
+	}
+	cmd.SetUsageTemplate(strings.Replace(tmpl, flatFlags, `{{range $i, $s := flagSections .LocalFlags}}{{if $i}}
+
+{{end}}{{$s.Heading}}:
+{{$s.Usages | trimTrailingWhitespaces}}{{end}}`, 1))
 }

@@ -72,7 +72,44 @@ func writeCLIReference(dir string) error {
 	if err := doc.GenMarkdownTreeCustom(root, dir, note, func(link string) string { return link }); err != nil {
 		return err
 	}
+	if err := groupOptions(root, dir); err != nil {
+		return err
+	}
 	return writePage(filepath.Join(dir, "README.md"), cliIndex(root))
+}
+
+// groupOptions rewrites the options of the pages of cmd and its
+// subcommands whose flags are grouped, which cobra's doc lists as one, as
+// their help prints them: a section per group (flagSections).
+func groupOptions(cmd *cobra.Command, dir string) error {
+	for _, sub := range cmd.Commands() {
+		if err := groupOptions(sub, dir); err != nil {
+			return err
+		}
+	}
+	flags := cmd.NonInheritedFlags()
+	sections := flagSections(flags)
+	if len(sections) == 1 {
+		return nil
+	}
+	path := filepath.Join(dir, strings.ReplaceAll(cmd.CommandPath(), " ", "_")+".md")
+	page, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	flat := "### Options\n\n```\n" + flags.FlagUsages() + "```\n\n"
+	if bytes.Count(page, []byte(flat)) != 1 {
+		return fmt.Errorf("%s: cobra's doc lists its options otherwise: update groupOptions", path)
+	}
+	var grouped strings.Builder
+	for i, s := range sections {
+		heading := s.Heading
+		if i == 0 {
+			heading = "Options" // cobra's heading, as on the other pages
+		}
+		fmt.Fprintf(&grouped, "### %s\n\n```\n%s```\n\n", heading, s.Usages)
+	}
+	return writePage(path, bytes.Replace(page, []byte(flat), []byte(grouped.String()), 1))
 }
 
 // cliIndex lists the commands, and says which the agent image's lean

@@ -66,7 +66,7 @@ start=$EPOCHREALTIME
 echo "pyroscope ready at $url in $(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $start}") s (pid $pyro)"
 
 # 2. The agent, first and alone.
-"$gpumem" agent --pyroscope-url "$url" --pyroscope-interval "$interval" 2> >(stamp >"$out/agent.stderr") &
+"$gpumem" agent --pyroscope-url "$url" --pyroscope-interval "$interval" --status-interval "$interval" 2> >(stamp >"$out/agent.stderr") &
 agent=$!
 record_json=$(mktemp /tmp/gpumem-record.XXXXXX.json)
 "$gpumem" record --format json -o "$record_json" --top 0 2>"$record_json.stderr" &

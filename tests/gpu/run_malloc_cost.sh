@@ -17,7 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 start_pyroscope $D $D/server.log || exit 1
 srv=$pyro
 cd "$here/../.."
-"$gpumem" agent --library build/sim/libcuda.so.1 --tensors=off --pyroscope-url http://127.0.0.1:4040 --pyroscope-interval 1s --control-socket "" 2>$D/agent.err &
+"$gpumem" agent --library build/sim/libcuda.so.1 --tensors=off --pyroscope-url http://127.0.0.1:4040 --pyroscope-interval 1s --status-interval 1s --control-socket "" 2>$D/agent.err &
 ag=$!
 until grep -q "exporting to" $D/agent.err; do sleep 0.1; done
 received() { # NAME KIND: the distributor's running sum (bytes or profiles)

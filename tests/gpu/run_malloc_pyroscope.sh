@@ -21,7 +21,7 @@ start_pyroscope $D/one $D/server.log || exit 1
 srv=$pyro
 cd "$here/../.."
 start=$(($(date +%s) * 1000 - 60000))
-"$gpumem" agent --library build/sim/libcuda.so.1 --tensors=off --pyroscope-url http://127.0.0.1:4040 --pyroscope-interval 1s --control-socket "" 2>$D/agent.err &
+"$gpumem" agent --library build/sim/libcuda.so.1 --tensors=off --pyroscope-url http://127.0.0.1:4040 --pyroscope-interval 1s --status-interval 1s --control-socket "" 2>$D/agent.err &
 ag=$!
 until grep -q "exporting to" $D/agent.err; do sleep 0.1; done
 SIMWORK_NOWAIT=1 build/sim/simwork demo > $D/demo.out &

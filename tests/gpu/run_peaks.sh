@@ -48,7 +48,7 @@ cleanup() {
 trap cleanup EXIT
 
 # 1. The agent first, and its gauges scraped.
-"$gpumem" agent --library "$lib" --pyroscope-interval "$interval" --metrics-address 127.0.0.1:0 2> >(stamp >"$out/agent.stderr") &
+"$gpumem" agent --library "$lib" --pyroscope-interval "$interval" --status-interval "$interval" --metrics-address 127.0.0.1:0 2> >(stamp >"$out/agent.stderr") &
 agent=$!
 until url=$(grep -o 'http://[^ ]*/metrics' "$out/agent.stderr" 2>/dev/null); do
 	kill -0 "$agent" 2>/dev/null || { echo "FAIL agent: ended at start"; cat "$out/agent.stderr"; exit 1; }

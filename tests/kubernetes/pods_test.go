@@ -153,7 +153,8 @@ type agentDriver struct {
 // startAgentFirst starts the agent, `launch("agent", "--library", COPY,
 // args...)`, as a DaemonSet starts it, before any GPU process, on a copy of
 // the simulated driver, and waits until it has logged intervals status
-// lines counting no process. With --tensors=false every status line before
+// lines counting no process, a status line every 200ms unless args say
+// otherwise. With --tensors=false every status line before
 // must count none; with the tensor view, a line may count another
 // package's process (the allocator probes attach to the shared simulated
 // allocator in any process that maps it) and is then not counted.
@@ -173,7 +174,7 @@ func startAgentFirst(t *testing.T, intervals int, launch func(args ...string) *p
 	}
 	d.env = []string{"LD_LIBRARY_PATH=" + dir}
 	d.pyEnv = []string{"SIMCUDA_LIB=" + d.path}
-	agent := launch(append([]string{"agent", "--library", d.path}, args...)...)
+	agent := launch(append([]string{"agent", "--library", d.path, "--status-interval", "200ms"}, args...)...)
 	agent.waitSaid(t, "attached to "+d.path)
 	tensors := !slices.Contains(args, "--tensors=false")
 	for idle := 0; idle < intervals; {
