@@ -67,8 +67,9 @@ func TestTensorViewByAnnotation(t *testing.T) {
 // another ask.
 func TestTensorBudgetByAnnotation(t *testing.T) {
 	// 200 tensors a second (simwork's tensor_steady) at 1 ms each: 20% of
-	// a thread, over the 2% budget.
-	tr := startTrainerAgent(t, "--tensor-pair-cost", "1ms")
+	// a thread, over the 2% budget, measured over windows of 200ms.
+	const window = 200 * time.Millisecond
+	tr := startTrainerAgent(t, "--tensor-pair-cost", "1ms", "--budget-window", window.String())
 	c, pod, agent, url := tr.cluster, tr.pod, tr.agent, tr.metrics
 	w, pid := tr.workload(t, "tensor_steady", "SIMWORK_RATE=200")
 	fmt.Fprintln(w.stdin)
@@ -83,9 +84,13 @@ func TestTensorBudgetByAnnotation(t *testing.T) {
 	if said := agent.saidTimes(over); !strings.Contains(said[0], "more than 2.0%; a budget of its own keeps it on") {
 		t.Errorf("said %q", said[0])
 	}
-	// Two budget windows (5 s each) later, the same ask has not switched
-	// it on again.
-	time.Sleep(11 * time.Second)
+	// The pods' asks are read at every scan: once a process started in the
+	// pod after the view ended has its view on, a scan has read the same
+	// ask of the ended view, which stays off.
+	_, late := tr.workload(t, "tensor_late")
+	metricstest.ScrapeUntil(t, url, hangLimit, func(m map[string]*dto.MetricFamily) bool {
+		return viewOn(m, late)
+	})
 	if n := len(agent.saidTimes(asked)); n != 1 {
 		t.Fatalf("the pod's view switched on %d times, want once", n)
 	}
@@ -93,17 +98,41 @@ func TestTensorBudgetByAnnotation(t *testing.T) {
 	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors-budget":"50%"}}}`)
 	agent.waitSaidTimes(t, asked, 2)
 	agent.waitSaidTimes(t, fmt.Sprintf("pid %d: tensor view on since", pid), 2)
-	time.Sleep(11 * time.Second)
+	// Kept on at 20% of 50%: the view counts the tensors of three windows
+	// more, its budget never exceeded again.
+	allocations := metrics.ViewNames(memory.ViewTensor).Allocations
+	base := pidCounter(metricstest.Scrape(t, url), allocations, pid)
+	families := metricstest.ScrapeUntil(t, url, hangLimit, func(m map[string]*dto.MetricFamily) bool {
+		return pidCounter(m, allocations, pid) >= base+3*window.Seconds()*200 || counter(m, metrics.TensorBudgetExceededName) != 1
+	})
+	if n := counter(families, metrics.TensorBudgetExceededName); n != 1 || !viewOn(families, pid) {
+		t.Errorf("%s %v, want 1; the view on: %v", metrics.TensorBudgetExceededName, n, viewOn(families, pid))
+	}
 	if n := len(agent.saidTimes(over)); n != 1 {
 		t.Errorf("the view was switched off by the budget %d times, want once: the pod's 50%% holds 20%%", n)
 	}
-	families := metricstest.ScrapeUntil(t, url, hangLimit, func(m map[string]*dto.MetricFamily) bool {
-		return len(m[metrics.TensorViewSinceName].GetMetric()) == 1
-	})
-	if n := counter(families, metrics.TensorBudgetExceededName); n != 1 {
-		t.Errorf("%s %v, want 1", metrics.TensorBudgetExceededName, n)
-	}
 	fmt.Fprintln(w.stdin)
+}
+
+// viewOn says whether pid's on-demand tensor view is on.
+func viewOn(m map[string]*dto.MetricFamily, pid int) bool {
+	for _, s := range m[metrics.TensorViewSinceName].GetMetric() {
+		if metricstest.Labels(s)["pid"] == strconv.Itoa(pid) {
+			return true
+		}
+	}
+	return false
+}
+
+// pidCounter is the counter name's sum over pid's series.
+func pidCounter(m map[string]*dto.MetricFamily, name string, pid int) float64 {
+	var sum float64
+	for _, s := range m[name].GetMetric() {
+		if metricstest.Labels(s)["pid"] == strconv.Itoa(pid) {
+			sum += s.GetCounter().GetValue()
+		}
+	}
+	return sum
 }
 
 // trainer is the trainer's pod in a cluster, with the agent started
