@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 )
 
 func TestParseMapsLine(t *testing.T) {
@@ -85,17 +87,16 @@ func TestScanWhileProcessesExit(t *testing.T) {
 	defer close(stop)
 	scanner := NewScanner("/proc", "")
 	scans := 0
-	for deadline := time.Now().Add(2 * time.Minute); spawned.Load() < 100 || scans < 2; scans++ {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d processes and %d scans", spawned.Load(), scans)
-		}
+	waitfor.Condition(t, "100 processes spawned during two scans", 2*time.Minute, func() bool {
 		if _, err := Scan("/proc", nil); err != nil {
 			t.Fatalf("scan %d: %v", scans, err)
 		}
 		if _, err := scanner.Scan(nil); err != nil {
 			t.Fatalf("scanner's scan %d: %v", scans, err)
 		}
-	}
+		scans++
+		return spawned.Load() >= 100 && scans >= 2
+	})
 	// A pid that does not exist is skipped, not an error.
 	if r, err := Scan("/proc", []int{os.Getpid(), 1 << 30}); err != nil || len(r.Libraries) != 0 || len(r.Python) != 0 {
 		t.Fatalf("%+v %v", r, err)

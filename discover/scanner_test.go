@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 )
 
 // fakeProcs is a /proc of processes written by the test, read by a Scanner
@@ -296,18 +298,13 @@ sys.stdin.readline()`
 	s := NewScanner("/proc", "")
 	scanUntil := func(what string, found func(Result) bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		waitfor.Value(t, what, 10*time.Second, func() Result {
 			r, err := s.Scan([]int{pid})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if found(r) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not found: %+v", what, r)
-			}
-		}
+			return r
+		}, found)
 	}
 	if r, err := s.Scan([]int{pid}); err != nil || len(r.Python) != 0 || len(r.Libraries) != 0 {
 		t.Fatalf("the shell: %+v %v", r, err)

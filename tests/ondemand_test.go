@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/pprof"
@@ -167,28 +168,23 @@ func checkTensorViewSaid(t *testing.T, s *session, r *snapshot.Snapshot, view sn
 	}
 	exp.Export(snap)
 	stamp := view.Since.UTC().Format(time.RFC3339)
-	for deadline := time.Now().Add(hangLimit); ; time.Sleep(20 * time.Millisecond) {
-		var tensorSeries, labelled int
+	type seen struct{ tensorSeries, labelled int }
+	got := waitfor.Value(t, "tensor series pushed to Pyroscope", hangLimit, func() (s seen) {
 		for _, push := range receiver.Received() {
 			for _, series := range push.Series {
 				l := pyroscopetest.Labels(series)
 				if l["kind"] == memory.KindTensor.String() && l["pid"] == strconv.Itoa(int(view.PID)) {
-					tensorSeries++
+					s.tensorSeries++
 					if l[pyroscope.LabelTensorViewSince] == stamp {
-						labelled++
+						s.labelled++
 					}
 				}
 			}
 		}
-		if tensorSeries > 0 {
-			if labelled != tensorSeries {
-				t.Errorf("Pyroscope: %d of %d tensor series say %s=%s", labelled, tensorSeries, pyroscope.LabelTensorViewSince, stamp)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Pyroscope: no tensor series pushed")
-		}
+		return s
+	}, func(s seen) bool { return s.tensorSeries > 0 })
+	if got.labelled != got.tensorSeries {
+		t.Errorf("Pyroscope: %d of %d tensor series say %s=%s", got.labelled, got.tensorSeries, pyroscope.LabelTensorViewSince, stamp)
 	}
 }
 

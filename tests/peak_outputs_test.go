@@ -18,6 +18,7 @@ import (
 	"github.com/google/pprof/profile"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pprof"
@@ -214,15 +215,8 @@ func (a agentPeaks) wait(wants ...peakWant) {
 		}
 	}
 	for _, w := range wants {
-		var got *peakSeen
-		for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if got = a.pushed(w); got.matches(w) {
-				break
-			}
-		}
-		if !got.matches(w) {
-			a.t.Errorf("pushes: %+v: last %s; want %d bytes by %v, %q holding none live", w.peakKey, got, w.bytes, w.by, w.spike)
-		}
+		waitfor.Value(a.t, fmt.Sprintf("push of %+v: %d bytes by %v, %q holding none live", w.peakKey, w.bytes, w.by, w.spike), hangLimit,
+			func() *peakSeen { return a.pushed(w) }, func(got *peakSeen) bool { return got.matches(w) })
 	}
 }
 

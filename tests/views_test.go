@@ -10,11 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/report"
@@ -217,26 +217,22 @@ func checkMetricsViews(t *testing.T, url string, pid int, want viewTotals) {
 func checkPyroscopeViews(t *testing.T, r *pyroscopetest.Receiver, pid int, want viewTotals) {
 	t.Helper()
 	const driver, tensor = "memory:inuse_space:bytes:space:bytes", "memory:tensor_inuse_space:bytes:space:bytes"
-	last := waitForPush(t, r, pid, func(totals map[string]int64) bool {
+	waitForPush(t, r, pid, fmt.Sprintf("push of %s %d and %s %d", driver, want.driver, tensor, want.tensor), func(totals map[string]int64) bool {
 		return totals[driver] == int64(want.driver) && totals[tensor] == int64(want.tensor)
 	})
-	if last[driver] != int64(want.driver) || last[tensor] != int64(want.tensor) {
-		t.Errorf("last push: %v; want %s %d and %s %d", last, driver, want.driver, tensor, want.tensor)
-	}
 	if refused := r.Refused(); len(refused) != 0 {
 		t.Errorf("refused: %v", refused)
 	}
 }
 
 // waitForPush waits until the totals of pid's series in the receiver's last
-// push are what exact says, or hangLimit, and returns the last totals read.
-func waitForPush(t *testing.T, r *pyroscopetest.Receiver, pid int, exact func(map[string]int64) bool) map[string]int64 {
+// push are what exact says (what: in words), or fails with the last totals.
+func waitForPush(t *testing.T, r *pyroscopetest.Receiver, pid int, what string, exact func(map[string]int64) bool) {
 	t.Helper()
-	var last map[string]int64
-	for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	waitfor.Value(t, what, hangLimit, func() map[string]int64 {
 		pushes := r.Received()
 		if len(pushes) == 0 {
-			continue
+			return nil
 		}
 		push := &pushv1.PushRequest{}
 		for _, s := range pushes[len(pushes)-1].Series {
@@ -248,9 +244,6 @@ func waitForPush(t *testing.T, r *pyroscopetest.Receiver, pid int, exact func(ma
 		if err != nil {
 			t.Fatal(err)
 		}
-		if last = totals; exact(totals) {
-			break
-		}
-	}
-	return last
+		return totals
+	}, exact)
 }

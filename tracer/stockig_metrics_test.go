@@ -28,6 +28,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 )
 
 // The data source of top_cuda_memory's counters and what the test's pod is.
@@ -358,21 +360,17 @@ func freeAddress(t *testing.T) string {
 func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
 	t.Helper()
 	var body []byte
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	waitfor.Value(t, "answer at "+addr, 10*time.Second, func() error {
 		resp, err := http.Get("http://" + addr + "/metrics")
-		if err == nil {
-			var buf bytes.Buffer
-			_, err = buf.ReadFrom(resp.Body)
-			resp.Body.Close()
-			body = buf.Bytes()
+		if err != nil {
+			return err
 		}
-		if err == nil || time.Now().After(deadline) {
-			if err != nil {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
+		defer resp.Body.Close()
+		var buf bytes.Buffer
+		_, err = buf.ReadFrom(resp.Body)
+		body = buf.Bytes()
+		return err
+	}, func(err error) bool { return err == nil })
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {

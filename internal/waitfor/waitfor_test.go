@@ -33,6 +33,26 @@ func TestConditionFails(t *testing.T) {
 	}
 }
 
+// TestValue: a value read until it is accepted is returned; one never
+// accepted fails the test with the last read.
+func TestValue(t *testing.T) {
+	reads := 0
+	if v := Value(t, "the third read", time.Minute, func() int { reads++; return reads }, func(v int) bool { return v == 3 }); v != 3 {
+		t.Errorf("returned %d, want 3", v)
+	}
+	var failed string
+	ft := &fatalRecorder{T: t, fatal: &failed}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Value(ft, "a negative", 3*Poll, func() int { reads++; return reads }, func(v int) bool { return v < 0 })
+	}()
+	<-done
+	if want := fmt.Sprintf("no a negative within 60ms: the last %d", reads); failed != want {
+		t.Errorf("failed with %q, want %q", failed, want)
+	}
+}
+
 // fatalRecorder records Fatalf's message and ends its goroutine, as
 // testing.T's Fatalf does.
 type fatalRecorder struct {

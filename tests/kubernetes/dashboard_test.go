@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
 )
 
@@ -294,14 +295,10 @@ func (pr *prometheus) samples(t *testing.T, sel string) []promSeries {
 // sample: Prometheus has scraped that state.
 func (pr *prometheus) waitLast(t *testing.T, sel string, last float64) {
 	t.Helper()
-	var got []promSeries
-	for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		got = pr.samples(t, sel)
-		if len(got) == 1 && len(got[0].Samples) > 0 && got[0].Samples[len(got[0].Samples)-1].V == last {
-			return
-		}
-	}
-	t.Fatalf("Prometheus did not scrape %s = %v: %+v", sel, last, got)
+	waitfor.Value(t, fmt.Sprintf("scrape by Prometheus of %s = %v", sel, last), hangLimit, func() []promSeries { return pr.samples(t, sel) },
+		func(got []promSeries) bool {
+			return len(got) == 1 && len(got[0].Samples) > 0 && got[0].Samples[len(got[0].Samples)-1].V == last
+		})
 }
 
 // waitGone waits until the series sel selects are stale while those kept
@@ -310,12 +307,10 @@ func (pr *prometheus) waitLast(t *testing.T, sel string, last float64) {
 // it so.
 func (pr *prometheus) waitGone(t *testing.T, sel, kept string) int64 {
 	t.Helper()
-	for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		now := time.Now().UnixMilli()
-		if len(pr.query(t, sel, now)) == 0 && len(pr.query(t, kept, now)) > 0 {
-			return now
-		}
-	}
-	t.Fatalf("%s still there (or %s gone) after %v", sel, kept, hangLimit)
-	return 0
+	var now int64
+	waitfor.Condition(t, fmt.Sprintf("%s gone with %s kept", sel, kept), hangLimit, func() bool {
+		now = time.Now().UnixMilli()
+		return len(pr.query(t, sel, now)) == 0 && len(pr.query(t, kept, now)) > 0
+	})
+	return now
 }

@@ -22,6 +22,7 @@ import (
 	querierv1 "github.com/grafana/pyroscope/api/gen/proto/go/querier/v1"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
 )
 
@@ -82,17 +83,10 @@ func TestGuideFlameGraph(t *testing.T) {
 		want map[string]int64
 	}{{"All", all, twice}, {"pod " + pods["server"], onePod, demoAllocated}} {
 		selector := grafana(flameGraphSelector, q.vars)
-		var got map[string]int64
 		// Until the server has every interval the agent pushed.
-		for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(time.Second) {
-			if got = allocatedBy(t, server, selector, begin, demoAllocated); maps.Equal(got, q.want) {
-				break
-			}
-		}
-		if !maps.Equal(got, q.want) {
-			t.Errorf("%s (%s): %v, want %v", q.what, selector, got, q.want)
-			continue
-		}
+		got := waitfor.Value(t, fmt.Sprintf("%s (%s): %v", q.what, selector, q.want), hangLimit,
+			func() map[string]int64 { return allocatedBy(t, server, selector, begin, demoAllocated) },
+			func(got map[string]int64) bool { return maps.Equal(got, q.want) })
 		t.Logf("PASS %s %s: %v", q.what, selector, got)
 	}
 	agent.stop(t)

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
@@ -206,18 +207,18 @@ func (p *process) saidValue(t *testing.T, prefix string) string {
 // latest one.
 func waitSeries(t *testing.T, r *pyroscopetest.Receiver, ok func(*pushv1.RawProfileSeries) bool, what string) *pushv1.RawProfileSeries {
 	t.Helper()
-	for deadline := time.Now().Add(hangLimit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	var found *pushv1.RawProfileSeries
+	waitfor.Condition(t, what, hangLimit, func() bool {
 		pushes := r.Received()
 		for i := len(pushes) - 1; i >= 0; i-- {
-			for _, s := range pushes[i].Series {
-				if ok(s) {
-					return s
-				}
+			if j := slices.IndexFunc(pushes[i].Series, ok); j >= 0 {
+				found = pushes[i].Series[j]
+				return true
 			}
 		}
-	}
-	t.Fatalf("no %s within %v", what, hangLimit)
-	return nil
+		return false
+	})
+	return found
 }
 
 func liveSeries(t *testing.T, url string) []*dto.Metric {

@@ -14,6 +14,7 @@ import (
 	"github.com/google/pprof/profile"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
@@ -213,17 +214,11 @@ func startAs(t *testing.T, sc podsecurity.Context, args ...string) *process {
 // wants, in any order.
 func (p *process) waitSaid(t *testing.T, wants ...string) {
 	t.Helper()
-	for deadline := time.Now().Add(hangLimit); ; time.Sleep(20 * time.Millisecond) {
-		missing := slices.DeleteFunc(slices.Clone(wants), func(want string) bool {
+	waitfor.Value(t, fmt.Sprintf("line saying each of %q", wants), hangLimit, func() []string {
+		return slices.DeleteFunc(slices.Clone(wants), func(want string) bool {
 			return slices.ContainsFunc(p.said(), func(line string) bool { return strings.Contains(line, want) })
 		})
-		if len(missing) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("did not say %q", missing)
-		}
-	}
+	}, func(missing []string) bool { return len(missing) == 0 })
 }
 
 // saidTimes is every line so far that contains want.
@@ -234,11 +229,8 @@ func (p *process) saidTimes(want string) []string {
 // waitSaidTimes waits until the process has said n lines containing want.
 func (p *process) waitSaidTimes(t *testing.T, want string, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(hangLimit); len(p.saidTimes(want)) < n; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("said %q %d times, want %d", want, len(p.saidTimes(want)), n)
-		}
-	}
+	waitfor.Value(t, fmt.Sprintf("%d lines saying %q", n, want), hangLimit, func() int { return len(p.saidTimes(want)) },
+		func(said int) bool { return said >= n })
 }
 
 // stop interrupts the process and waits for it and its last lines.
