@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/control/controltest"
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
@@ -69,7 +70,8 @@ func TestTensorViewOnDemand(t *testing.T) {
 	if err := s.p.SetTensors(on.pid, snapshot.TensorAsk{By: snapshot.ByControl}); err != nil {
 		t.Fatal(err)
 	}
-	s.waitLog(fmt.Sprintf("pid %d: tensor view on since", on.pid))
+	profilerViews := func() ([]snapshot.TensorView, error) { return s.p.TensorViews(), nil }
+	controltest.WaitView(t, profilerViews, on.pid, "tensor view on", hangLimit, func(v snapshot.TensorView) bool { return !v.Since.IsZero() })
 	runs := func() uint64 {
 		n, _, err := s.p.TensorProbeStats()
 		if err != nil {
@@ -256,7 +258,8 @@ func TestTensorsCommand(t *testing.T) {
 	if out, err := tensors("on", strconv.Itoa(w.pid), "--for", "1h", "--budget", "25%"); err != nil {
 		t.Fatalf("on: %v %s", err, out)
 	}
-	agent.waitStderr(fmt.Sprintf("pid %d: tensor view on since", w.pid))
+	views := controltest.Agent(socket)
+	controltest.WaitView(t, views, w.pid, "tensor view on", hangLimit, func(v snapshot.TensorView) bool { return !v.Since.IsZero() })
 	out, err := tensors("list")
 	if err != nil || !strings.Contains(out, fmt.Sprintf("%d  control  25%%", w.pid)) {
 		t.Errorf("list: %v\n%s", err, out)
@@ -278,7 +281,9 @@ func TestTensorsCommand(t *testing.T) {
 	if out, err := tensors("off", strconv.Itoa(w.pid)); err != nil {
 		t.Fatalf("off: %v %s", err, out)
 	}
-	agent.waitStderr(fmt.Sprintf("pid %d: tensor view off: switched off", w.pid))
+	controltest.WaitView(t, views, w.pid, "tensor view switched off", hangLimit, func(v snapshot.TensorView) bool {
+		return !v.Ended.IsZero() && v.Why == "switched off"
+	})
 	if out, err := tensors("off", strconv.Itoa(w.pid)); err == nil || !strings.Contains(out, "no tensor view on") {
 		t.Errorf("off twice: %v %s", err, out)
 	}

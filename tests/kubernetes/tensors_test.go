@@ -14,9 +14,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpu-mem/gpu-mem/control/controltest"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
 )
 
@@ -26,14 +28,16 @@ import (
 // the annotation goes, through a real API server's watch.
 func TestTensorViewByAnnotation(t *testing.T) {
 	tr := startTrainerAgent(t, "--pyroscope-interval", "200ms")
-	c, pod, agent, url := tr.cluster, tr.pod, tr.agent, tr.metrics
+	c, pod, url := tr.cluster, tr.pod, tr.metrics
 	w, pid := tr.workload(t, "tensor_late")
 	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors":"true"}}}`)
 	fmt.Fprintln(w.stdin)
 	if !w.out.Scan() || w.out.Text() != "early" {
 		t.Fatal("workload did not make its early tensors")
 	}
-	agent.waitSaid(t, fmt.Sprintf("pid %d: tensor view asked by its pod", pid), fmt.Sprintf("pid %d: tensor view on since", pid))
+	controltest.WaitView(t, tr.views, pid, "tensor view on, asked by the pod", hangLimit, func(v snapshot.TensorView) bool {
+		return v.By == snapshot.ByAnnotation && !v.Since.IsZero() && v.Ended.IsZero()
+	})
 	fmt.Fprintln(w.stdin)
 	if !w.out.Scan() || w.out.Text() != "done" {
 		t.Fatal("workload did not make its late tensors")
@@ -50,9 +54,12 @@ func TestTensorViewByAnnotation(t *testing.T) {
 	}
 
 	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors":null}}}`)
-	agent.waitSaid(t, fmt.Sprintf("pid %d: tensor view off: the pod's annotation is gone", pid))
+	controltest.WaitView(t, tr.views, pid, "tensor view ended as the annotation went", hangLimit, func(v snapshot.TensorView) bool {
+		return !v.Ended.IsZero() && v.Why == "the pod's annotation is gone"
+	})
+	// The view ends before its books close: their release is waited for.
 	families = metricstest.ScrapeUntil(t, url, hangLimit, func(m map[string]*dto.MetricFamily) bool {
-		return len(m[metrics.TensorViewSinceName].GetMetric()) == 0
+		return len(m[metrics.TensorViewSinceName].GetMetric()) == 0 && tensorLive(m, pid) == 0
 	})
 	if live := tensorLive(families, pid); live != 0 {
 		t.Errorf("switched off, the tensor view still holds %v bytes", live)
@@ -73,31 +80,39 @@ func TestTensorBudgetByAnnotation(t *testing.T) {
 	c, pod, agent, url := tr.cluster, tr.pod, tr.agent, tr.metrics
 	w, pid := tr.workload(t, "tensor_steady", "SIMWORK_RATE=200")
 	fmt.Fprintln(w.stdin)
-	asked := fmt.Sprintf("pid %d: tensor view asked by its pod", pid)
 	over := fmt.Sprintf("pid %d: tensor view off: over budget: ", pid)
 
 	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors":"true","gpu-mem.io/tensors-until":"tomorrow"}}}`)
 	agent.waitSaid(t, fmt.Sprintf("pid %d: tensor view not switched on: its pod's annotations: gpu-mem.io/tensors-until: "+
 		`want an RFC 3339 time (2026-12-02T10:00:00Z), got "tomorrow"`, pid))
 	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors-until":null}}}`)
-	agent.waitSaid(t, asked, over)
-	if said := agent.saidTimes(over); !strings.Contains(said[0], "more than 2.0%; a budget of its own keeps it on") {
-		t.Errorf("said %q", said[0])
+	ended := controltest.WaitView(t, tr.views, pid, "tensor view ended over budget", hangLimit, func(v snapshot.TensorView) bool {
+		return v.OverBudget && !v.Ended.IsZero()
+	})
+	agent.waitSaid(t, over) // said as it ended: the words are what is checked here
+	if said := agent.saidTimes(over); len(said) != 1 || !strings.Contains(said[0], "more than 2.0%; a budget of its own keeps it on") {
+		t.Errorf("said %q", said)
 	}
 	// The pods' asks are read at every scan: once a process started in the
-	// pod after the view ended has its view on, a scan has read the same
-	// ask of the ended view, which stays off.
-	_, late := tr.workload(t, "tensor_late")
-	metricstest.ScrapeUntil(t, url, hangLimit, func(m map[string]*dto.MetricFamily) bool {
-		return viewOn(m, late)
+	// pod after the view ended has its view on (asked once it calls the
+	// driver), a scan has read the same ask of the ended view, which stays
+	// off.
+	lw, late := tr.workload(t, "tensor_late")
+	fmt.Fprintln(lw.stdin)
+	if !lw.out.Scan() || lw.out.Text() != "early" {
+		t.Fatal("the later workload did not make its early tensors")
+	}
+	controltest.WaitView(t, tr.views, late, "tensor view of a process started later", hangLimit, func(v snapshot.TensorView) bool {
+		return !v.Since.IsZero()
 	})
-	if n := len(agent.saidTimes(asked)); n != 1 {
-		t.Fatalf("the pod's view switched on %d times, want once", n)
+	if v := controltest.WaitView(t, tr.views, pid, "the ended view", hangLimit, func(snapshot.TensorView) bool { return true }); v != ended {
+		t.Fatalf("the pod's view %+v, want it kept as it ended: %+v", v, ended)
 	}
 
 	annotate(t, c, pod.Name, `{"metadata":{"annotations":{"gpu-mem.io/tensors-budget":"50%"}}}`)
-	agent.waitSaidTimes(t, asked, 2)
-	agent.waitSaidTimes(t, fmt.Sprintf("pid %d: tensor view on since", pid), 2)
+	controltest.WaitView(t, tr.views, pid, "tensor view on again at the pod's 50%", hangLimit, func(v snapshot.TensorView) bool {
+		return v.Asked.After(ended.Asked) && v.Budget == 0.5 && !v.Since.IsZero() && v.Ended.IsZero()
+	})
 	// Kept on at 20% of 50%: the view counts the tensors of three windows
 	// more, its budget never exceeded again.
 	allocations := metrics.ViewNames(memory.ViewTensor).Allocations
@@ -143,16 +158,19 @@ type trainer struct {
 	agent   *process
 	driver  agentDriver
 	metrics string // the agent's metrics' URL
+	views   controltest.Views
 }
 
 func startTrainerAgent(t *testing.T, args ...string) *trainer {
 	t.Helper()
 	tr := &trainer{cluster: startCluster(t)}
 	tr.pod = trainerPod(t, tr.cluster)
+	socket := filepath.Join(t.TempDir(), "control.sock")
+	tr.views = controltest.Agent(socket)
 	tr.agent, tr.driver = startAgentFirst(t, 2, func(args ...string) *process {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, append([]string{"--kubeconfig", tr.cluster.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
-		"--control-socket", filepath.Join(t.TempDir(), "control.sock")}, args...)...)
+		"--control-socket", socket}, args...)...)
 	tr.metrics = tr.agent.saidValue(t, "serving metrics at ")
 	return tr
 }
