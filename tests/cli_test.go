@@ -14,10 +14,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/pprof/profile"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
 
@@ -82,17 +82,8 @@ func (c *cli) waitStderrValue(prefix string) string {
 // line) and returns it.
 func (c *cli) waitStdout(pattern string) string {
 	c.t.Helper()
-	deadline := time.Now().Add(hangLimit)
-	for {
-		out := c.stdout.String()
-		if matchLine(out, pattern) {
-			return out
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("no output matching %q within %v:\n%s", pattern, hangLimit, out)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return waitfor.Value(c.t, fmt.Sprintf("output matching %q", pattern), hangLimit, c.stdout.String,
+		func(out string) bool { return matchLine(out, pattern) })
 }
 
 // syncBuffer is a bytes.Buffer that a command writes while a test reads it.

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -434,18 +435,11 @@ func TestKilledInsideTheDriverLeavesNoBooks(t *testing.T) {
 // waitInFlight waits until the tracer counts want calls in flight.
 func waitInFlight(t *testing.T, tr *tracer.Tracer, want int) {
 	t.Helper()
-	deadline := time.Now().Add(hangLimit)
-	for {
+	waitfor.Value(t, fmt.Sprintf("%d calls in flight", want), hangLimit, func() int {
 		n, err := tr.InFlight()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls in flight, want %d", n, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return n
+	}, func(n int) bool { return n == want })
 }

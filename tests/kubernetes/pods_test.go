@@ -305,16 +305,8 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 
 func waitLabels(t *testing.T, url string, ok func(map[string]string) bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(hangLimit)
-	var last []*dto.Metric
-	for time.Now().Before(deadline) {
-		last = liveSeries(t, url)
-		if len(last) == 1 && ok(metricstest.Labels(last[0])) {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("no metric with %s: %v", what, last)
+	waitfor.Value(t, "metric with "+what, hangLimit, func() []*dto.Metric { return liveSeries(t, url) },
+		func(series []*dto.Metric) bool { return len(series) == 1 && ok(metricstest.Labels(series[0])) })
 }
 
 // TestChartServerSideDryRun: every object the chart renders, with every

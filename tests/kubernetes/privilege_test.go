@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -9,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/pprof/profile"
 	dto "github.com/prometheus/client_model/go"
@@ -108,13 +108,8 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 	}
 	wantFunctions := map[string]int64{"load_weights": int64(expect["tensor_load_weights"]), "kv_cache": int64(expect["tensor_kv_cache"]),
 		"activations": int64(expect["tensor_activations"])}
-	deadline := time.Now().Add(hangLimit)
-	for got := byFunction(); fmt.Sprint(got) != fmt.Sprint(wantFunctions); got = byFunction() {
-		if time.Now().After(deadline) {
-			t.Fatalf("tensors pushed by Python function %v, want %v", got, wantFunctions)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Value(t, fmt.Sprintf("tensors pushed by Python function %v", wantFunctions), hangLimit, byFunction,
+		func(got map[string]int64) bool { return maps.Equal(got, wantFunctions) })
 	for _, err := range receiver.Refused() {
 		t.Errorf("receiver refused: %v", err)
 	}
