@@ -25,7 +25,7 @@ func agentFootprint() string {
 		seconds, stacks = 1, []int{1000}
 	}
 	var b strings.Builder
-	b.WriteString("`gpumem agent --pyroscope-interval 1s` (no server: status lines only, unless pushed) while a workload runs, from\n")
+	b.WriteString("`gpumem agent --pyroscope-interval 1s --status-interval 1s` (no server: status lines only, unless pushed) while a workload runs, from\n")
 	b.WriteString("the agent image's build (`bin/gpumem-lean`: `-tags lean`, static);\n")
 	b.WriteString("CPU is the agent's user+system time over the wall time, peak RSS its VmHWM.\n\n")
 	b.WriteString("| workload | agent CPU | agent peak RSS |\n| --- | ---: | ---: |\n")
@@ -85,7 +85,7 @@ func startAgent(args ...string) *exec.Cmd {
 // underAgent runs work with an agent tracing it, and returns the agent's
 // CPU percentage over the run and its peak RSS in MiB.
 func underAgent(work func(), args ...string) (float64, float64) {
-	agent := startAgent(append([]string{"--pyroscope-interval", "1s"}, args...)...)
+	agent := startAgent(append([]string{"--pyroscope-interval", "1s", "--status-interval", "1s"}, args...)...)
 	cpu0 := cpuTicks(agent.Process.Pid)
 	start := time.Now()
 	work()
