@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/nvmlparts"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -29,7 +30,7 @@ type books struct {
 	// device series exist from then on, at zero before its first
 	// allocation, so that a rate or increase of its counters counts that
 	// allocation too.
-	contexts        map[processDevice]bool
+	contexts        map[nvmlparts.ProcessDevice]bool
 	python          snapshot.PythonStats // but Processes, which the process table counts
 	nativeTruncated uint64               // allocations whose native stack was cut at the depth limit
 	// Out of memory (oom.go): snapshots taken, not yet delivered; the
@@ -47,7 +48,7 @@ type books struct {
 
 func newBooks() *books {
 	return &books{ledger: accounting.New(), lastOOM: map[uint32]oomMark{}, exitedAt: map[uint32]uint64{},
-		tensorAllocations: map[uint32]uint64{}, driverAllocations: map[uint32]uint64{}, contexts: map[processDevice]bool{}}
+		tensorAllocations: map[uint32]uint64{}, driverAllocations: map[uint32]uint64{}, contexts: map[nvmlparts.ProcessDevice]bool{}}
 }
 
 // account enters one event, its stack interned as id; python says its
@@ -69,7 +70,7 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	case ev.Op.MakesContext():
 		// Its size is NVML's, beside the ledger (gpumemory.go); its
 		// process's device series start here.
-		b.contexts[processDevice{ev.PID, ev.Device}] = true
+		b.contexts[nvmlparts.ProcessDevice{PID: ev.PID, Device: ev.Device}] = true
 	case ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
 		// sized by NVML, beside the ledger (gpumemory.go)
 	case ev.Op.IsFree():
@@ -153,8 +154,8 @@ func (b *books) livePIDs() []uint32 {
 	defer b.mu.Unlock()
 	pids := b.ledger.LivePIDs()
 	for pd := range b.contexts {
-		if _, exited := b.exitedAt[pd.pid]; !exited && !slices.Contains(pids, pd.pid) {
-			pids = append(pids, pd.pid)
+		if _, exited := b.exitedAt[pd.PID]; !exited && !slices.Contains(pids, pd.PID) {
+			pids = append(pids, pd.PID)
 		}
 	}
 	return pids
@@ -183,7 +184,7 @@ func (b *books) pids() map[uint32]bool {
 	pids := b.ledger.PIDs()
 	addKeys(pids, b.exitedAt)
 	for pd := range b.contexts {
-		pids[pd.pid] = true
+		pids[pd.PID] = true
 	}
 	return pids
 }
@@ -238,22 +239,16 @@ func (b *books) copyTo(s *snapshot.Snapshot, procs map[uint32]*process, keep fun
 	return peaks, nil
 }
 
-// processDevice is a process's memory on one CUDA ordinal.
-type processDevice struct {
-	pid    uint32
-	device int32
-}
-
 // liveOnDevices sums the driver view's live bytes on GPUs per process and
 // device (memory.DeviceUnknown where the context was not seen created):
 // what NVML's per-process numbers hold of the traced memory.
-func (b *books) liveOnDevices() map[processDevice]uint64 {
+func (b *books) liveOnDevices() map[nvmlparts.ProcessDevice]uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	live := map[processDevice]uint64{}
+	live := map[nvmlparts.ProcessDevice]uint64{}
 	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 		if k.Kind.View() == memory.ViewDriver && k.Kind.OnDevice() && k.Device != memory.DeviceHost {
-			live[processDevice{k.PID, k.Device}] += c.LiveBytes()
+			live[nvmlparts.ProcessDevice{PID: k.PID, Device: k.Device}] += c.LiveBytes()
 		}
 	})
 	return live
@@ -272,7 +267,7 @@ func (b *books) sum(keep func(accounting.Key) bool) snapshot.Totals {
 		}
 	})
 	for pd := range b.contexts {
-		if k := (accounting.Key{PID: pd.pid, Kind: memory.KindDevice, Device: pd.device}); keep(k) {
+		if k := (accounting.Key{PID: pd.PID, Kind: memory.KindDevice, Device: pd.Device}); keep(k) {
 			series.add(k, accounting.Counters{}) // at zero until its first allocation
 		}
 	}
@@ -357,7 +352,7 @@ func (b *books) dropExited(candidates, keep []uint32) []uint32 {
 		dropped = append(dropped, pid)
 	}
 	for pd := range b.contexts {
-		if drop[pd.pid] {
+		if drop[pd.PID] {
 			delete(b.contexts, pd)
 		}
 	}

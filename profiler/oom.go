@@ -63,9 +63,7 @@ func (p *Profiler) deliverOOMs() {
 	}
 	p.stacks.resolving.await()
 	p.gpus.await() // NVML read after the failure
-	p.gpus.mu.Lock()
-	view := p.gpus.view
-	p.gpus.mu.Unlock()
+	view := p.gpus.latestView()
 	ooms := make([]snapshot.OOM, 0, len(pending))
 	for _, s := range pending {
 		o := p.oom(s)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/nvmlparts"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -52,7 +53,7 @@ func (p *Profiler) peak(proc *process, pk accounting.Peak, withRows bool) snapsh
 // driver internals, a stack out of the store's range, the frame that says
 // what they are.
 func (p *Profiler) rowFrames(k accounting.Key) []*symbolize.Frame {
-	if k.Stack == stackDriverInternal {
+	if k.Stack == nvmlparts.StackDriverInternal {
 		return []*symbolize.Frame{frameDriverInternal}
 	}
 	return p.stacks.stackFrames(k.Stack)

@@ -346,6 +346,15 @@ func (t *processTable) addPython(pid int) bool {
 	return true
 }
 
+// readComm is a process's name, from /proc; empty once it is gone.
+func readComm(procRoot string, pid uint32) string {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(pid)), "comm"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(string(data), "\n")
+}
+
 // gone says whether process pid is known not to exist.
 func gone(procRoot string, pid int) bool {
 	_, err := os.Stat(filepath.Join(procRoot, strconv.Itoa(pid)))
