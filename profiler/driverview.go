@@ -5,22 +5,23 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
 // driverSwitch measures each process's driver view against its budget
 // and keeps the views it switched off.
 type driverSwitch struct {
-	mu      sync.Mutex
-	budget  Budget
-	windows map[uint32]*rateWindow
-	off     map[uint32]snapshot.DriverViewOff
+	mu     sync.Mutex
+	budget budget.Budget
+	rates  budget.Rates
+	off    map[uint32]snapshot.DriverViewOff
 	// exceeded counts the views switched off, dropped ones included.
 	exceeded uint64
 }
 
-func newDriverSwitch(b Budget) *driverSwitch {
-	return &driverSwitch{budget: b, windows: map[uint32]*rateWindow{}, off: map[uint32]snapshot.DriverViewOff{}}
+func newDriverSwitch(b budget.Budget) *driverSwitch {
+	return &driverSwitch{budget: b, rates: budget.Rates{}, off: map[uint32]snapshot.DriverViewOff{}}
 }
 
 // updateDriverViews is the scan's part for the driver view's budget: a
@@ -31,7 +32,7 @@ func (p *Profiler) updateDriverViews(now time.Time) {
 		return
 	}
 	for _, over := range p.driver.overBudget(now, p.books.driverAllocs()) {
-		p.switchDriverOff(over.pid, over.why)
+		p.switchDriverOff(over.PID, over.Why)
 	}
 }
 
@@ -55,29 +56,16 @@ func (p *Profiler) switchDriverOff(pid uint32, why string) {
 // overBudget returns the processes whose driver allocations over the last
 // window cost more than the budget; allocs are each process's driver
 // allocations so far. Processes no longer counted are forgotten.
-func (s *driverSwitch) overBudget(now time.Time, allocs map[uint32]uint64) []endingView {
+func (s *driverSwitch) overBudget(now time.Time, allocs map[uint32]uint64) []budget.Over {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var over []endingView
+	on := make(map[uint32]uint64, len(allocs))
 	for pid, n := range allocs {
-		if _, off := s.off[pid]; off {
-			continue
-		}
-		w := s.windows[pid]
-		if w == nil {
-			w = &rateWindow{}
-			s.windows[pid] = w
-		}
-		if why, ok := w.check(s.budget, now, n, "driver allocation"); ok {
-			over = append(over, endingView{pid, why})
+		if _, off := s.off[pid]; !off {
+			on[pid] = n
 		}
 	}
-	for pid := range s.windows {
-		if _, ok := allocs[pid]; !ok {
-			delete(s.windows, pid)
-		}
-	}
-	return over
+	return s.rates.Over(now, on, func(uint32) budget.Budget { return s.budget }, "driver allocation")
 }
 
 func (s *driverSwitch) switchedOff(pid uint32, why string, at time.Time) {
@@ -85,7 +73,7 @@ func (s *driverSwitch) switchedOff(pid uint32, why string, at time.Time) {
 	defer s.mu.Unlock()
 	s.off[pid] = snapshot.DriverViewOff{PID: pid, Ended: at, Why: why}
 	s.exceeded++
-	delete(s.windows, pid)
+	delete(s.rates, pid)
 }
 
 // forget drops the views of processes dropped from the books.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -18,8 +19,8 @@ import (
 // tensor view goes on, and another process is left alone.
 func TestDriverBudgetSwitchesTheViewOff(t *testing.T) {
 	src := newScript()
-	self, parent := os.Getpid(), os.Getppid()                                          // processes that live: not released as vanished
-	budget := Budget{Share: 0.02, PairCost: time.Millisecond, Window: 5 * time.Second} // 100 allocations a window
+	self, parent := os.Getpid(), os.Getppid()                                                 // processes that live: not released as vanished
+	budget := budget.Budget{Share: 0.02, PairCost: time.Millisecond, Window: 5 * time.Second} // 100 allocations a window
 	scanned := make(chan struct{})
 	logf := func(format string, args ...any) {
 		t.Logf(format, args...)

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
@@ -39,11 +40,11 @@ type Config struct {
 	// TensorPIDs have their tensor view on from the start (TensorsOnDemand).
 	TensorPIDs []int
 	// TensorBudget bounds an on-demand tensor view's cost.
-	TensorBudget Budget
+	TensorBudget budget.Budget
 	// DriverBudget bounds a process's driver view's cost: where every
 	// tensor reaches the driver (PyTorch without its cache, JAX's platform
 	// allocator), a process over it has its driver view switched off.
-	DriverBudget Budget
+	DriverBudget budget.Budget
 	// TensorNativeStacks walks the whole native stack of every tensor, where
 	// by default a tensor with Python frames keeps the allocator's frame.
 	TensorNativeStacks bool

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -43,24 +44,23 @@ type TensorPolicy interface {
 type tensorSwitch struct {
 	mu       sync.Mutex
 	views    map[uint32]*tensorView // on, waiting for their allocator, or ended (kept for the outputs)
-	budget   Budget
-	exceeded uint64            // views ended by the budget
-	unread   map[uint32]string // processes whose pods ask in words that cannot be read, and why
+	budget   budget.Budget          // the share of a view asked without one
+	rates    budget.Rates           // of the views on
+	exceeded uint64                 // views ended by the budget
+	unread   map[uint32]string      // processes whose pods ask in words that cannot be read, and why
 }
 
 type tensorView struct {
 	snapshot.TensorView
 	links    []io.Closer     // the allocators' probes
 	attached map[string]bool // library IDs
-	budget   Budget          // the switch's, with the view's own share
-	window   rateWindow      // the budget's
 }
 
 // maxEndedViews bounds the ended views kept for the outputs.
 const maxEndedViews = 256
 
-func newTensorSwitch(b Budget) *tensorSwitch {
-	return &tensorSwitch{views: map[uint32]*tensorView{}, budget: b}
+func newTensorSwitch(b budget.Budget) *tensorSwitch {
+	return &tensorSwitch{views: map[uint32]*tensorView{}, budget: b, rates: budget.Rates{}}
 }
 
 // ErrTensorsOff is returned by SetTensors when the profiler was configured
@@ -92,17 +92,15 @@ func (p *Profiler) SetTensors(pid int, ask snapshot.TensorAsk) error {
 func (s *tensorSwitch) set(pid uint32, ask snapshot.TensorAsk, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	budget := s.budget
-	budget.Share = s.share(ask)
 	if v := s.views[pid]; v != nil && v.Ended.IsZero() {
-		v.Until, v.budget, v.Budget = ask.Until, budget, budget.Share
+		v.Until, v.Budget = ask.Until, s.share(ask)
 		return
 	}
 	s.views[pid] = &tensorView{
-		TensorView: snapshot.TensorView{PID: pid, By: ask.By, Asked: now, Until: ask.Until, Budget: budget.Share},
+		TensorView: snapshot.TensorView{PID: pid, By: ask.By, Asked: now, Until: ask.Until, Budget: s.share(ask)},
 		attached:   map[string]bool{},
-		budget:     budget,
 	}
+	delete(s.rates, pid) // an ended view's window: the new one's begins
 	s.trimEnded()
 }
 
@@ -175,7 +173,7 @@ func (p *Profiler) updateTensors(now time.Time) {
 		p.attachTensors(pid)
 	}
 	for _, over := range p.tensors.overBudget(now, p.books.tensorAllocs()) {
-		p.endTensors(over.pid, over.why, true)
+		p.endTensors(over.PID, over.Why, true)
 	}
 }
 
@@ -398,21 +396,23 @@ func (s *tensorSwitch) end(pid uint32, why string, overBudget bool) ([]io.Closer
 }
 
 // overBudget returns the views whose allocations over the last window cost
-// more than the budget; allocs are each process's tensor allocations so
-// far.
-func (s *tensorSwitch) overBudget(now time.Time, allocs map[uint32]uint64) []endingView {
+// more than their budget (the switch's, with the view's share); allocs are
+// each process's tensor allocations so far. A view is measured from its
+// probes' attach until it ends.
+func (s *tensorSwitch) overBudget(now time.Time, allocs map[uint32]uint64) []budget.Over {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var over []endingView
+	on := map[uint32]uint64{}
 	for pid, v := range s.views {
-		if !v.Ended.IsZero() || v.Since.IsZero() {
-			continue
-		}
-		if why, ok := v.window.check(v.budget, now, allocs[pid], "tensor"); ok {
-			over = append(over, endingView{pid, why})
+		if v.Ended.IsZero() && !v.Since.IsZero() {
+			on[pid] = allocs[pid]
 		}
 	}
-	return over
+	return s.rates.Over(now, on, func(pid uint32) budget.Budget {
+		b := s.budget
+		b.Share = s.views[pid].Budget
+		return b
+	}, "tensor")
 }
 
 // closeTensors detaches every on-demand view's probes (Run's end).

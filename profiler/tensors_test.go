@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -13,7 +14,7 @@ import (
 // budget's share stays on; one tensor more a window switches it off, said
 // with the numbers.
 func TestTensorBudgetTripsAtItsRate(t *testing.T) {
-	s := newTensorSwitch(Budget{Share: 0.02, PairCost: 2 * time.Microsecond, Window: 5 * time.Second})
+	s := newTensorSwitch(budget.Budget{Share: 0.02, PairCost: 2 * time.Microsecond, Window: 5 * time.Second})
 	t0 := time.Unix(1000, 0)
 	s.set(7, snapshot.TensorAsk{By: snapshot.ByFlag}, t0)
 	s.views[7].Since = t0
@@ -30,7 +31,7 @@ func TestTensorBudgetTripsAtItsRate(t *testing.T) {
 	}
 	over := s.overBudget(t0.Add(10*time.Second), map[uint32]uint64{7: 100 + 100_001})
 	want := "over budget: 10000 tensors a second at 2µs a tensor cost 2.0% of a thread, more than 2.0%"
-	if len(over) != 1 || over[0].pid != 7 || over[0].why != want {
+	if len(over) != 1 || over[0].PID != 7 || over[0].Why != want {
 		t.Fatalf("one tensor over: %+v, want pid 7: %q", over, want)
 	}
 }
@@ -40,7 +41,7 @@ func TestTensorBudgetTripsAtItsRate(t *testing.T) {
 // rate that ends the others, no budget (0) never ends it; asked again, a
 // view on takes the new budget.
 func TestTensorViewsOwnBudget(t *testing.T) {
-	s := newTensorSwitch(Budget{Share: 0.02, PairCost: 2 * time.Microsecond, Window: 5 * time.Second})
+	s := newTensorSwitch(budget.Budget{Share: 0.02, PairCost: 2 * time.Microsecond, Window: 5 * time.Second})
 	t0 := time.Unix(1000, 0)
 	half, none := 0.5, 0.0
 	for pid, budget := range map[uint32]*float64{7: &half, 8: nil, 9: &none, 10: nil} {
@@ -61,8 +62,8 @@ func TestTensorViewsOwnBudget(t *testing.T) {
 	if len(over) != 2 {
 		t.Fatalf("over budget: %+v, want pids 7 and 8", over)
 	}
-	slices.SortFunc(over, func(a, b endingView) int { return int(a.pid) - int(b.pid) })
-	if over[0].pid != 7 || !strings.HasSuffix(over[0].why, "more than 50.0%") || over[1].pid != 8 || over[1].why != want {
+	slices.SortFunc(over, func(a, b budget.Over) int { return int(a.PID) - int(b.PID) })
+	if over[0].PID != 7 || !strings.HasSuffix(over[0].Why, "more than 50.0%") || over[1].PID != 8 || over[1].Why != want {
 		t.Errorf("over budget: %+v; want pid 7 over its 50%%, pid 8 %q", over, want)
 	}
 }
@@ -71,7 +72,7 @@ func TestTensorViewsOwnBudget(t *testing.T) {
 // stays off while the pod asks the same, and is switched on again when
 // the pod asks otherwise; a view on takes a pod's new end or budget.
 func TestPodAskAfterTheBudget(t *testing.T) {
-	s := newTensorSwitch(Budget{Share: 0.02, PairCost: 2 * time.Microsecond})
+	s := newTensorSwitch(budget.Budget{Share: 0.02, PairCost: 2 * time.Microsecond})
 	t0 := time.Unix(1000, 0)
 	ask := snapshot.TensorAsk{By: snapshot.ByAnnotation}
 	if got := s.answer(7, ask); got != askNew {

@@ -7,11 +7,11 @@ import (
 )
 
 // TestOutputsLinkNoBPF: the output model, every output reading it and the
-// profiler's policies (nvmlparts) link neither the engine (profiler,
+// profiler's policies (nvmlparts, budget) link neither the engine (profiler,
 // tracer) nor cilium/ebpf and the embedded BPF object: a folded-stack
 // writer, or the parting of NVML's numbers, is plain code.
 func TestOutputsLinkNoBPF(t *testing.T) {
-	outputs := []string{".", "../report", "../pprof", "../metrics", "../profiledata", "../pyroscope", "../nvmlparts"}
+	outputs := []string{".", "../report", "../pprof", "../metrics", "../profiledata", "../pyroscope", "../nvmlparts", "../budget"}
 	out, err := exec.Command("go", append([]string{"list", "-deps"}, outputs...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)

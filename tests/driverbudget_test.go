@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -23,7 +24,7 @@ func TestDriverBudget(t *testing.T) {
 	busy := startWorkload(t, nil, simwork, "threads", "1", "2", "400")
 	calm := startWorkload(t, nil, simwork, "kinds")
 	// 400 allocations a second at 1 ms each: 40% of a thread, over 2%.
-	budget := profiler.Budget{Share: 0.02, PairCost: time.Millisecond, Window: 300 * time.Millisecond}
+	budget := budget.Budget{Share: 0.02, PairCost: time.Millisecond, Window: 300 * time.Millisecond}
 	s := startProfiler(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsOff, DriverBudget: budget, ScanInterval: 50 * time.Millisecond}, busy, calm)
 	expect := busy.run()
 	calm.run()

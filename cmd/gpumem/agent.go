@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpu-mem/gpu-mem/breakdown"
+	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/control"
 	"github.com/gpu-mem/gpu-mem/kube"
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -60,8 +61,8 @@ type agentOptions struct {
 	passwordFile   string
 	tokenFile      string
 	tensorPIDs     []int
-	tensorBudget   profiler.Budget
-	driverBudget   profiler.Budget
+	tensorBudget   budget.Budget
+	driverBudget   budget.Budget
 	control        string               // the control socket's path
 	last           metrics.LastInterval // the last interval's peaks and breakdown, for the gauges
 	snapshot       snapshot.Snapshot    // the last interval's, its memory reused
@@ -141,7 +142,7 @@ switched off past it.`,
 	fs.Float64Var(&o.tensorBudget.Share, "tensor-budget", 0.02, "switch a process's on-demand tensor view off when it costs more than this share of the process's time (0: never)")
 	fs.Float64Var(&o.driverBudget.Share, "driver-budget", 0.02, "switch a process's driver view off when it costs more than this share of the process's time, "+
 		"as where every tensor reaches the driver (PyTorch without its cache, JAX's platform allocator) (0: never)")
-	fs.DurationVar(&o.budgetWindow, "budget-window", profiler.DefaultBudgetWindow, "measure each view's cost over windows this long: a view over its budget is switched off at the end of one")
+	fs.DurationVar(&o.budgetWindow, "budget-window", budget.DefaultWindow, "measure each view's cost over windows this long: a view over its budget is switched off at the end of one")
 	groupFlags(fs, "Budget", "tensor-budget", "driver-budget", "budget-window")
 	// What a view costs a pair of calls is the budgets' calibration,
 	// measured on an H200 (BENCHMARKS.md), not a choice: hidden, kept for

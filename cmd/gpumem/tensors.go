@@ -96,13 +96,13 @@ func (o *tensorsOptions) list(c *control.Client) error {
 		if !v.Since.IsZero() {
 			since = v.Since.Format(time.RFC3339)
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", v.PID, v.By, budget(v.Budget), since, stamp(v.Until), stamp(v.Ended), v.Why)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", v.PID, v.By, percentBudget(v.Budget), since, stamp(v.Until), stamp(v.Ended), v.Why)
 	}
 	return w.Flush()
 }
 
-// budget is a view's budget as a percentage, or "none".
-func budget(share float64) string {
+// percentBudget is a view's budget as a percentage, or "none".
+func percentBudget(share float64) string {
 	if share == 0 {
 		return "none"
 	}
