@@ -4,9 +4,6 @@ import (
 	"cmp"
 	"slices"
 	"strconv"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
@@ -75,18 +72,4 @@ func (p *process) peakDevice(k accounting.PeakKey) gpuinfo.Device {
 		return gpuinfo.Device{}
 	}
 	return p.GPUs[ordinal]
-}
-
-// bpfNow is the time on the clock of BPF timestamps (bpf_ktime_get_ns).
-func bpfNow() uint64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		panic(err) // the clock exists on every Linux
-	}
-	return uint64(ts.Nano())
-}
-
-// wallTime is a BPF timestamp on the wall clock.
-func wallTime(ts uint64) time.Time {
-	return time.Now().Add(-time.Duration(int64(bpfNow()) - int64(ts)))
 }

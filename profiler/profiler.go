@@ -91,16 +91,21 @@ type Config struct {
 }
 
 // Profiler is safe for concurrent use: Run in one goroutine, Snapshot,
-// EndInterval, DropExited and Sync from others; Close once done. It is
-// four parts, each with its own lock, and one goroutine reading the events
-// into them:
+// EndInterval, DropExited and Sync from others; Close once done. It is one
+// goroutine reading the events and these parts, each with its own lock:
 //   - the attacher (attach.go) attaches the tracer to the libraries found;
 //   - the process table (procs.go) knows each process's name, GPUs, pod and
 //     whether it is Python, read from /proc by a job of its own;
 //   - the stack store (stackstore.go) interns stacks and names them, by
 //     jobs of its own: Python frames at once, native ones in batches;
 //   - the books (books.go): the ledger, out-of-memory snapshots and what is
-//     counted beside.
+//     counted beside;
+//   - NVML's part (gpumemory.go), read by a job of its own and parted with
+//     the books by the nvmlparts policy;
+//   - the tensor and driver switches (tensors.go, driverview.go): the views
+//     switched on and off, measured by the budget policy at every scan;
+//   - the flushes (flush.go): the ring buffer's flushes read, which a
+//     reader waits for to count every event sent before.
 //
 // The goroutine that reads events notes each event's process, interns its
 // stack and accounts it, and reads no file: what takes files or waits is
@@ -108,24 +113,27 @@ type Config struct {
 // Every ScanInterval, /proc is scanned for libraries and processes.
 // Readers take snapshots (snapshot.go), which change nothing; the loops
 // that read once an interval end it (EndInterval) and have the exited
-// processes they have read dropped (DropExited). Locks are taken books
-// first, then the stack store or the process table, never the other way;
-// no file is read under any of them.
+// processes they have read dropped (DropExited), under the naming lock.
+// Locks are taken books first, then the stack store or the process table,
+// never the other way; no file is read under any of them.
 type Profiler struct {
-	cfg      Config
-	tr       Source
-	sym      *symbolize.Symbolizer
+	cfg Config
+	tr  Source
+	sym *symbolize.Symbolizer // the process table's and the stack store's
+
 	attacher *attacher
 	procs    *processTable
 	stacks   *stackStore
 	books    *books
+	gpus     *gpuMemory
 	tensors  *tensorSwitch
 	driver   *driverSwitch
+	flushes  *flushes
+
 	// scanner finds the libraries and Python processes: of the processes
-	// that map Config.Library's file only, when it is set.
+	// that map Config.Library's file only, when it is set. Run's alone.
 	scanner    *discover.Scanner
 	delivering *job // OOMs delivered, in order (oom.go)
-	gpus       *gpuMemory
 	// naming is held to read by snapshots being named and to write by
 	// DropExited: a drop frees frame indices that a snapshot being named
 	// holds until it copies the frame table.
@@ -133,10 +141,6 @@ type Profiler struct {
 	running atomic.Bool   // Run reads the events
 	stop    chan struct{} // closed by Close: the jobs end
 	closing sync.Once
-
-	flushMu sync.Mutex
-	flushes uint64 // flushes of the ring buffer read
-	flushed *sync.Cond
 }
 
 // New loads the tracer. It fails with tracer.ErrPermission when BPF is
@@ -221,12 +225,12 @@ func newProfiler(cfg Config, tr Source) *Profiler {
 		books:    newBooks(),
 		tensors:  newTensorSwitch(cfg.TensorBudget),
 		driver:   newDriverSwitch(cfg.DriverBudget),
+		flushes:  newFlushes(),
 		scanner:  discover.NewScanner(cfg.ProcRoot, ""),
 		stop:     stop,
 	}
 	p.delivering = newJob(p.deliverOOMs, stop)
 	p.gpus = p.newGPUMemory(cfg.NVML)
-	p.flushed = sync.NewCond(&p.flushMu)
 	return p
 }
 
@@ -324,18 +328,7 @@ func (p *Profiler) Sync() error {
 }
 
 // flush returns once every event sent before the call has been read.
-func (p *Profiler) flush() error {
-	p.flushMu.Lock()
-	defer p.flushMu.Unlock()
-	target := p.flushes + 1
-	if err := p.tr.Flush(); err != nil {
-		return fmt.Errorf("flush ring buffer: %w", err)
-	}
-	for p.flushes < target {
-		p.flushed.Wait()
-	}
-	return nil
-}
+func (p *Profiler) flush() error { return p.flushes.wait(p.tr) }
 
 func (p *Profiler) readEvents() error {
 	var ev tracer.Event
@@ -343,10 +336,7 @@ func (p *Profiler) readEvents() error {
 		err := p.tr.Read(&ev)
 		switch {
 		case errors.Is(err, ringbuf.ErrFlushed):
-			p.flushMu.Lock()
-			p.flushes++
-			p.flushed.Broadcast()
-			p.flushMu.Unlock()
+			p.flushes.read()
 			continue
 		case err != nil:
 			return err
