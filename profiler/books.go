@@ -189,14 +189,42 @@ func (b *books) pids() map[uint32]bool {
 	return pids
 }
 
-// copyTo copies the books into s, the rows and failures that keep says,
-// with rows or not, and notes their processes in procs. It returns the
-// run's peaks and, with timeline, the timeline (whole), or the interval's
-// peaks as it ends, their rows in s.Shares.
-func (b *books) copyTo(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool,
-	whole, rows, timeline bool) ([]accounting.Peak, *accounting.Timeline) {
+// readRun copies the books into s, the rows and failures that keep says,
+// notes their processes in procs, and returns the run's peaks and, with
+// timeline, the timeline. It changes nothing.
+func (b *books) readRun(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool,
+	timeline bool) ([]accounting.Peak, *accounting.Timeline) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.copyLocked(s, procs, keep, true)
+	if !timeline {
+		return b.ledger.Peaks(), nil
+	}
+	tl := b.ledger.Timeline(bpfNow())
+	return b.ledger.Peaks(), &tl
+}
+
+// endInterval ends the interval the books' peaks are in and begins the
+// next: it copies the books into s, the failures and, with rows, the rows
+// that keep says, notes their processes in procs, and returns the
+// interval's peaks, their rows copied into s (Snapshot.KeepShares): the
+// ledger reuses its own.
+func (b *books) endInterval(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool,
+	rows bool) []accounting.Peak {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.copyLocked(s, procs, keep, rows)
+	peaks := b.ledger.TakeIntervalPeaks(bpfNow())
+	for i := range peaks {
+		peaks[i].Rows = s.KeepShares(peaks[i].Rows)
+	}
+	return peaks
+}
+
+// copyLocked copies the books' counts into s, the failures and, with
+// rows, the rows that keep says, and notes their processes in procs. The
+// caller holds b.mu.
+func (b *books) copyLocked(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool, rows bool) {
 	s.Exits = b.exits
 	s.Ledger, s.Python, s.NativeTruncated, s.Events = b.ledger.Stats(), b.python, b.nativeTruncated, b.events
 	s.OOMs = slices.Clone(b.ooms)
@@ -222,21 +250,6 @@ func (b *books) copyTo(s *snapshot.Snapshot, procs map[uint32]*process, keep fun
 			procs[k.PID] = nil
 		}
 	})
-	if whole {
-		var tl *accounting.Timeline
-		if timeline {
-			t := b.ledger.Timeline(bpfNow())
-			tl = &t
-		}
-		return b.ledger.Peaks(), tl
-	}
-	peaks := b.ledger.TakeIntervalPeaks(bpfNow())
-	for i := range peaks { // into s: the ledger reuses its buffer
-		start := len(s.Shares)
-		s.Shares = append(s.Shares, peaks[i].Rows...)
-		peaks[i].Rows = s.Shares[start:len(s.Shares):len(s.Shares)]
-	}
-	return peaks, nil
 }
 
 // liveOnDevices sums the driver view's live bytes on GPUs per process and

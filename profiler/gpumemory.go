@@ -250,13 +250,18 @@ func (g *gpuMemory) addToPeaks(peaks []accounting.Peak, keep func(accounting.Key
 	return peaks
 }
 
-// addTo sets s's view of the GPUs (nil without NVML) and, with rows,
-// adds NVML's rows that keep says, with their frames, their processes
-// from procs where it has them, else named by the view.
-func (g *gpuMemory) addTo(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool, rows bool) {
+// addView sets s's view of the GPUs: nil without NVML, or before its first
+// read.
+func (g *gpuMemory) addView(s *snapshot.Snapshot) {
+	g.locked(func(parts *nvmlparts.Parts) { s.GPUMemory = parts.View() })
+}
+
+// addRows adds NVML's rows that keep says but those with stacks
+// (addStackRows), with their frames, their processes from procs where it
+// has them, else named by the view of the GPUs.
+func (g *gpuMemory) addRows(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool) {
 	g.locked(func(parts *nvmlparts.Parts) {
-		s.GPUMemory = parts.View()
-		if !rows || len(parts.Rows()) == 0 {
+		if len(parts.Rows()) == 0 {
 			return
 		}
 		first := uint32(len(s.Frames))
@@ -272,7 +277,7 @@ func (g *gpuMemory) addTo(s *snapshot.Snapshot, procs map[uint32]*process, keep 
 			if p := procs[k.PID]; p != nil && k.Kind != memory.KindUntraced {
 				e.Process = &p.Process
 			} else {
-				e.Process = &snapshot.Process{Comm: s.GPUMemory.Comm(k.PID)}
+				e.Process = &snapshot.Process{Comm: parts.View().Comm(k.PID)}
 			}
 			s.Entries = append(s.Entries, e)
 		}
@@ -290,7 +295,7 @@ func (g *gpuMemory) addSeries(t *snapshot.Totals, keep func(accounting.Key) bool
 			if keep(k) {
 				s := series.add(k, c)
 				if k.Kind == memory.KindUntraced {
-					s.Comm = t.GPUMemory.Comm(k.PID)
+					s.Comm = parts.View().Comm(k.PID)
 				}
 			}
 		}

@@ -12,37 +12,41 @@ import (
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
-// peaks are the books' peaks, on the GPUs the reports are limited to, by
-// PID, GPU and view, with their rows named if withRows. The processes are
-// the snapshot's.
-func (p *Profiler) peaks(procs map[uint32]*process, peaks []accounting.Peak, withRows bool) []snapshot.Peak {
+// namedPeaks are the run's peaks, on the GPUs the reports are limited to,
+// by PID, GPU and view, with their Shares and their rows named (Rows). The
+// processes are the snapshot's.
+func (p *Profiler) namedPeaks(procs map[uint32]*process, peaks []accounting.Peak) []snapshot.Peak {
+	out := p.sharedPeaks(procs, peaks)
+	for i := range out {
+		pk := &out[i]
+		proc := procs[pk.PID]
+		pk.Rows = make([]snapshot.Row, 0, len(pk.Shares))
+		for _, r := range pk.Shares {
+			share := accounting.Counters{AllocBytes: r.Bytes, AllocCount: r.Count}
+			pk.Rows = append(pk.Rows, proc.Row(r.Key, share, p.rowFrames(r.Key)))
+		}
+		snapshot.SortByLive(pk.Rows)
+	}
+	return out
+}
+
+// sharedPeaks are the books' peaks, on the GPUs the reports are limited to,
+// by PID, GPU and view, with their Shares: the rows by key, not named. The
+// processes are the snapshot's.
+func (p *Profiler) sharedPeaks(procs map[uint32]*process, peaks []accounting.Peak) []snapshot.Peak {
 	out := make([]snapshot.Peak, 0, len(peaks))
 	for _, pk := range peaks {
-		if p.peakOnGPU(pk.PeakKey) {
-			out = append(out, p.peak(procs[pk.PID], pk, withRows))
+		if !p.peakOnGPU(pk.PeakKey) {
+			continue
 		}
+		proc := procs[pk.PID]
+		out = append(out, snapshot.Peak{PID: pk.PID, Comm: proc.Comm, GPU: pk.GPU, Device: proc.peakDevice(pk.PeakKey),
+			Container: proc.Container, View: pk.View, Timestamp: pk.Time, Time: wallTime(pk.Time),
+			Amount: pk.Amount, Shares: pk.Rows})
 	}
 	slices.SortFunc(out, func(a, b snapshot.Peak) int {
 		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.View, b.View))
 	})
-	return out
-}
-
-// peak is one of the books' peaks of process proc, its rows named if
-// withRows.
-func (p *Profiler) peak(proc *process, pk accounting.Peak, withRows bool) snapshot.Peak {
-	out := snapshot.Peak{PID: pk.PID, Comm: proc.Comm, GPU: pk.GPU, Device: proc.peakDevice(pk.PeakKey),
-		Container: proc.Container, View: pk.View, Timestamp: pk.Time, Time: wallTime(pk.Time),
-		Amount: pk.Amount, Shares: pk.Rows}
-	if !withRows {
-		return out
-	}
-	out.Rows = make([]snapshot.Row, 0, len(pk.Rows))
-	for _, r := range pk.Rows {
-		share := accounting.Counters{AllocBytes: r.Bytes, AllocCount: r.Count}
-		out.Rows = append(out.Rows, proc.Row(r.Key, share, p.rowFrames(r.Key)))
-	}
-	snapshot.SortByLive(out.Rows)
 	return out
 }
 

@@ -53,47 +53,69 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 	p.naming.RLock()
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
-	peaks, timeline, err := p.copyBooks(s, procs, true, true)
+	err := p.stamp(s)
+	peaks, timeline := p.books.readRun(s, procs, p.onGPU, p.cfg.Timeline)
+	peaks = p.gpus.addToPeaks(peaks, p.onGPU, bpfNow())
 	p.gpus.addStackRows(s, procs, p.onGPU)
-	p.nameRows(s, true)
-	p.finish(s, procs, peaks, timeline, true)
-	p.gpus.addTo(s, procs, p.onGPU, true)
+	s.Frames = p.stacks.nameRows(s.Entries, s.Frames, true)
+	p.nameProcesses(s, procs, peaks)
+	s.Peaks = p.namedPeaks(procs, peaks)
+	s.Timeline = p.timeline(timeline, procs)
+	p.gpus.addView(s)
+	p.gpus.addRows(s, procs, p.onGPU)
 	return err
 }
 
 // EndInterval ends the interval the books are in and begins the next: s
 // gets what the interval held (parts of it), its peaks then start again
 // from the level at this moment. The agent calls it once an interval.
+// The interval's peaks have their Shares, not their Rows: an exporter of
+// the interval names them by its rows.
 func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error {
 	p.procs.reading.await()
 	p.gpus.await()
 	p.naming.RLock()
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
-	peaks, _, err := p.copyBooks(s, procs, false, parts == RowsAndPeaks)
-	if parts == RowsAndPeaks {
+	err := p.stamp(s)
+	rows := parts == RowsAndPeaks
+	peaks := p.books.endInterval(s, procs, p.onGPU, rows)
+	peaks = p.gpus.addToPeaks(peaks, p.onGPU, bpfNow())
+	if rows {
 		p.gpus.addStackRows(s, procs, p.onGPU)
 	}
-	if !p.stacks.allNamed(s.Shares) {
+	if !p.stacks.allNamed(peaks) {
 		p.stacks.resolving.await() // a row of a peak is in the snapshot
 	}
-	p.nameRows(s, false)
-	p.finish(s, procs, peaks, nil, false)
-	p.gpus.addTo(s, procs, p.onGPU, parts == RowsAndPeaks)
+	p.keepNamedRows(s)
+	p.nameProcesses(s, procs, peaks)
+	s.Peaks = p.sharedPeaks(procs, peaks)
+	p.gpus.addView(s)
+	if rows {
+		p.gpus.addRows(s, procs, p.onGPU)
+	}
 	return err
 }
 
 // reset empties s, keeping the memory of its rows, and returns the map of
 // the processes it will hold.
 func (p *Profiler) reset(s *snapshot.Snapshot) map[uint32]*process {
-	*s = snapshot.Snapshot{Entries: s.Entries[:0], Shares: s.Shares[:0], Frames: s.Frames[:0], Layout: s.Layout[:0],
-		Libraries: p.attacher.appendLibraries(s.Libraries[:0])}
+	s.Reset()
+	s.Libraries = p.attacher.appendLibraries(s.Libraries)
 	return map[uint32]*process{}
 }
 
-// finish names what s holds besides its rows' frames: its rows' processes,
-// its peaks, timeline and failures.
-func (p *Profiler) finish(s *snapshot.Snapshot, procs map[uint32]*process, peaks []accounting.Peak, timeline *accounting.Timeline, withRows bool) {
+// stamp sets s's time and loss counts, read before the books are copied.
+func (p *Profiler) stamp(s *snapshot.Snapshot) error {
+	losses, err := p.currentLosses()
+	s.Time, s.Losses = time.Now(), losses
+	return err
+}
+
+// nameProcesses names what s holds besides its rows' frames and peaks:
+// its rows' processes, its failures, and the views' states; the peaks'
+// processes are looked up with the rows'.
+func (p *Profiler) nameProcesses(s *snapshot.Snapshot, procs map[uint32]*process, peaks []accounting.Peak) {
 	s.Python.Processes = p.procs.registeredPython()
 	s.TensorViews = p.tensors.list()
 	s.DriverViewsOff = p.DriverViewsOff()
@@ -104,8 +126,6 @@ func (p *Profiler) finish(s *snapshot.Snapshot, procs map[uint32]*process, peaks
 	for i := range s.Entries {
 		s.Entries[i].Process = &procs[s.Entries[i].PID].Process
 	}
-	s.Peaks = p.peaks(procs, peaks, withRows)
-	s.Timeline = p.timeline(timeline, procs)
 	for i := range s.Failures {
 		f := &s.Failures[i]
 		f.Comm, f.Frames = procs[f.PID].Comm, p.stacks.stackFrames(f.Stack)
@@ -113,25 +133,11 @@ func (p *Profiler) finish(s *snapshot.Snapshot, procs map[uint32]*process, peaks
 	slices.SortStableFunc(s.Failures, func(a, b snapshot.Failure) int { return cmp.Compare(b.Count, a.Count) })
 }
 
-// copyBooks copies the books into s, with rows or not, and returns the
-// peaks and timeline to name: the run's peaks and its timeline for a
-// snapshot of the run (whole), else the interval's peaks as it ends; the
-// driver view's peaks with NVML's part in them.
-func (p *Profiler) copyBooks(s *snapshot.Snapshot, procs map[uint32]*process, whole, rows bool) ([]accounting.Peak, *accounting.Timeline, error) {
-	losses, err := p.currentLosses()
-	s.Time, s.Losses = time.Now(), losses
-	peaks, timeline := p.books.copyTo(s, procs, p.onGPU, whole, rows, whole && p.cfg.Timeline)
-	return p.gpus.addToPeaks(peaks, p.onGPU, bpfNow()), timeline, err
-}
-
-// nameRows names the snapshot's rows. Unless whole, the rows whose
-// stacks are being named are left out, and their processes are kept from
-// being dropped until a snapshot has them (s.Waiting).
-func (p *Profiler) nameRows(s *snapshot.Snapshot, whole bool) {
-	s.Frames = p.stacks.nameRows(s.Entries, s.Frames, whole)
-	if whole {
-		return
-	}
+// keepNamedRows names the interval's rows whose stacks are named and
+// leaves the others out, their processes kept from being dropped until a
+// snapshot has them (s.Waiting).
+func (p *Profiler) keepNamedRows(s *snapshot.Snapshot) {
+	s.Frames = p.stacks.nameRows(s.Entries, s.Frames, false)
 	waiting := map[uint32]bool{}
 	s.Entries = slices.DeleteFunc(s.Entries, func(e snapshot.Entry) bool {
 		if e.Frames != nil { // named

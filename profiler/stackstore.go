@@ -292,13 +292,15 @@ func (s *stackStore) nameRows(entries []snapshot.Entry, table []*symbolize.Frame
 	}
 }
 
-// allNamed says whether the stacks of every share are named.
-func (s *stackStore) allNamed(shares []accounting.PeakRow) bool {
+// allNamed says whether the stacks of every peak's rows are named.
+func (s *stackStore) allNamed(peaks []accounting.Peak) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, r := range shares {
-		if !s.table.m[r.Stack].named() {
-			return false
+	for _, pk := range peaks {
+		for _, r := range pk.Rows {
+			if !s.table.m[r.Stack].named() {
+				return false
+			}
 		}
 	}
 	return true

@@ -56,8 +56,24 @@ type Snapshot struct {
 	// Waiting are the processes with rows an interval left out, their
 	// stacks being named: a later interval has them, with every byte since.
 	Waiting []uint32
-	// Shares holds the interval peaks' Shares, its memory reused.
-	Shares []accounting.PeakRow
+	// shares holds the interval peaks' Shares (KeepShares), its memory
+	// reused by the next snapshot taken into the same Snapshot.
+	shares []accounting.PeakRow
+}
+
+// Reset empties s for the next snapshot taken into it, keeping the memory
+// of its rows, frames, layout, libraries and peaks' shares.
+func (s *Snapshot) Reset() {
+	*s = Snapshot{Entries: s.Entries[:0], Frames: s.Frames[:0], Layout: s.Layout[:0], Libraries: s.Libraries[:0], shares: s.shares[:0]}
+}
+
+// KeepShares copies a peak's shares, held in memory their maker reuses
+// (accounting.Ledger.TakeIntervalPeaks), into s's own, and returns the
+// copy: valid until the next snapshot is taken into s.
+func (s *Snapshot) KeepShares(rows []accounting.PeakRow) []accounting.PeakRow {
+	start := len(s.shares)
+	s.shares = append(s.shares, rows...)
+	return s.shares[start:len(s.shares):len(s.shares)]
 }
 
 // Counts are what the books count beside their rows.
