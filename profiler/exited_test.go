@@ -41,7 +41,7 @@ func TestPIDTakenAgain(t *testing.T) {
 		t.Fatalf("the first process: %+v", rows)
 	}
 	event(tracer.Event{Comm: "new", Address: 0x2000, Timestamp: 3, Stack: []uint64{0x402000}})
-	if !p.procs.renewed[42] {
+	if !p.procs.pids[42].renewed {
 		t.Error("the new process is not read again")
 	}
 	for i := range 3 { // the old one would be dropped at the second

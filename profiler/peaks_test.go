@@ -42,7 +42,7 @@ func peakShares(t *testing.T, p *Profiler, pk snapshot.Peak) map[string]uint64 {
 // with the level it began with; --gpu limits them as it limits rows.
 func TestPeaksNamed(t *testing.T) {
 	p := bareProfiler(t)
-	p.procs.procs[7] = &process{Process: snapshot.Process{Comm: "train"}}
+	p.procs.pids[7] = &tracked{proc: &process{Process: snapshot.Process{Comm: "train"}}}
 	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
 	tensors := namedStack(p, 7, "forward", 0x403000)
 	start := bpfNow()

@@ -36,24 +36,33 @@ type processTable struct {
 	py       *pystack.Resolver
 
 	mu sync.Mutex
-	// procs are never changed once made: a process's next is a new one,
-	// so that snapshots share them.
-	procs   map[uint32]*process
-	python  map[uint32]bool // registered Python processes
-	toRead  []uint32        // noted, not read yet
-	renewed map[uint32]bool // of toRead, PIDs taken again by a new process
-	pyAsked map[uint32]bool // to register as Python processes
-	// notPython are processes mapping Python files that are not Python
-	// processes gpu-mem can walk; not retried while they live.
-	notPython map[int]bool
-	// notReady are Python processes whose interpreter was starting, and
-	// when to look again: not at every event meanwhile.
-	notReady    map[uint32]time.Time
-	watching    map[int]bool // commands Watch waits for
-	pyProcesses uint64       // Python processes registered
+	// pids are what the table knows of each process, for as long as it
+	// knows anything of it.
+	pids        map[uint32]*tracked
+	toRead      []uint32 // noted, not read yet
+	pyAsked     []uint32 // to register as Python processes
+	pyProcesses uint64   // Python processes registered
 	// reading is the table's job, readNoted: the one goroutine that reads
 	// processes and registers Python ones.
 	reading *job
+}
+
+// tracked is what the table knows of one process; it is forgotten once
+// all of it is zero (tidy).
+type tracked struct {
+	// proc is never changed once made: a process's next is a new one, so
+	// that snapshots share them. Nil until noted, and once dropped.
+	proc    *process
+	renewed bool // in toRead: the PID was taken again by a new process
+	python  bool // a registered Python process
+	pyAsked bool // in pyAsked
+	// notPython: it maps Python files but is not a Python process gpu-mem
+	// can walk; not retried while it lives.
+	notPython bool
+	// notReady: its interpreter was starting; when to look again, not at
+	// every event meanwhile.
+	notReady time.Time
+	watching bool // a command Watch waits for
 }
 
 // process is what the table knows of one process: what snapshots share
@@ -69,19 +78,14 @@ type process struct {
 
 func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr Source, py *pystack.Resolver, stopped <-chan struct{}) *processTable {
 	t := &processTable{
-		procRoot:  cfg.ProcRoot,
-		devices:   gpuinfo.Devices(cfg.GPUDir),
-		pods:      cfg.Pods,
-		logf:      cfg.Logf,
-		sym:       sym,
-		tr:        tr,
-		py:        py,
-		procs:     map[uint32]*process{},
-		python:    map[uint32]bool{},
-		pyAsked:   map[uint32]bool{},
-		notPython: map[int]bool{},
-		notReady:  map[uint32]time.Time{},
-		watching:  map[int]bool{},
+		procRoot: cfg.ProcRoot,
+		devices:  gpuinfo.Devices(cfg.GPUDir),
+		pods:     cfg.Pods,
+		logf:     cfg.Logf,
+		sym:      sym,
+		tr:       tr,
+		py:       py,
+		pids:     map[uint32]*tracked{},
 	}
 	t.reading = newJob(t.readNoted, stopped)
 	return t
@@ -108,18 +112,14 @@ func (t *processTable) note(pid uint32, comm string, what noted) (python bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	allocation := what == notedAllocation
-	switch p := t.procs[pid]; {
+	e := t.entry(pid)
+	switch p := e.proc; {
 	case p == nil || p.exited:
-		if p != nil {
-			if t.renewed == nil {
-				t.renewed = map[uint32]bool{}
-			}
-			t.renewed[pid] = true
-		}
+		e.renewed = p != nil
 		if comm == "" {
 			comm = readComm(t.procRoot, pid) // once a process, so that no output shows it unnamed
 		}
-		t.procs[pid] = &process{Process: snapshot.Process{Comm: comm, Since: time.Now()}, allocated: allocation}
+		e.proc = &process{Process: snapshot.Process{Comm: comm, Since: time.Now()}, allocated: allocation}
 		t.toRead = append(t.toRead, pid)
 		t.reading.ask()
 	case (comm != "" && p.Comm != comm) || (allocation && !p.allocated):
@@ -132,14 +132,41 @@ func (t *processTable) note(pid uint32, comm string, what noted) (python bool) {
 			t.toRead = append(t.toRead, pid)
 			t.reading.ask()
 		}
-		t.procs[pid] = &next
+		e.proc = &next
 	}
-	python = t.python[pid]
-	if what != notedRelease && !python && !t.notPython[int(pid)] && !t.pyAsked[pid] && !t.startingNow(pid) {
-		t.pyAsked[pid] = true
+	if what != notedRelease && !e.python && !e.notPython && !e.pyAsked && !time.Now().Before(e.notReady) {
+		e.pyAsked = true
+		t.pyAsked = append(t.pyAsked, pid)
 		t.reading.ask()
 	}
-	return python
+	return e.python
+}
+
+// entry is what the table knows of pid, made if it knew nothing. The
+// caller holds t.mu.
+func (t *processTable) entry(pid uint32) *tracked {
+	e := t.pids[pid]
+	if e == nil {
+		e = &tracked{}
+		t.pids[pid] = e
+	}
+	return e
+}
+
+// proc is pid's process as noted; nil if not. The caller holds t.mu.
+func (t *processTable) proc(pid uint32) *process {
+	if e := t.pids[pid]; e != nil {
+		return e.proc
+	}
+	return nil
+}
+
+// tidy forgets pid once the table knows nothing of it. The caller holds
+// t.mu.
+func (t *processTable) tidy(pid uint32) {
+	if e := t.pids[pid]; e != nil && *e == (tracked{}) {
+		delete(t.pids, pid)
+	}
 }
 
 // askPython has processes found mapping a Python runtime registered, unless
@@ -148,8 +175,9 @@ func (t *processTable) askPython(pids []int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, pid := range pids {
-		if !t.python[uint32(pid)] && !t.notPython[pid] {
-			t.pyAsked[uint32(pid)] = true
+		if e := t.entry(uint32(pid)); !e.python && !e.notPython && !e.pyAsked {
+			e.pyAsked = true
+			t.pyAsked = append(t.pyAsked, uint32(pid))
 		}
 	}
 	if len(t.pyAsked) > 0 {
@@ -161,28 +189,24 @@ func (t *processTable) askPython(pids []int) {
 // starting is left before it is looked at again.
 const notReadyRetry = 50 * time.Millisecond
 
-// startingNow says whether a Python process's interpreter was starting a
-// moment ago. The caller holds t.mu.
-func (t *processTable) startingNow(pid uint32) bool {
-	at, ok := t.notReady[pid]
-	return ok && time.Now().Before(at)
-}
-
 // exited notes that a process exited, and says whether it was a
 // registered Python process: it is no longer walked once its stacks'
 // Python frames are read (stackStore.pythonExited).
 func (t *processTable) exited(pid uint32) (python bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if p := t.procs[pid]; p != nil {
-		next := *p
-		next.exited = true
-		t.procs[pid] = &next
+	e := t.pids[pid]
+	if e == nil {
+		return false
 	}
-	python = t.python[pid]
-	delete(t.python, pid)
-	delete(t.notPython, int(pid))
-	delete(t.notReady, pid)
+	if e.proc != nil {
+		next := *e.proc
+		next.exited = true
+		e.proc = &next
+	}
+	python = e.python
+	e.python, e.notPython, e.notReady = false, false, time.Time{}
+	t.tidy(pid)
 	return python
 }
 
@@ -190,7 +214,10 @@ func (t *processTable) exited(pid uint32) (python bool) {
 func (t *processTable) drop(pid uint32) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	delete(t.procs, pid)
+	if e := t.pids[pid]; e != nil {
+		e.proc = nil
+		t.tidy(pid)
+	}
 	t.sym.Forget(pid)
 }
 
@@ -198,13 +225,20 @@ func (t *processTable) drop(pid uint32) {
 // the Python processes asked for: the job t.reading, which a report awaits.
 func (t *processTable) readNoted() {
 	t.mu.Lock()
-	pids, renewed := t.toRead, t.renewed
-	t.toRead, t.renewed = nil, nil
-	var python []uint32
-	for pid := range t.pyAsked {
-		python = append(python, pid)
+	pids, python := t.toRead, t.pyAsked
+	t.toRead, t.pyAsked = nil, nil
+	renewed := map[uint32]bool{}
+	for _, pid := range pids {
+		if e := t.pids[pid]; e != nil && e.renewed {
+			e.renewed, renewed[pid] = false, true
+		}
 	}
-	clear(t.pyAsked) // one that is not ready yet is asked again by its next event
+	for _, pid := range python { // one that is not ready yet is asked again by its next event
+		if e := t.pids[pid]; e != nil {
+			e.pyAsked = false
+			t.tidy(pid)
+		}
+	}
 	t.mu.Unlock()
 	for _, pid := range pids {
 		if renewed[pid] {
@@ -224,14 +258,14 @@ func (t *processTable) read(pid uint32) {
 	t.sym.Track(pid)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	p := t.procs[pid]
+	p := t.proc(pid)
 	if p == nil {
 		t.sym.Forget(pid) // dropped while it was read
 		return
 	}
 	next := *p
 	next.GPUs, next.Container = ordinals, c
-	t.procs[pid] = &next
+	t.pids[pid].proc = &next
 }
 
 // environ is a process's environment, which says which GPUs it sees; none
@@ -252,7 +286,7 @@ func (t *processTable) environ(pid uint32) []string {
 func (t *processTable) lookup(pids map[uint32]*process) {
 	t.mu.Lock()
 	for pid := range pids {
-		pids[pid] = t.procs[pid]
+		pids[pid] = t.proc(pid)
 	}
 	t.mu.Unlock()
 	for pid, p := range pids {
@@ -273,7 +307,7 @@ func (t *processTable) known(pids map[uint32]*process) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for pid := range pids {
-		if p := t.procs[pid]; p != nil && !p.exited {
+		if p := t.proc(pid); p != nil && !p.exited {
 			pids[pid] = p
 		}
 	}
@@ -283,9 +317,9 @@ func (t *processTable) known(pids map[uint32]*process) {
 func (t *processTable) containers() map[uint32]container.Identity {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cs := make(map[uint32]container.Identity, len(t.procs))
-	for pid, p := range t.procs {
-		if !p.exited && p.Container.PodUID != "" {
+	cs := map[uint32]container.Identity{}
+	for pid, e := range t.pids {
+		if p := e.proc; p != nil && !p.exited && p.Container.PodUID != "" {
 			cs[pid] = p.Container
 		}
 	}
@@ -296,7 +330,11 @@ func (t *processTable) containers() map[uint32]container.Identity {
 func (t *processTable) addPIDs(set map[uint32]bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	addKeys(set, t.procs)
+	for pid, e := range t.pids {
+		if e.proc != nil {
+			set[pid] = true
+		}
+	}
 }
 
 // addPython registers a Python process with the BPF program and the
@@ -304,7 +342,10 @@ func (t *processTable) addPIDs(set map[uint32]bool) {
 // it runs in the job t.reading only.
 func (t *processTable) addPython(pid int) bool {
 	t.mu.Lock()
-	done, notPython, watching := t.python[uint32(pid)], t.notPython[pid], t.watching[pid]
+	var done, notPython, watching bool
+	if e := t.pids[uint32(pid)]; e != nil {
+		done, notPython, watching = e.python, e.notPython, e.watching
+	}
 	t.mu.Unlock()
 	if done || notPython {
 		return done
@@ -313,7 +354,7 @@ func (t *processTable) addPython(pid int) bool {
 	switch {
 	case errors.Is(err, pystack.ErrNotReady):
 		t.mu.Lock()
-		t.notReady[uint32(pid)] = time.Now().Add(notReadyRetry)
+		t.entry(uint32(pid)).notReady = time.Now().Add(notReadyRetry)
 		t.mu.Unlock()
 		return false
 	case errors.Is(err, fs.ErrNotExist) && gone(t.procRoot, pid):
@@ -338,8 +379,8 @@ func (t *processTable) addPython(pid int) bool {
 		return false
 	}
 	t.mu.Lock()
-	t.python[uint32(pid)] = true
-	delete(t.notReady, uint32(pid))
+	e := t.entry(uint32(pid))
+	e.python, e.notReady = true, time.Time{}
 	t.pyProcesses++
 	t.mu.Unlock()
 	t.logf("pid %d: Python %s frames", pid, proc.Version)
@@ -363,7 +404,7 @@ func gone(procRoot string, pid int) bool {
 
 func (t *processTable) markNotPython(pid int) {
 	t.mu.Lock()
-	t.notPython[pid] = true
+	t.entry(uint32(pid)).notPython = true
 	t.mu.Unlock()
 }
 
@@ -372,9 +413,11 @@ func (t *processTable) markNotPython(pid int) {
 func (t *processTable) notPythonPIDs() []uint32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	pids := make([]uint32, 0, len(t.notPython))
-	for pid := range t.notPython {
-		pids = append(pids, uint32(pid))
+	var pids []uint32
+	for pid, e := range t.pids {
+		if e.notPython {
+			pids = append(pids, pid)
+		}
 	}
 	return pids
 }
@@ -396,18 +439,22 @@ func (p *Profiler) Watch(ctx context.Context, pid int) {
 	defer ticker.Stop()
 	deadline := time.After(5 * time.Second)
 	t.mu.Lock()
-	t.watching[pid] = true
+	t.entry(uint32(pid)).watching = true
 	t.mu.Unlock()
 	defer func() {
 		t.mu.Lock()
-		delete(t.watching, pid)
+		if e := t.pids[uint32(pid)]; e != nil {
+			e.watching = false
+			t.tidy(uint32(pid))
+		}
 		t.mu.Unlock()
 	}()
 	for {
 		t.askPython([]int{pid})
 		t.reading.await()
 		t.mu.Lock()
-		done := t.notPython[pid] || t.python[uint32(pid)]
+		e := t.pids[uint32(pid)]
+		done := e != nil && (e.notPython || e.python)
 		t.mu.Unlock()
 		if done {
 			return

@@ -2,6 +2,7 @@ package profiler
 
 import (
 	"os"
+	"slices"
 	"testing"
 	"time"
 )
@@ -9,14 +10,18 @@ import (
 // TestNoteAsksForPythonOnce: an allocation of a process not registered as
 // Python has it looked at once until the look is done; one whose
 // interpreter was starting is left for notReadyRetry, not looked at again
-// at every event; frees never ask.
+// at every event; frees never ask. Nothing of it is kept once it is
+// dropped.
 func TestNoteAsksForPythonOnce(t *testing.T) {
 	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} }) // asked, never reading
 	procs := p.procs
 	asked := func() bool {
 		t.Helper()
-		ok := procs.pyAsked[7]
-		clear(procs.pyAsked)
+		if len(procs.pyAsked) > 1 {
+			t.Errorf("asked for %v, want once", procs.pyAsked)
+		}
+		ok := slices.Contains(procs.pyAsked, 7)
+		procs.pyAsked, procs.pids[7].pyAsked = nil, false
 		return ok
 	}
 	if procs.note(7, "python3", notedRelease); asked() {
@@ -27,16 +32,19 @@ func TestNoteAsksForPythonOnce(t *testing.T) {
 	if !asked() {
 		t.Error("an allocation did not ask for Python")
 	}
-	procs.notReady[7] = time.Now().Add(time.Hour)
+	procs.pids[7].notReady = time.Now().Add(time.Hour)
 	if procs.note(7, "python3", notedAllocation); asked() {
 		t.Error("asked again while the interpreter was starting")
 	}
-	procs.notReady[7] = time.Now().Add(-time.Millisecond)
+	procs.pids[7].notReady = time.Now().Add(-time.Millisecond)
 	if procs.note(7, "python3", notedAllocation); !asked() {
 		t.Error("not asked again once the wait was over")
 	}
-	if procs.exited(7); len(procs.notReady) != 0 {
-		t.Errorf("kept after the exit: %v", procs.notReady)
+	if procs.exited(7); !procs.pids[7].notReady.IsZero() {
+		t.Errorf("kept after the exit: %v", procs.pids[7].notReady)
+	}
+	if procs.drop(7); len(procs.pids) != 0 {
+		t.Errorf("kept after the drop: %+v", procs.pids)
 	}
 }
 
@@ -46,7 +54,7 @@ func TestNoteAsksForPythonOnce(t *testing.T) {
 func TestNoteKeepsCommOfTensorFrees(t *testing.T) {
 	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} })
 	procs := p.procs
-	comm := func() string { return procs.procs[7].Comm }
+	comm := func() string { return procs.pids[7].proc.Comm }
 	procs.note(7, "python3", notedAllocation)
 	if procs.note(7, "", notedRelease); comm() != "python3" {
 		t.Errorf("after a tensor free: comm %q, want python3", comm())
@@ -68,7 +76,7 @@ func TestNoteNamesProcessWithoutComm(t *testing.T) {
 		t.Fatal("no comm in /proc for this test")
 	}
 	procs.note(pid, "", notedAllocation)
-	if got := procs.procs[pid].Comm; got != want {
+	if got := procs.pids[pid].proc.Comm; got != want {
 		t.Errorf("comm %q, want %q", got, want)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // limits rows; without Config.Timeline there is none.
 func TestTimelineNamed(t *testing.T) {
 	p := bareProfiler(t)
-	p.procs.procs[7] = &process{Process: snapshot.Process{Comm: "train"}}
+	p.procs.pids[7] = &tracked{proc: &process{Process: snapshot.Process{Comm: "train"}}}
 	weights, activations := namedStack(p, 7, "load_weights", 0x401000), namedStack(p, 7, "activations", 0x402000)
 	if r, _ := p.Snapshot(); r.Timeline != nil {
 		t.Fatalf("a timeline without Config.Timeline: %+v", r.Timeline)
