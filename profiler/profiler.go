@@ -35,7 +35,8 @@ var ErrNoProcess = errors.New("no process with pid")
 type Config struct {
 	// Tensors says which processes the tensor view covers: every one
 	// (TensorsAll, the zero value), those switched on (TensorsOnDemand:
-	// TensorPIDs, SetTensors, pods' annotations through Pods), or none.
+	// TensorPIDs, SetTensors, pods' annotations through TensorAsks), or
+	// none.
 	Tensors TensorScope
 	// TensorPIDs have their tensor view on from the start (TensorsOnDemand).
 	TensorPIDs []int
@@ -68,6 +69,10 @@ type Config struct {
 	// Pods names the pods and containers of the node (kube.Pods), when
 	// an API server is known.
 	Pods container.Namer
+	// TensorAsks reads the pods' asks for their processes' tensor views
+	// (kube.Pods: their annotations), when an API server is known; read at
+	// every scan under TensorsOnDemand.
+	TensorAsks TensorPolicy
 	// ProcRoot is where processes are read from; /proc by default.
 	ProcRoot string
 	// ScanInterval is how often /proc is scanned for new driver libraries

@@ -182,8 +182,8 @@ func (p *Profiler) updateTensors(now time.Time) {
 // pods that stopped asking. A view its budget switched off stays off until
 // its pod asks again otherwise (another budget, another end).
 func (p *Profiler) askByPods(now time.Time) {
-	policy, ok := p.cfg.Pods.(TensorPolicy)
-	if !ok {
+	policy := p.cfg.TensorAsks
+	if policy == nil {
 		return
 	}
 	asked := map[uint32]snapshot.TensorAsk{}

@@ -253,8 +253,12 @@ func (o *agentOptions) run(ctx context.Context) error {
 	if len(cfg.TensorPIDs) > 0 && cfg.Tensors != profiler.TensorsOnDemand {
 		return usageError{fmt.Errorf("--tensor-pid needs --tensors=on-demand")}
 	}
-	if cfg.Pods, err = o.watchPods(ctx); err != nil {
+	pods, err := o.watchPods(ctx)
+	if err != nil {
 		return err
+	}
+	if pods != nil { // a nil *kube.Pods in an interface is not a nil interface
+		cfg.Pods, cfg.TensorAsks = pods, pods
 	}
 	p, err := profiler.New(cfg)
 	if err != nil {
@@ -373,10 +377,6 @@ func serveMetrics(ctx context.Context, addr string, books metrics.Collector, exp
 	logf("serving metrics at http://%s/metrics", lis.Addr())
 	return nil
 }
-
-// The profiler finds the pods' asks for tensor views by this interface
-// (a type assertion): kube.Pods must keep implementing it.
-var _ profiler.TensorPolicy = (*kube.Pods)(nil)
 
 // watchPods names pods from the API server, when there is one.
 func (o *agentOptions) watchPods(ctx context.Context) (*kube.Pods, error) {
