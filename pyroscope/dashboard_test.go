@@ -112,7 +112,7 @@ func pushedProfileTypes(t *testing.T) map[string]bool {
 		req := e.request(time.Now(), func(add func(*snapshot.Row)) {
 			add(&snapshot.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",
 				Frames: []*symbolize.Frame{{Function: "f"}}, Counters: accounting.Counters{AllocBytes: 1, AllocCount: 1}})
-		}, nil)
+		}, nil, views{})
 		for _, s := range req.Series {
 			p, err := profile.ParseData(s.Samples[0].RawProfile)
 			if err != nil {

@@ -163,9 +163,13 @@ type Exporter struct {
 	series   map[seriesKey]*series
 	gz       bytes.Buffer
 	zw       *gzip.Writer
-	// tensorsSince are the snapshot's on-demand tensor views that hold.
-	tensorsSince []snapshot.TensorView
-	// driverOff are the snapshot's driver views switched off.
+}
+
+// views are the views of an interval's processes that label their series:
+// the on-demand tensor views and the driver views switched off, as its
+// snapshot lists them.
+type views struct {
+	tensors   []snapshot.TensorView
 	driverOff []snapshot.DriverViewOff
 }
 
@@ -276,21 +280,14 @@ func authInterceptor(cfg Config) grpc.UnaryClientInterceptor {
 // (no process held or allocated memory) is not queued: Pyroscope refuses a
 // push without series. It keeps nothing of the snapshot.
 func (e *Exporter) Export(s *snapshot.Snapshot) {
-	e.tensorsSince = e.tensorsSince[:0]
-	for _, v := range s.TensorViews {
-		if v.Ended.IsZero() && !v.Since.IsZero() {
-			e.tensorsSince = append(e.tensorsSince, v)
-		}
-	}
-	e.driverOff = s.DriverViewsOff
-	e.export(s.Time, s.EachRow, s.Peaks)
-	e.driverOff = nil // the snapshot's: not kept
+	e.export(s.Time, s.EachRow, s.Peaks, views{tensors: s.TensorViews, driverOff: s.DriverViewsOff})
 }
 
 // export queues the interval ending at end, whose rows each hands to its
-// argument one at a time, and whose peaks are peaks.
-func (e *Exporter) export(end time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak) {
-	req := e.request(end, each, peaks)
+// argument one at a time, whose peaks are peaks and whose processes' views
+// are v.
+func (e *Exporter) export(end time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak, v views) {
+	req := e.request(end, each, peaks, v)
 	if len(req.Series) == 0 {
 		// Pyroscope answers InvalidArgument "no profiles received"
 		// (Distributor.PushBatch): nothing to send.
@@ -323,7 +320,7 @@ type seriesKey struct {
 }
 
 // request builds the push of the interval ending at t.
-func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak) *pushv1.PushRequest {
+func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak, v views) *pushv1.PushRequest {
 	e.interval++
 	shares := pprof.PeakShares(peaks)
 	var categories *breakdown.Categorizer
@@ -335,9 +332,9 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 		if categories != nil {
 			k.category, k.library = categories.Category(row)
 		}
-		e.add(k, row).Add(row, shares[row.Key])
+		e.add(k, row, v).Add(row, shares[row.Key])
 		if e.cfg.Malloc && memory.AllocatedOnGPU(row.Kind, row.Key.Device) {
-			e.add(seriesKey{pid: row.PID, malloc: true}, row).Add(row, accounting.Amount{})
+			e.add(seriesKey{pid: row.PID, malloc: true}, row, v).Add(row, accounting.Amount{})
 		}
 	})
 	start := e.last
@@ -385,8 +382,8 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 }
 
 // add returns the encoder of series k, of which row is a row this
-// interval.
-func (e *Exporter) add(k seriesKey, row *snapshot.Row) *pprof.Encoder {
+// interval, whose processes' views are v.
+func (e *Exporter) add(k seriesKey, row *snapshot.Row, v views) *pprof.Encoder {
 	s := e.series[k]
 	if s == nil {
 		enc := pprof.NewMallocEncoder()
@@ -399,9 +396,9 @@ func (e *Exporter) add(k seriesKey, row *snapshot.Row) *pprof.Encoder {
 	if s.seen != e.interval {
 		s.seen = e.interval
 		if k.malloc {
-			s.labels = e.mallocLabels(row)
+			s.labels = e.mallocLabels(row, v)
 		} else {
-			s.labels = e.labels(*row, k)
+			s.labels = e.labels(*row, k, v)
 		}
 	}
 	return s.enc
@@ -438,7 +435,7 @@ func (e *Exporter) service(row *snapshot.Row) string {
 
 // mallocLabels are the labels of a process's Malloc series: Inspektor
 // Gadget's names for its pod.
-func (e *Exporter) mallocLabels(row *snapshot.Row) []*typesv1.LabelPair {
+func (e *Exporter) mallocLabels(row *snapshot.Row, v views) []*typesv1.LabelPair {
 	pairs := []*typesv1.LabelPair{
 		{Name: LabelName, Value: MallocProfileName},
 		{Name: LabelDelta, Value: "false"},
@@ -446,7 +443,7 @@ func (e *Exporter) mallocLabels(row *snapshot.Row) []*typesv1.LabelPair {
 		{Name: schema.PID, Value: strconv.FormatUint(uint64(row.PID), 10)},
 		{Name: schema.Comm, Value: row.Comm},
 	}
-	pairs = e.appendDriverOff(pairs, row.PID)
+	pairs = v.appendDriverOff(pairs, row.PID)
 	if e.cfg.Node != "" {
 		pairs = append(pairs, &typesv1.LabelPair{Name: LabelNode, Value: e.cfg.Node})
 	}
@@ -461,7 +458,9 @@ func (e *Exporter) mallocLabels(row *snapshot.Row) []*typesv1.LabelPair {
 	return validUTF8(pairs)
 }
 
-func (e *Exporter) labels(row snapshot.Row, k seriesKey) []*typesv1.LabelPair {
+// labels are the labels of series k, of which row is a row; v are the
+// interval's processes' views.
+func (e *Exporter) labels(row snapshot.Row, k seriesKey, v views) []*typesv1.LabelPair {
 	pairs := []*typesv1.LabelPair{
 		{Name: LabelName, Value: ProfileName},
 		{Name: LabelDelta, Value: "false"},
@@ -472,13 +471,13 @@ func (e *Exporter) labels(row snapshot.Row, k seriesKey) []*typesv1.LabelPair {
 		{Name: schema.GPU, Value: row.GPU()},
 	}
 	if row.Kind == memory.KindTensor {
-		for _, v := range e.tensorsSince {
-			if v.PID == row.PID {
-				pairs = append(pairs, &typesv1.LabelPair{Name: LabelTensorViewSince, Value: v.Since.UTC().Format(time.RFC3339)})
+		for _, t := range v.tensors {
+			if t.PID == row.PID && t.Ended.IsZero() && !t.Since.IsZero() { // on: since when it holds
+				pairs = append(pairs, &typesv1.LabelPair{Name: LabelTensorViewSince, Value: t.Since.UTC().Format(time.RFC3339)})
 			}
 		}
 	}
-	pairs = e.appendDriverOff(pairs, row.PID)
+	pairs = v.appendDriverOff(pairs, row.PID)
 	for _, l := range []struct{ name, value string }{{LabelCategory, k.category}, {LabelLibrary, k.library}} {
 		if l.value != "" {
 			pairs = append(pairs, &typesv1.LabelPair{Name: l.name, Value: l.value})
@@ -501,10 +500,10 @@ func (e *Exporter) labels(row snapshot.Row, k seriesKey) []*typesv1.LabelPair {
 
 // appendDriverOff labels a series of process pid if its driver view was
 // switched off: partial from then on.
-func (e *Exporter) appendDriverOff(pairs []*typesv1.LabelPair, pid uint32) []*typesv1.LabelPair {
-	for _, v := range e.driverOff {
-		if v.PID == pid {
-			pairs = append(pairs, &typesv1.LabelPair{Name: LabelDriverViewOffSince, Value: v.Ended.UTC().Format(time.RFC3339)})
+func (v views) appendDriverOff(pairs []*typesv1.LabelPair, pid uint32) []*typesv1.LabelPair {
+	for _, off := range v.driverOff {
+		if off.PID == pid {
+			pairs = append(pairs, &typesv1.LabelPair{Name: LabelDriverViewOffSince, Value: off.Ended.UTC().Format(time.RFC3339)})
 		}
 	}
 	return pairs

@@ -345,7 +345,7 @@ func TestLabelsAreUTF8(t *testing.T) {
 	defer e.Close()
 	r := row(1, 1, memory.KindDevice, "f", accounting.Counters{AllocBytes: 1, AllocCount: 1})
 	r.Comm = "trainer-\xe6\x97"
-	for _, l := range e.labels(r, seriesKey{}) {
+	for _, l := range e.labels(r, seriesKey{}, views{}) {
 		if l.Name == schema.Comm && l.Value != "trainer-\uFFFD" || !utf8.ValidString(l.Value) {
 			t.Errorf("label %s=%q", l.Name, l.Value)
 		}
