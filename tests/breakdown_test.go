@@ -160,7 +160,8 @@ func TestFragmentationVerdict(t *testing.T) {
 		t.Fatalf("workload: %v", expect)
 	}
 	r := s.report()
-	c.waitStderr("out of memory (fragmentation: PyTorch's cache held 33554432 bytes free, enough for the 12582912 asked, but its largest free block was 4194304 bytes")
+	c.waitStderr(fmt.Sprintf("out of memory: pid %d (python3.12) asked 12.0 MiB through cuMemAlloc_v2 on gpu 0: fragmentation: "+
+		"PyTorch's cache held 33554432 bytes free, enough for the 12582912 asked, but its largest free block was 4194304 bytes", w.pid))
 	c.interrupt()
 	breakdown.Fill(r, nil)
 	if len(r.OOMs) != 1 {
