@@ -183,7 +183,8 @@ func HumanBytes(n uint64) string {
 // WriteStacks writes, per view, the n stacks holding the most, each as a
 // backtrace (innermost first) under its live and allocated bytes, and the n
 // highest peaks of processes on GPUs beside what they hold now, then each
-// view's total; the tensor view only when tensors were traced.
+// view's total (the tensor view only when tensors were traced), what NVML
+// says, and each process's breakdown when the snapshot has one.
 func WriteStacks(w io.Writer, r *snapshot.Snapshot, n int) error {
 	rows := r.Rows()
 	for _, v := range memory.Views {
@@ -207,6 +208,10 @@ func WriteStacks(w io.Writer, r *snapshot.Snapshot, n int) error {
 	}
 	writeViewTotals(w, rows)
 	writeGPUMemory(w, r.GPUMemory)
+	if len(r.Breakdown) > 0 {
+		fmt.Fprintln(w, "where the GPU memory went (docs/breakdown.md):")
+		writeBreakdowns(w, r.Breakdown)
+	}
 	_, err := fmt.Fprintf(w, "events %d, losses %d, unknown frees %d\n", r.Events, r.Losses.Total(), r.Ledger.UnknownFrees)
 	return err
 }
