@@ -36,7 +36,8 @@ type viewTotals struct {
 // tensor_inuse_space (read by go tool pprof), folded's --view, the HTML
 // report's switch and its summary (allocator cache = reserved - tensors),
 // record's --top summary, top, Prometheus's gpumem_live_bytes and
-// gpumem_tensor_live_bytes, and Pyroscope's memory:inuse_space and
+// gpumem_tensor_live_bytes (and gpumem_breakdown_bytes, whose parts sum to
+// the driver view, its cache the segments less the tensors), and Pyroscope's memory:inuse_space and
 // memory:tensor_inuse_space with no label filter.
 func TestViewsInEveryOutput(t *testing.T) {
 	dir := t.TempDir()
@@ -193,13 +194,26 @@ func checkMetricsViews(t *testing.T, url string, pid int, want viewTotals) {
 		}
 		return uint64(n)
 	}
+	// The breakdown's parts, by category: the cache the segments less the
+	// tensors, and every part summed the driver view (no NVML here).
+	parts := func(f map[string]*dto.MetricFamily) map[string]uint64 {
+		byCategory := map[string]uint64{}
+		for _, m := range f["gpumem_breakdown_bytes"].GetMetric() {
+			if l := metricstest.Labels(m); l["pid"] == strconv.Itoa(pid) {
+				byCategory[l["category"]] += uint64(m.GetGauge().GetValue())
+			}
+		}
+		return byCategory
+	}
 	exact := func(f map[string]*dto.MetricFamily) bool {
-		return sum(f, "gpumem_live_bytes") == want.driver && sum(f, "gpumem_tensor_live_bytes") == want.tensor
+		p := parts(f)
+		return sum(f, "gpumem_live_bytes") == want.driver && sum(f, "gpumem_tensor_live_bytes") == want.tensor &&
+			sum(f, "gpumem_breakdown_bytes") == want.driver && p["allocator_cache"] == want.reserved-want.tensor
 	}
 	f := metricstest.ScrapeUntil(t, url, hangLimit, exact)
 	if !exact(f) {
-		t.Errorf("sum(gpumem_live_bytes) %d, sum(gpumem_tensor_live_bytes) %d; want %d and %d",
-			sum(f, "gpumem_live_bytes"), sum(f, "gpumem_tensor_live_bytes"), want.driver, want.tensor)
+		t.Errorf("sum(gpumem_live_bytes) %d, sum(gpumem_tensor_live_bytes) %d, gpumem_breakdown_bytes %v; want %d and %d, summing to the first, the cache %d",
+			sum(f, "gpumem_live_bytes"), sum(f, "gpumem_tensor_live_bytes"), parts(f), want.driver, want.tensor, want.reserved-want.tensor)
 	}
 	for _, m := range f["gpumem_live_bytes"].GetMetric() {
 		if metricstest.Labels(m)["kind"] == "tensor" {
