@@ -219,7 +219,7 @@ func (c *Categorizer) claim(frames []*symbolize.Frame, tensors bool) *rule {
 	for _, f := range frames {
 		r, seen := c.claimed[i][f]
 		if !seen {
-			r = c.rules.classify([]*symbolize.Frame{f}, tensors)
+			r = c.rules.claimOf(f, tensors)
 			c.claimed[i][f] = r
 		}
 		if r != nil {

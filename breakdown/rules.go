@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -47,13 +48,16 @@ var tensorCategories = map[string]bool{
 }
 
 // Default are the rules shipped for PyTorch, transformers and vLLM.
-func Default() *Rules {
+// They are parsed once: the agent sorts with them every interval.
+func Default() *Rules { return parsedDefault() }
+
+var parsedDefault = sync.OnceValue(func() *Rules {
 	r, err := Parse(strings.NewReader(defaultRules), "default.rules")
 	if err != nil {
 		panic(err) // TestDefaultRulesParse keeps it from happening
 	}
 	return r
-}
+})
 
 // Load reads a user's rules from path and puts them before the shipped
 // ones.
@@ -168,15 +172,12 @@ func match(pattern, s string) bool {
 	return strings.HasSuffix(s, last)
 }
 
-// classify is the rule claiming the innermost frame of frames it can, for
-// tensors or driver memory; nil if none.
-func (rs *Rules) classify(frames []*symbolize.Frame, tensors bool) *rule {
-	for _, f := range frames {
-		for i := range rs.rules {
-			r := &rs.rules[i]
-			if r.forTensors() == tensors && r.claims(f) {
-				return r
-			}
+// claimOf is the first rule claiming frame f, for tensors or driver
+// memory; nil if none.
+func (rs *Rules) claimOf(f *symbolize.Frame, tensors bool) *rule {
+	for i := range rs.rules {
+		if r := &rs.rules[i]; r.forTensors() == tensors && r.claims(f) {
+			return r
 		}
 	}
 	return nil

@@ -32,7 +32,7 @@ func TestEveryDefaultRuleClaims(t *testing.T) {
 				f.Module = "/usr/lib/" + v
 			}
 		}
-		got := rules.classify([]*symbolize.Frame{f}, r.forTensors())
+		got := rules.claimOf(f, r.forTensors())
 		if got == nil || got.category != r.category || got.library != r.library {
 			t.Errorf("%s: a frame %+v is claimed by %+v, want %s/%s", r.where, *f, got, r.category, r.library)
 		}
