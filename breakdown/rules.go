@@ -13,9 +13,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -37,9 +39,13 @@ type rule struct {
 }
 
 type cond struct {
-	field   string // function, file, library
+	field   string // one of conditionFields
 	pattern string
 }
+
+// conditionFields are what a condition reads of a frame: its function, its
+// file (Python's), its library (native), its thread (memory.ThreadOf).
+var conditionFields = []string{"function", "file", "library", "thread"}
 
 // tensorCategories are what a rule may name for a tensor.
 var tensorCategories = map[string]bool{
@@ -114,12 +120,12 @@ func parseRule(line string) (rule, error) {
 		return rule{}, fmt.Errorf("unknown category %q: want parameters, gradients, optimizer_state, kv_cache, activations, library_workspaces/<library> or other_driver", category)
 	}
 	if len(fields) == 1 {
-		return rule{}, fmt.Errorf("%s: no condition: want function=, file= or library=<pattern>", category)
+		return rule{}, fmt.Errorf("%s: no condition: want function=, file=, library= or thread=<pattern>", category)
 	}
 	for _, f := range fields[1:] {
 		field, pattern, ok := strings.Cut(f, "=")
-		if !ok || pattern == "" || (field != "function" && field != "file" && field != "library") {
-			return rule{}, fmt.Errorf("condition %q: want function=, file= or library=<pattern>", f)
+		if !ok || pattern == "" || !slices.Contains(conditionFields, field) {
+			return rule{}, fmt.Errorf("condition %q: want function=, file=, library= or thread=<pattern>", f)
 		}
 		ru.conds = append(ru.conds, cond{field, pattern})
 	}
@@ -142,6 +148,8 @@ func (r *rule) claims(f *symbolize.Frame) bool {
 			if f.Module != "" {
 				value = filepath.Base(f.Module)
 			}
+		case "thread":
+			value, _ = memory.ThreadOf(f.Function)
 		}
 		if value == "" || !match(c.pattern, value) {
 			return false

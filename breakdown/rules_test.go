@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -30,6 +31,8 @@ func TestEveryDefaultRuleClaims(t *testing.T) {
 				f.File = v
 			case "library":
 				f.Module = "/usr/lib/" + v
+			case "thread":
+				f.Function = memory.ThreadFrame(v)
 			}
 		}
 		got := rules.claimOf(f, r.forTensors())
@@ -68,6 +71,12 @@ func TestRealStacks(t *testing.T) {
 			native("torch::autograd::VariableType::(anonymous namespace)::mm", "/usr/lib/libtorch_cpu.so"),
 			native("torch::autograd::generated::MmBackward0::apply", "/usr/lib/libtorch_cpu.so"),
 			native("torch::autograd::Engine::evaluate_function", "/usr/lib/libtorch_cpu.so")}, snapshot.Gradients},
+		// as an H100 showed it: libtorch's frames end where its frame pointers do
+		{"a backward on autograd's thread", []*symbolize.Frame{native("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate", "/usr/lib/libc10_cuda.so"),
+			native("at::detail::empty_generic", "/usr/lib/libtorch_cpu.so"), native("at::detail::empty_cuda", "/usr/lib/libtorch_cuda.so"),
+			{Function: memory.ThreadFrame("pt_autograd_0")}}, snapshot.Gradients},
+		{"cuBLAS's workspace on autograd's thread", []*symbolize.Frame{native("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate", "/usr/lib/libc10_cuda.so"),
+			native("at::cuda::setWorkspaceForHandle", "/usr/lib/libtorch_cuda.so"), {Function: memory.ThreadFrame("pt_autograd_0")}}, snapshot.Activations},
 		{"backward", []*symbolize.Frame{py("_engine_run_backward", site+"torch/autograd/graph.py"), py("backward", site+"torch/autograd/__init__.py"), py("Tensor.backward", site+"torch/_tensor.py"), py("step", "/app/train.py")}, snapshot.Gradients},
 		{"AdamW's state", []*symbolize.Frame{py("AdamW._init_group", site+"torch/optim/adamw.py"), py("AdamW.step", site+"torch/optim/adamw.py"), py("step", "/app/train.py")}, snapshot.OptimizerState},
 		{"a static cache", []*symbolize.Frame{py("StaticLayer.lazy_initialization", site+"transformers/cache_utils.py"), py("StaticCache.__init__", site+"transformers/cache_utils.py"), py("GenerationMixin.generate", site+"transformers/generation/utils.py")}, snapshot.KVCache},
@@ -106,7 +115,7 @@ func TestBadRulesRefused(t *testing.T) {
 	for _, c := range []struct{ text, err string }{
 		{"weights function=f", `breakdown rules: r:1: unknown category "weights"`},
 		{"# ok\n\nparameters", "breakdown rules: r:3: parameters: no condition"},
-		{"parameters func=f", `breakdown rules: r:1: condition "func=f": want function=, file= or library=<pattern>`},
+		{"parameters func=f", `breakdown rules: r:1: condition "func=f": want function=, file=, library= or thread=<pattern>`},
 		{"parameters function=", `breakdown rules: r:1: condition "function="`},
 		{"library_workspaces library=libx.so", "breakdown rules: r:1: library_workspaces needs a library after a slash"},
 		{"kv_cache/x function=f", `breakdown rules: r:1: kv_cache takes no library: "kv_cache/x"`},

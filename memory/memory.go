@@ -251,6 +251,22 @@ func Ops() map[string]Op {
 // flame graphs show it under the stack that captured the graph.
 const GraphPool = "[CUDA graph pool]"
 
+// ThreadFrame is the outermost frame of a stack without Python frames made
+// on a thread other than its process's first: the thread's name, such as
+// PyTorch's autograd threads' "pt_autograd_0" (a backward pass).
+func ThreadFrame(name string) string { return threadPrefix + name + "]" }
+
+const threadPrefix = "[thread "
+
+// ThreadOf is the thread a frame function names, if it is a ThreadFrame.
+func ThreadOf(function string) (name string, ok bool) {
+	name, ok = strings.CutPrefix(function, threadPrefix)
+	if !ok || !strings.HasSuffix(name, "]") {
+		return "", false
+	}
+	return name[:len(name)-1], true
+}
+
 // InAllocator says whether a function, by its demangled name, is PyTorch's
 // CUDA caching allocator's (its C++ namespace, in torch's libc10_cuda.so
 // and in tests/simtorch): a driver allocation whose stack passes through

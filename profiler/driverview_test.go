@@ -42,7 +42,7 @@ func TestDriverBudgetSwitchesTheViewOff(t *testing.T) {
 		evs := make([]tracer.Event, n)
 		for i := range evs {
 			ts++
-			evs[i] = tracer.Event{Op: op, PID: uint32(pid), Comm: "w", Address: 0x10000 + ts*0x1000, Bytes: 4096, Timestamp: ts, Stack: []uint64{0x401000}}
+			evs[i] = tracer.Event{Op: op, PID: uint32(pid), TID: uint32(pid), Comm: "w", Address: 0x10000 + ts*0x1000, Bytes: 4096, Timestamp: ts, Stack: []uint64{0x401000}}
 		}
 		src.send(evs...)
 		if err := p.Sync(); err != nil {

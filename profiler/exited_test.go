@@ -17,7 +17,7 @@ import (
 func TestPIDTakenAgain(t *testing.T) {
 	p := bareProfiler(t, func(p *Profiler) { p.procs.reading.run = func() {} }) // processes noted, left to read
 	event := func(ev tracer.Event) {
-		ev.PID, ev.Op, ev.Bytes = 42, memory.Op(1), 100
+		ev.PID, ev.TID, ev.Op, ev.Bytes = 42, 42, memory.Op(1), 100
 		p.handle(&ev)
 	}
 	var last *snapshot.Snapshot

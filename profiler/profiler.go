@@ -357,24 +357,35 @@ func (p *Profiler) readEvents() error {
 func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	var python bool
 	var id accounting.StackID
+	comm := processComm(ev)
 	switch {
 	case ev.Exit:
 		p.pythonExited(ev.PID)
 		p.gpus.exited(ev.PID)
 	case ev.Op.MakesContext(), ev.Op.LoadsModule():
-		python = p.procs.note(ev.PID, ev.Comm, notedContext)
+		python = p.procs.note(ev.PID, comm, notedContext)
 		id = p.stacks.intern(ev)
 		p.gpus.madeEvent(ev, id)
 	case ev.Op == memory.OpCtxDestroy, ev.Op.UnloadsModule():
-		p.procs.note(ev.PID, ev.Comm, notedRelease)
+		p.procs.note(ev.PID, comm, notedRelease)
 		p.gpus.madeEvent(ev, 0)
 	case ev.Op.IsFree() || ev.Op.IsRetain():
-		p.procs.note(ev.PID, ev.Comm, notedRelease)
+		p.procs.note(ev.PID, comm, notedRelease)
 	default:
-		python = p.procs.note(ev.PID, ev.Comm, notedAllocation)
+		python = p.procs.note(ev.PID, comm, notedAllocation)
 		id = p.stacks.intern(ev)
 	}
 	return p.books.account(ev, id, python)
+}
+
+// processComm is the process's name an event says: its comm if its
+// process's first thread made it, else "" (the name known stays); another
+// thread's comm is its own (PyTorch's autograd threads: pt_autograd_0).
+func processComm(ev *tracer.Event) string {
+	if ev.TID != ev.PID {
+		return ""
+	}
+	return ev.Comm
 }
 
 // pythonExited has an exited process no longer walked, if it was a Python

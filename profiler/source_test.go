@@ -145,9 +145,9 @@ func TestRunReadsEveryEvent(t *testing.T) {
 	alloc, free := opNamed(t, "cuMemAlloc_v2"), opNamed(t, "cuMemFree_v2")
 	pid := uint32(self)
 	src.send(
-		tracer.Event{Op: alloc, PID: pid, Comm: "trainer", Address: 0x1000, Bytes: 4096, Timestamp: 1, Stack: []uint64{0x401000}},
-		tracer.Event{Op: alloc, PID: pid, Comm: "trainer", Address: 0x2000, Bytes: 8192, Timestamp: 2, Stack: []uint64{0x401000}},
-		tracer.Event{Op: free, PID: pid, Comm: "trainer", Address: 0x1000, Timestamp: 3},
+		tracer.Event{Op: alloc, PID: pid, TID: pid, Comm: "trainer", Address: 0x1000, Bytes: 4096, Timestamp: 1, Stack: []uint64{0x401000}},
+		tracer.Event{Op: alloc, PID: pid, TID: pid, Comm: "trainer", Address: 0x2000, Bytes: 8192, Timestamp: 2, Stack: []uint64{0x401000}},
+		tracer.Event{Op: free, PID: pid, TID: pid, Comm: "trainer", Address: 0x1000, Timestamp: 3},
 	)
 	if err := p.Sync(); err != nil {
 		t.Fatal(err)
@@ -162,7 +162,7 @@ func TestRunReadsEveryEvent(t *testing.T) {
 		t.Fatalf("rows %+v after %d events, want one of %+v", rows, s.Events, want)
 	}
 
-	src.send(tracer.Event{Op: free, PID: pid, Comm: "trainer", Address: 0x2000, Timestamp: 4})
+	src.send(tracer.Event{Op: free, PID: pid, TID: pid, Comm: "trainer", Address: 0x2000, Timestamp: 4})
 	src.mu.Lock()
 	src.losses[schema.RingBufferFull] = 2
 	src.mu.Unlock()

@@ -102,28 +102,63 @@ func (t *stackTable) drop(id accounting.StackID) {
 }
 
 // stackKey appends the key of an event's stack to buf: its process,
-// driver function, native frame count, whether it was made for a graph's
-// pool, native addresses and Python frames. The same stack allocating for a
-// graph's pool and outside one is two stacks: the pool's names it.
+// driver function, native frame count, its marks, native addresses, then
+// its Python frames or its thread's name. The same stack allocating for a
+// graph's pool and outside one is two stacks: the pool's names it. A stack
+// without Python frames made on a thread other than the process's first
+// is told by its thread's name (threadName): PyTorch's autograd threads,
+// which make a backward pass's tensors, have no Python frames to say so.
 func stackKey(buf []byte, ev *tracer.Event) []byte {
 	k := binary.LittleEndian.AppendUint32(buf, ev.PID)
 	k = binary.LittleEndian.AppendUint16(k, uint16(ev.Op))
 	k = binary.LittleEndian.AppendUint16(k, uint16(len(ev.Stack)))
-	var graphPool byte
+	thread := threadName(ev)
+	var marks byte
 	if ev.Flags&tracer.GraphPool != 0 {
-		graphPool = 1
+		marks |= markGraphPool
 	}
-	k = append(k, graphPool)
+	if thread != "" {
+		marks |= markThread
+	}
+	k = append(k, marks)
 	k = append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.Stack))), len(ev.Stack)*8)...)
+	if thread != "" {
+		return append(k, thread...)
+	}
 	return append(k, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ev.PyFrames))), len(ev.PyFrames)*int(unsafe.Sizeof(tracer.PyFrame{})))...)
 }
 
+// threadName is the name of the thread that made a stack without Python
+// frames, if it is not the process's first thread and its event carried
+// its name; else "".
+func threadName(ev *tracer.Event) string {
+	if len(ev.PyFrames) > 0 || ev.TID == ev.PID {
+		return ""
+	}
+	return ev.Comm
+}
+
 // keyHeader is the size of a key's process, driver function, native frame
-// count and graph pool mark, before its frames.
+// count and marks, before its frames.
 const keyHeader = 9
 
+// A key's marks.
+const (
+	markGraphPool = 1 << iota // made for a CUDA graph's pool
+	markThread                // the thread's name follows the native frames
+)
+
 // graphPool says whether a raw stack was made for a CUDA graph's pool.
-func (r *rawStack) graphPool() bool { return r.key[8] != 0 }
+func (r *rawStack) graphPool() bool { return r.key[8]&markGraphPool != 0 }
+
+// thread is the name of the thread that made a raw stack, if its key has
+// it (stackKey).
+func (r *rawStack) thread() string {
+	if r.key[8]&markThread == 0 {
+		return ""
+	}
+	return r.key[keyHeader+8*r.nativeLen():]
+}
 
 // pid is the process of a raw stack.
 func (r *rawStack) pid() uint32 { return binary.LittleEndian.Uint32([]byte(r.key[:4])) }
@@ -143,6 +178,9 @@ func (r *rawStack) nativeLen() int { return int(binary.LittleEndian.Uint16([]byt
 // read from its key.
 func (r *rawStack) pyFrames() []tracer.PyFrame {
 	const size = int(unsafe.Sizeof(tracer.PyFrame{}))
+	if r.thread() != "" {
+		return nil
+	}
 	data := r.key[keyHeader+8*r.nativeLen():]
 	out := make([]tracer.PyFrame, len(data)/size)
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(out))), len(out)*size), data)

@@ -192,7 +192,16 @@ func (s *stackStore) internFrames(raw *rawStack, frames []symbolize.Frame) []uin
 	for _, f := range frames {
 		out = append(out, s.frames.intern(f))
 	}
+	if t := raw.thread(); t != "" {
+		out = append(out, s.frames.intern(threadFrame(t)))
+	}
 	return out
+}
+
+// threadFrame is the outermost frame of a stack made on a thread of its
+// own (rawStack.thread): the thread's name, as memory.ThreadFrame writes it.
+func threadFrame(name string) symbolize.Frame {
+	return symbolize.Frame{Function: memory.ThreadFrame(name)}
 }
 
 // graphPoolFrame marks the stacks of allocations made for a CUDA graph's
@@ -248,6 +257,9 @@ func (s *stackStore) unnamedFrames(raw *rawStack) []*symbolize.Frame {
 	}
 	for _, f := range pystack.Merge(nil, s.python[raw]) {
 		frames = append(frames, s.frames.find(f))
+	}
+	if t := raw.thread(); t != "" {
+		frames = append(frames, s.frames.find(threadFrame(t)))
 	}
 	return frames
 }

@@ -57,7 +57,7 @@ func TestBreakdownOfSimulatedTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := nvmlState(t, 7*MiB)
-	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsAll, NVML: simNVML()}, pythons(t)[2], "views", env...)
+	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsAll, NVML: simNVML()}, pythons(t)[2], "breakdown", env...)
 	out, page := filepath.Join(dir, "record.json"), filepath.Join(dir, "record.html")
 	var clis []*cli
 	for _, format := range []string{"json", "html"} {
@@ -84,6 +84,7 @@ func TestBreakdownOfSimulatedTorch(t *testing.T) {
 	want := map[string]uint64{
 		snapshot.Parameters:            expect["tensor_load_weights"],
 		snapshot.KVCache:               expect["tensor_kv_cache"],
+		snapshot.Gradients:             expect["tensor_gradients"],
 		snapshot.Activations:           expect["tensor_activations"],
 		snapshot.AllocatorCache:        expect["reserved"] - expect["tensor_live"],
 		"library_workspaces/workspace": 6 * MiB,
@@ -103,6 +104,7 @@ func TestBreakdownOfSimulatedTorch(t *testing.T) {
 	if len(want) != 0 {
 		t.Errorf("parts missing: %v", want)
 	}
+	checkAutogradThread(t, b)
 	if b.Bytes() != nvml.NVML || nvmlParts != nvml.NVML-expect["driver_live"] || !b.NVML || !b.TensorView {
 		t.Errorf("parts sum to %d (NVML's parts %d), NVML says %d of which %d traced", b.Bytes(), nvmlParts, nvml.NVML, expect["driver_live"])
 	}
@@ -160,6 +162,26 @@ func TestBreakdownOfSimulatedTorch(t *testing.T) {
 		t.Errorf("kv_cache's frame %s bytes", got)
 	}
 	w.exit()
+}
+
+// checkAutogradThread: the gradient made on a native thread named
+// pt_autograd_0 (a backward pass's) is claimed by its thread's frame, the
+// outermost of its stack, and the thread's name is not taken for the
+// process's.
+func checkAutogradThread(t *testing.T, b snapshot.Breakdown) {
+	t.Helper()
+	for _, p := range b.Parts {
+		if p.Category != snapshot.Gradients {
+			continue
+		}
+		frames := p.Top[0].Frames
+		if len(p.Top) != 1 || frames[len(frames)-1].Function != "[thread pt_autograd_0]" {
+			t.Errorf("the gradient's stacks %+v, want one ending in [thread pt_autograd_0]", p.Top)
+		}
+	}
+	if b.Comm != "python3.12" {
+		t.Errorf("the process is named %q, want python3.12", b.Comm)
+	}
 }
 
 // TestFragmentationVerdict: a process whose cache holds 32 MiB free, in

@@ -18,7 +18,7 @@ type Event struct {
 	Op        memory.Op // the driver function
 	Result    int32     // its CUresult
 	PID, TID  uint32    //
-	Comm      string    //
+	Comm      string    // the calling thread's; a tensor's only when it has no Python frames
 	Address   uint64    // pointer or VMM handle allocated or freed
 	Bytes     uint64    // allocated bytes; requested bytes when the call failed
 	Device    int32     // device ordinal of the calling thread's context, or DeviceUnknown

@@ -50,6 +50,7 @@
 //       with simtorch_free (their deleter) or, for tensors dead meanwhile, simtorch_raw_delete,
 //       and never the freed ones
 #define _SDT_HAS_SEMAPHORES 1
+#include <pthread.h>
 #include <sys/sdt.h>
 
 #include <algorithm>
@@ -612,10 +613,40 @@ using c10::cuda::CUDACachingAllocator::MempoolId_t;
 using c10::cuda::CUDACachingAllocator::Native::allocator;
 using c10::cuda::CUDACachingAllocator::Native::local_raw_delete;
 
+// A tensor allocated on a thread of its own (simtorch_malloc_on_thread).
+struct ThreadMalloc {
+	const char *name;
+	int device;
+	size_t size;
+	void *ptr;
+};
+
+static void *malloc_on_thread(void *arg)
+{
+	auto *m = static_cast<ThreadMalloc *>(arg);
+	pthread_setname_np(pthread_self(), m->name); // before it allocates
+	m->ptr = allocator.allocate(m->device, m->size);
+	return nullptr;
+}
+
 extern "C" {
 int simtorch_malloc(int device, size_t size, void **ptr)
 {
 	*ptr = allocator.allocate(device, size);
+	return *ptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+// simtorch_malloc_on_thread allocates on a new thread named name, without
+// Python frames, as PyTorch's autograd threads (pt_autograd_0) allocate a
+// backward pass's tensors, gradients included.
+int simtorch_malloc_on_thread(const char *name, int device, size_t size, void **ptr)
+{
+	ThreadMalloc m{name, device, size, nullptr};
+	pthread_t t;
+	if (pthread_create(&t, nullptr, malloc_on_thread, &m) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_join(t, nullptr);
+	*ptr = m.ptr;
 	return *ptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 

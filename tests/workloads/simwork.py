@@ -25,6 +25,10 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                allocated and tensor_live= the allocator's own account
                                (memory_reserved(), memory_allocated() and the requested
                                bytes of live tensors: the tensor view)
+    python3 simwork.py breakdown
+                               the views scenario with a gradient (2 MiB) made on a
+                               native thread named pt_autograd_0, as a backward pass
+                               makes it; expects tensor_gradients too
     python3 simwork.py tensor_spike
                                load_weights' tensors held (12 MiB), then a spike of
                                tensors from activation_spike (5 x 6 MiB), all freed, and
@@ -106,6 +110,7 @@ def load_allocator():
             f.argtypes, f.restype = [ctypes.c_int], ctypes.c_size_t
     torch.simtorch_reset_peak_memory_stats.argtypes = [ctypes.c_int]
     torch.simtorch_inactive_bytes.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
+    torch.simtorch_malloc_on_thread.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
     torch.simtorch_inactive_bytes.restype = ctypes.c_size_t
     torch.simtorch_raw_delete.argtypes = [ctypes.c_void_p]
     torch.simtorch_raw_alloc.argtypes, torch.simtorch_raw_alloc.restype = [ctypes.c_size_t], ctypes.c_void_p
@@ -428,12 +433,34 @@ def driver_used(device):
 
 def views():
     tensors()
+    workspace_and_accounts()
+
+
+def workspace_and_accounts():
+    """A workspace from the driver, then the driver's and the allocator's
+    accounts (the views scenario's expects)."""
     library_workspace()
     totals["driver_live"] = driver_used(0)
     totals["reserved"] = torch.simtorch_memory_reserved(0)
     totals["allocated"] = torch.simtorch_memory_allocated(0)
     totals["tensor_live"] = torch.simtorch_memory_requested(0)
     inactive_blocks()
+
+
+def backward(held):
+    """A gradient, made as a backward pass on a GPU makes it: on autograd's
+    own thread (pt_autograd_0), with no Python frames."""
+    ptr = ctypes.c_void_p()
+    if torch.simtorch_malloc_on_thread(b"pt_autograd_0", 0, 2 << 20, ctypes.byref(ptr)):
+        raise MemoryError("backward")
+    held.append(ptr.value)
+    totals["tensor_gradients"] = 2 << 20
+
+
+def breakdown():
+    tensors()
+    backward(held_tensors)
+    workspace_and_accounts()
 
 
 def inactive_blocks():
@@ -722,14 +749,14 @@ def dlopen_cycles():
 
 
 def main():
-    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views, "fragment_oom": fragment_oom,
+    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views, "breakdown": breakdown, "fragment_oom": fragment_oom,
                  "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles,
                  "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
     cuda.cuInit(0)
-    if sys.argv[1].startswith("tensor") or sys.argv[1] in ("views", "graph_tree", "fragment_oom"):
+    if sys.argv[1].startswith("tensor") or sys.argv[1] in ("views", "breakdown", "graph_tree", "fragment_oom"):
         load_allocator()  # as import torch does, before any tensor
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()

@@ -32,6 +32,8 @@ static __always_inline bool report_tensor(struct pt_regs *ctx, struct gpumem_eve
 		return false;
 	e->device = (__s32)device;
 	capture_allocation(ctx, e, tensor_native_stacks, sent);
+	if (e->pystack_len == 0) /* its thread names it (autograd's: a backward) */
+		bpf_get_current_comm(e->proc.comm, sizeof(e->proc.comm));
 	return true;
 }
 

@@ -13,9 +13,9 @@ static __always_inline __u64 event_size(const struct gpumem_event *e)
 }
 
 /* begin_header fills the header of a call event with its process's pid
- * and tid only: the whole header of a tensor allocation, whose comm (a
- * read of about 70 ns) user space has from the process's driver calls or
- * /proc. Only gpumem attaches the tensor probes. */
+ * and tid only: the whole header of a tensor allocation with Python
+ * frames, whose comm (a read of about 70 ns) user space has from the
+ * process's driver calls or /proc. Only gpumem attaches the tensor probes. */
 static __always_inline void begin_header(struct gpumem_event *e, __u16 op, __s32 result)
 {
 	__u64 id = bpf_get_current_pid_tgid();
