@@ -69,7 +69,9 @@ def generate(expect):
     with torch.no_grad():
         model.generate(ids, past_key_values=cache, max_new_tokens=16, do_sample=False)
     expect["parameters"] = nbytes(list(model.parameters()) + list(model.buffers()))
-    expect["kv_cache"] = nbytes(t for layer in cache.layers for t in (layer.keys, layer.values))
+    # every tensor the cache's layers hold: keys, values and their own
+    # bookkeeping (a few bytes a layer), all made by transformers' cache
+    expect["kv_cache"] = nbytes(t for layer in cache.layers for t in vars(layer).values() if torch.is_tensor(t))
     return model, cache
 
 
@@ -82,8 +84,7 @@ def compiled(expect):
         for _ in range(3):
             out = step(input_ids=ids).logits.clone()
     torch.cuda.synchronize()
-    pools = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)]
-    expect["cuda_graph_pools"] = sum(s["total_size"] for s in pools)
+    expect["cuda_graph_pools"], _ = graph_pools()
     return model, step, out
 
 
@@ -125,14 +126,16 @@ def oom_demand(expect):
 
 
 def oom_fragment(expect):
-    held = []
+    """One segment over all but 1 GiB of the GPU, cached, then split into
+    256 MiB blocks of which every other one is freed: half the segment is
+    free, in no block larger than 256 MiB, when 4 GiB are asked."""
     free, _ = torch.cuda.mem_get_info()
-    for _ in range((free - 1024 * MiB) // (2048 * MiB)):
-        big = torch.empty(2048 * MiB, dtype=torch.uint8, device="cuda")
-        del big  # its 2 GiB segment cached, then split into 100 MiB blocks
-        blocks = [torch.empty(100 * MiB, dtype=torch.uint8, device="cuda") for _ in range(20)]
-        held.extend(blocks[0::2])
-        del blocks
+    blocks = (free - 1024 * MiB) // (256 * MiB)
+    segment = torch.empty(blocks * 256 * MiB, dtype=torch.uint8, device="cuda")
+    del segment
+    carved = [torch.empty(256 * MiB, dtype=torch.uint8, device="cuda") for _ in range(blocks)]
+    held = carved[0::2]
+    del carved
     ask_too_much(4096 * MiB, expect)
     return held
 
@@ -148,6 +151,14 @@ def nvml_used():
     except Exception as err:  # said in the output, checked as missing
         print(f"nvml: {err}", file=sys.stderr)
     return -1
+
+
+def graph_pools():
+    """torch.cuda.memory_snapshot()'s CUDA graph pools: their segments'
+    bytes, and the bytes asked by the tensors live in them."""
+    pools = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)]
+    return (sum(s["total_size"] for s in pools),
+            sum(b.get("requested_size", b["size"]) for s in pools for b in s["blocks"] if b["state"] == "active_allocated"))
 
 
 def inactive_blocks():
@@ -169,6 +180,7 @@ def main():
     expect.update(reserved=torch.cuda.memory_reserved(), allocated=torch.cuda.memory_allocated(),
                   requested=stats.get("requested_bytes.all.current", -1), nvml=nvml_used())
     expect["inactive"], expect["largest_inactive"] = inactive_blocks()
+    expect["graph_pools"], expect["requested_in_pools"] = graph_pools()
     print("done", flush=True)
     print("expect " + json.dumps(expect), flush=True)
     sys.stdin.readline()
