@@ -57,7 +57,7 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 	peaks, timeline := p.books.readRun(s, procs, p.onGPU, p.cfg.Timeline)
 	peaks = p.gpus.addToPeaks(peaks, p.onGPU, bpfNow())
 	p.gpus.addStackRows(s, procs, p.onGPU)
-	s.Frames = p.stacks.nameRows(s.Entries, s.Frames, true)
+	s.Frames = p.stacks.nameRowsSoFar(s.Entries, s.Frames)
 	p.nameProcesses(s, procs, peaks)
 	s.Peaks = p.namedPeaks(procs, peaks)
 	s.Timeline = p.timeline(timeline, procs)
@@ -137,7 +137,7 @@ func (p *Profiler) nameProcesses(s *snapshot.Snapshot, procs map[uint32]*process
 // leaves the others out, their processes kept from being dropped until a
 // snapshot has them (s.Waiting).
 func (p *Profiler) keepNamedRows(s *snapshot.Snapshot) {
-	s.Frames = p.stacks.nameRows(s.Entries, s.Frames, false)
+	s.Frames, _ = p.stacks.nameRows(s.Entries, s.Frames)
 	waiting := map[uint32]bool{}
 	s.Entries = slices.DeleteFunc(s.Entries, func(e snapshot.Entry) bool {
 		if e.Frames != nil { // named

@@ -236,6 +236,11 @@ func madeByAllocator(raw *rawStack, named []symbolize.Frame) bool {
 func (s *stackStore) stackFrames(id accounting.StackID) []*symbolize.Frame {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.framesLocked(id)
+}
+
+// framesLocked is stackFrames for a caller holding s.mu.
+func (s *stackStore) framesLocked(id accounting.StackID) []*symbolize.Frame {
 	st := s.table.m[id]
 	if st.raw != nil {
 		return s.unnamedFrames(st.raw)
@@ -264,44 +269,47 @@ func (s *stackStore) unnamedFrames(raw *rawStack) []*symbolize.Frame {
 	return frames
 }
 
-// nameRows sets the frames of entries from their stacks' (indices in
-// table), and returns the table, copied into table; if withUnnamed, the
-// frames known of the stacks not named yet are appended to it too, else
-// their entries are left without frames. A chunk of entries at a time:
-// events wait for the lock no longer than that. Indices are freed only as
-// processes are dropped, never while a snapshot is named (Profiler.naming):
-// the table copied last has
-// every index of every chunk.
-func (s *stackStore) nameRows(entries []snapshot.Entry, table []*symbolize.Frame, withUnnamed bool) []*symbolize.Frame {
-	var unnamed []int // entries of stacks not named yet
-	var raws []*rawStack
+// nameRows sets the frames of the entries whose stacks are named (indices
+// in table), and returns the table, copied into table, and the entries
+// left without frames: their stacks are not named yet. A chunk of entries
+// at a time: events wait for the lock no longer than that. Indices are
+// freed only as processes are dropped, never while a snapshot is named
+// (Profiler.naming): the table copied last has every index of every chunk.
+func (s *stackStore) nameRows(entries []snapshot.Entry, table []*symbolize.Frame) ([]*symbolize.Frame, []int) {
+	var unnamed []int
 	const chunk = 4096
-	for done := 0; ; {
+	for done := 0; done < len(entries); done += chunk {
 		s.mu.Lock()
 		for i := range entries[done:min(done+chunk, len(entries))] {
 			e := &entries[done+i]
-			st := s.table.m[e.Stack]
-			if e.Frames = st.frames; st.raw != nil && withUnnamed {
-				unnamed, raws = append(unnamed, done+i), append(raws, st.raw)
-			}
-		}
-		if done += chunk; done < len(entries) {
-			s.mu.Unlock()
-			continue
-		}
-		table = s.frames.appendPointers(table)
-		for i, at := range unnamed {
-			frames := s.unnamedFrames(raws[i])
-			e := &entries[at]
-			e.Frames = make([]uint32, len(frames))
-			for j, f := range frames {
-				e.Frames[j] = uint32(len(table))
-				table = append(table, f)
+			if e.Frames = s.table.m[e.Stack].frames; e.Frames == nil {
+				unnamed = append(unnamed, done+i)
 			}
 		}
 		s.mu.Unlock()
-		return table
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.frames.appendPointers(table), unnamed
+}
+
+// nameRowsSoFar is nameRows, the entries left without frames given what is
+// known of their stacks now (stackFrames), appended to the table: a run's
+// snapshot shows every row.
+func (s *stackStore) nameRowsSoFar(entries []snapshot.Entry, table []*symbolize.Frame) []*symbolize.Frame {
+	table, unnamed := s.nameRows(entries, table)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, at := range unnamed {
+		e := &entries[at]
+		frames := s.framesLocked(e.Stack)
+		e.Frames = make([]uint32, len(frames))
+		for j, f := range frames {
+			e.Frames[j] = uint32(len(table))
+			table = append(table, f)
+		}
+	}
+	return table
 }
 
 // allNamed says whether the stacks of every peak's rows are named.
