@@ -2,13 +2,16 @@ package profiler
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
 
 	"github.com/gpu-mem/gpu-mem/discover"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -19,7 +22,7 @@ type attacher struct {
 	tr      Source
 	library string      // Config.Library: the only driver attached
 	tensors TensorScope // allocators are attached here with TensorsAll only
-	logf    func(string, ...any)
+	log     *slog.Logger
 
 	mu       sync.Mutex
 	attached map[string]discover.Library
@@ -28,7 +31,7 @@ type attacher struct {
 }
 
 func newAttacher(cfg Config, tr Source) *attacher {
-	return &attacher{tr: tr, library: cfg.Library, tensors: cfg.Tensors, logf: cfg.Logf,
+	return &attacher{tr: tr, library: cfg.Library, tensors: cfg.Tensors, log: cfg.Log,
 		attached: map[string]discover.Library{}, failed: map[string]error{}}
 }
 
@@ -51,7 +54,7 @@ func (a *attacher) attachInstalled(procRoot string, dirs []string) {
 			continue
 		}
 		if err := a.attach(lib); err != nil {
-			a.logf("%v (installed; processes that load it are attached when found)", err)
+			logs.Printf(a.log, "%v (installed; processes that load it are attached when found)", err)
 		}
 	}
 }
@@ -76,9 +79,9 @@ func (a *attacher) attachFound(libs []discover.Library) (drivers int) {
 			continue
 		}
 		if errors.Is(err, tracer.ErrNoProbes) {
-			a.logf("%v: no tensor view for it, the driver view goes on", err)
+			logs.Printf(a.log, "%v: no tensor view for it, the driver view goes on", err)
 		} else {
-			a.logf("%v (retrying)", err)
+			logs.Printf(a.log, "%v (retrying)", err)
 		}
 	}
 	return drivers
@@ -112,11 +115,11 @@ func (a *attacher) shouldAttach(lib discover.Library) bool {
 }
 
 func (a *attacher) attach(lib discover.Library) error {
-	what := "driver functions"
+	what, kind := "driver functions", "driver"
 	var n int
 	var err error
 	if lib.Allocator {
-		what = "PyTorch allocator probes"
+		what, kind = "PyTorch allocator probes", "allocator"
 		var p *tracer.AllocatorProbes
 		if p, err = a.tr.AttachAllocator(lib.Path, 0); err == nil {
 			a.mu.Lock()
@@ -136,7 +139,7 @@ func (a *attacher) attach(lib discover.Library) error {
 	a.mu.Lock()
 	a.attached[lib.ID()] = lib
 	a.mu.Unlock()
-	a.logf("attached to %s: %d %s", lib.Path, n, what)
+	logs.Event(a.log, logs.Attached, fmt.Sprintf("attached to %s: %d %s", lib.Path, n, what), "library", lib.Path, "kind", kind, "probes", n)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/budget"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
@@ -41,16 +42,16 @@ func (p *Profiler) updateDriverViews(now time.Time) {
 // released implicitly, since its frees will not be seen.
 func (p *Profiler) switchDriverOff(pid uint32, why string) {
 	if err := p.tr.SwitchDriverOff(pid); err != nil {
-		p.cfg.Logf("pid %d: %v", pid, err)
+		logs.Printf(p.cfg.Log, "pid %d: %v", pid, err)
 		return
 	}
 	if err := p.flush(); err != nil {
-		p.cfg.Logf("pid %d: driver view off: %v", pid, err)
+		logs.Printf(p.cfg.Log, "pid %d: driver view off: %v", pid, err)
 		return
 	}
 	p.books.endDriverView(pid, bpfNow())
 	p.driver.switchedOff(pid, why, time.Now())
-	p.cfg.Logf("pid %d: driver view off: %s", pid, why)
+	logs.Printf(p.cfg.Log, "pid %d: driver view off: %s", pid, why)
 }
 
 // overBudget returns the processes whose driver allocations over the last

@@ -3,11 +3,11 @@ package profiler
 import (
 	"context"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/budget"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -22,13 +22,13 @@ func TestDriverBudgetSwitchesTheViewOff(t *testing.T) {
 	self, parent := os.Getpid(), os.Getppid()                                                 // processes that live: not released as vanished
 	budget := budget.Budget{Share: 0.02, PairCost: time.Millisecond, Window: 5 * time.Second} // 100 allocations a window
 	scanned := make(chan struct{})
-	logf := func(format string, args ...any) {
-		t.Logf(format, args...)
-		if strings.HasPrefix(format, "waiting for a process") {
+	log := logs.To(func(l logs.Line) {
+		t.Log(l.Msg)
+		if l.Event == logs.Waiting {
 			close(scanned) // the first scan is over: the budget's windows are this test's
 		}
-	}
-	p := newProfiler(Config{ProcRoot: "/proc", PIDs: []int{self, parent}, ScanInterval: time.Hour, DriverBudget: budget, Logf: logf}, src)
+	})
+	p := newProfiler(Config{ProcRoot: "/proc", PIDs: []int{self, parent}, ScanInterval: time.Hour, DriverBudget: budget, Log: log}, src)
 	p.startJobs()
 	defer p.Close()
 	ctx, cancel := context.WithCancel(context.Background())

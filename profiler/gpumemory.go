@@ -2,9 +2,11 @@ package profiler
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/nvml"
 	"github.com/gpu-mem/gpu-mem/nvmlparts"
@@ -66,10 +68,10 @@ func (p *Profiler) loadNVML(g *gpuMemory) {
 		g.mu.Lock()
 		g.parts = nil
 		g.mu.Unlock()
-		p.cfg.Logf("NVML: %v: the memory nvidia-smi shows beyond what is traced (contexts, kernel images, driver internals) is unknown", err)
+		logs.Printf(p.cfg.Log, "NVML: %v: the memory nvidia-smi shows beyond what is traced (contexts, kernel images, driver internals) is unknown", err)
 		return
 	}
-	p.cfg.Logf("NVML: driver %s (%s)", lib.DriverVersion, g.path)
+	logs.Event(p.cfg.Log, logs.NVML, fmt.Sprintf("NVML: driver %s (%s)", lib.DriverVersion, g.path), "driver", lib.DriverVersion, "library", g.path)
 	g.lib = lib
 }
 
@@ -116,7 +118,7 @@ func (p *Profiler) sampleGPUs() {
 	if err != nil {
 		if msg := err.Error(); msg != g.lastErr { // said once, not at every scan
 			g.lastErr = msg
-			p.cfg.Logf("NVML: read: %v", err)
+			logs.Printf(p.cfg.Log, "NVML: read: %v", err)
 		}
 		return
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpu-mem/gpu-mem/logs"
 )
 
 // capabilityUses are the capabilities gpumem uses beyond loading BPF
@@ -31,7 +33,7 @@ var capabilityUses = []struct {
 func (p *Profiler) sayMissingCapabilities() {
 	eff, err := effectiveCapabilities("/proc/self/status")
 	if err != nil {
-		p.cfg.Logf("reading my capabilities: %v", err)
+		logs.Printf(p.cfg.Log, "reading my capabilities: %v", err)
 		return
 	}
 	for _, use := range capabilityUses {
@@ -40,7 +42,7 @@ func (p *Profiler) sayMissingCapabilities() {
 			held = held || eff&(1<<c) != 0
 		}
 		if !held {
-			p.cfg.Logf("without %s: %s", use.name, use.lost)
+			logs.Printf(p.cfg.Log, "without %s: %s", use.name, use.lost)
 		}
 	}
 }

@@ -3,7 +3,9 @@ package profiler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -30,7 +33,7 @@ type processTable struct {
 	procRoot string
 	devices  []gpuinfo.Device // the driver's GPUs
 	pods     container.Namer
-	logf     func(string, ...any)
+	log      *slog.Logger
 	sym      *symbolize.Symbolizer
 	tr       Source
 	py       *pystack.Resolver
@@ -81,7 +84,7 @@ func newProcessTable(cfg Config, sym *symbolize.Symbolizer, tr Source, py *pysta
 		procRoot: cfg.ProcRoot,
 		devices:  gpuinfo.Devices(cfg.GPUDir),
 		pods:     cfg.Pods,
-		logf:     cfg.Logf,
+		log:      cfg.Log,
 		sym:      sym,
 		tr:       tr,
 		py:       py,
@@ -366,16 +369,16 @@ func (t *processTable) addPython(pid int) bool {
 		return false
 	case err != nil:
 		t.markNotPython(pid)
-		t.logf("no Python frames for %v", err)
+		logs.Printf(t.log, "no Python frames for %v", err)
 		return false
 	}
 	if err := t.tr.AddPython(uint32(pid), proc.Walk()); err != nil {
-		t.logf("%v", err)
+		logs.Printf(t.log, "%v", err)
 		return false
 	}
 	if err := t.py.Add(proc); err != nil {
 		t.tr.RemovePython(uint32(pid))
-		t.logf("pid %d: %v", pid, err)
+		logs.Printf(t.log, "pid %d: %v", pid, err)
 		return false
 	}
 	t.mu.Lock()
@@ -383,7 +386,7 @@ func (t *processTable) addPython(pid int) bool {
 	e.python, e.notReady = true, time.Time{}
 	t.pyProcesses++
 	t.mu.Unlock()
-	t.logf("pid %d: Python %s frames", pid, proc.Version)
+	logs.Event(t.log, logs.Python, fmt.Sprintf("pid %d: Python %s frames", pid, proc.Version), "pid", pid, "version", proc.Version)
 	return true
 }
 

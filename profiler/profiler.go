@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,6 +22,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pystack"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -79,8 +81,9 @@ type Config struct {
 	// and exited processes (a process's files read only when it is new or
 	// changed: discover.Scanner); 500ms by default.
 	ScanInterval time.Duration
-	// Logf receives progress messages (attachments, waiting); may be nil.
-	Logf func(format string, args ...any)
+	// Log receives progress messages (attachments, waiting), the
+	// milestones as events (package logs); may be nil.
+	Log *slog.Logger
 	// OnOOM, when set, receives each out-of-memory snapshot soon after it
 	// is taken, in order, from a goroutine of its own (never the one that
 	// reads events); Sync and reports wait for those taken before them.
@@ -207,8 +210,8 @@ func (cfg Config) withDefaults() Config {
 	if cfg.ScanInterval == 0 {
 		cfg.ScanInterval = 500 * time.Millisecond
 	}
-	if cfg.Logf == nil {
-		cfg.Logf = func(string, ...any) {}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	return cfg
 }
@@ -410,7 +413,7 @@ func (p *Profiler) scan(first bool) {
 	}
 	found, err := p.scanner.Scan(p.cfg.PIDs)
 	if err != nil {
-		p.cfg.Logf("scan processes: %v", err)
+		logs.Printf(p.cfg.Log, "scan processes: %v", err)
 		return
 	}
 	p.procs.askPython(found.Python)
@@ -419,7 +422,8 @@ func (p *Profiler) scan(first bool) {
 	p.updateTensors(time.Now())
 	p.updateDriverViews(time.Now())
 	if first && drivers == 0 && p.cfg.Library == "" {
-		p.cfg.Logf("waiting for a process to load libcuda.so (scanning every %v)", p.cfg.ScanInterval)
+		logs.Event(p.cfg.Log, logs.Waiting, fmt.Sprintf("waiting for a process to load libcuda.so (scanning every %v)", p.cfg.ScanInterval),
+			"scan_interval", p.cfg.ScanInterval.String())
 	}
 }
 

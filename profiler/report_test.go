@@ -16,7 +16,7 @@ import (
 // bareProfiler is a Profiler's parts on a script that sends nothing, its
 // jobs started once adjust has changed them.
 func bareProfiler(t *testing.T, adjust ...func(*Profiler)) *Profiler {
-	p := newProfiler(Config{ProcRoot: "/proc", Logf: func(string, ...any) {}}, newScript())
+	p := newProfiler(Config{ProcRoot: "/proc"}, newScript())
 	for _, f := range adjust {
 		f(p)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/tracer"
@@ -135,7 +136,7 @@ func opNamed(t *testing.T, symbol string) memory.Op {
 func TestRunReadsEveryEvent(t *testing.T) {
 	src := newScript()
 	self := os.Getpid() // a process that lives: not released as vanished
-	p := newProfiler(Config{ProcRoot: "/proc", PIDs: []int{self}, Logf: t.Logf}, src)
+	p := newProfiler(Config{ProcRoot: "/proc", PIDs: []int{self}, Log: logs.To(func(l logs.Line) { t.Log(l.Msg) })}, src)
 	p.startJobs()
 	defer p.Close()
 	ctx, cancel := context.WithCancel(context.Background())

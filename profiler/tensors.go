@@ -12,6 +12,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -199,7 +200,7 @@ func (p *Profiler) askByPods(now time.Time) {
 		}
 	}
 	for pid, why := range p.tensors.unreadAsks(unread) {
-		p.cfg.Logf("pid %d: tensor view not switched on: its pod's annotations: %s", pid, why)
+		logs.Printf(p.cfg.Log, "pid %d: tensor view not switched on: its pod's annotations: %s", pid, why)
 	}
 	for _, v := range p.tensors.list() {
 		if _, still := asked[v.PID]; v.By == snapshot.ByAnnotation && v.Ended.IsZero() && !still {
@@ -210,11 +211,11 @@ func (p *Profiler) askByPods(now time.Time) {
 		switch p.tensors.answer(pid, ask) {
 		case askNew:
 			if err := p.SetTensors(int(pid), ask); err == nil {
-				p.cfg.Logf("pid %d: tensor view asked by its pod", pid)
+				logs.Printf(p.cfg.Log, "pid %d: tensor view asked by its pod", pid)
 			}
 		case askChanged:
 			if err := p.SetTensors(int(pid), ask); err == nil {
-				p.cfg.Logf("pid %d: tensor view's end or budget changed by its pod", pid)
+				logs.Printf(p.cfg.Log, "pid %d: tensor view's end or budget changed by its pod", pid)
 			}
 		}
 	}
@@ -321,12 +322,13 @@ func (p *Profiler) attachTensors(pid uint32) {
 		p.books.startTensorView(pid)
 		probes, err := p.tr.AttachAllocator(lib.Path, pid)
 		if err != nil {
-			p.cfg.Logf("pid %d: tensor view: %v", pid, err)
+			logs.Printf(p.cfg.Log, "pid %d: tensor view: %v", pid, err)
 			continue
 		}
 		since := p.tensors.attached(pid, lib.ID(), probes)
-		p.cfg.Logf("pid %d: tensor view on since %s: %d PyTorch allocator probes%s on %s", pid, since.Format(time.RFC3339Nano),
-			probes.Sites, functionsFollowed(probes), lib.Path)
+		logs.Event(p.cfg.Log, logs.TensorView, fmt.Sprintf("pid %d: tensor view on since %s: %d PyTorch allocator probes%s on %s",
+			pid, since.Format(time.RFC3339Nano), probes.Sites, functionsFollowed(probes), lib.Path),
+			"pid", pid, "library", lib.Path, "probes", probes.Sites, "since", since)
 	}
 }
 
@@ -375,7 +377,7 @@ func (p *Profiler) endTensors(pid uint32, why string, overBudget bool) bool {
 		why += fmt.Sprintf("; a budget of its own keeps it on: gpumem tensors on %d --budget SHARE, "+
 			"or the pod's gpu-mem.io/tensors-budget annotation", pid)
 	}
-	p.cfg.Logf("pid %d: tensor view off: %s", pid, why)
+	logs.Printf(p.cfg.Log, "pid %d: tensor view off: %s", pid, why)
 	return true
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
@@ -234,18 +235,17 @@ func startProfiler(t *testing.T, cfg profiler.Config, ws ...*workload) *session 
 	for _, w := range ws {
 		cfg.PIDs = append(cfg.PIDs, w.pid)
 	}
-	logs := newLogBook()
-	cfg.Logf = func(format string, args ...any) {
-		msg := fmt.Sprintf(format, args...)
-		t.Log(msg)
-		logs.add(msg)
-	}
+	book := newLogBook()
+	cfg.Log = logs.To(func(l logs.Line) {
+		t.Log(l.Msg)
+		book.add(l.Msg)
+	})
 	p, err := profiler.New(cfg)
 	if err != nil {
 		t.Fatalf("profiler: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &session{t: t, cfg: cfg, p: p, cancel: cancel, done: make(chan error, 1), logs: logs}
+	s := &session{t: t, cfg: cfg, p: p, cancel: cancel, done: make(chan error, 1), logs: book}
 	go func() { s.done <- p.Run(ctx) }()
 	t.Cleanup(func() { s.stop(); p.Close() })
 	return s

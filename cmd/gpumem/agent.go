@@ -22,6 +22,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/control"
 	"github.com/gpu-mem/gpu-mem/kube"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -270,7 +271,8 @@ func (o *agentOptions) run(ctx context.Context) error {
 		if err := control.Serve(ctx, o.control, p); err != nil {
 			logf("%v: gpumem tensors cannot reach this agent", err)
 		} else {
-			logf("control socket at %s: gpumem tensors on PID switches a process's tensor view on", o.control)
+			logs.Event(log, logs.ControlSocket, fmt.Sprintf("control socket at %s: gpumem tensors on PID switches a process's tensor view on", o.control),
+				"path", o.control)
 		}
 	}
 	if exp != nil {
@@ -374,7 +376,7 @@ func serveMetrics(ctx context.Context, addr string, books metrics.Collector, exp
 		<-ctx.Done()
 		server.Close()
 	}()
-	logf("serving metrics at http://%s/metrics", lis.Addr())
+	logs.Event(log, logs.ServingMetrics, fmt.Sprintf("serving metrics at http://%s/metrics", lis.Addr()), "address", lis.Addr().String())
 	return nil
 }
 

@@ -42,7 +42,7 @@ func (t *targetFlags) register(fs *pflag.FlagSet, tensors profiler.TensorScope) 
 
 func (t *targetFlags) config() profiler.Config {
 	return profiler.Config{PIDs: t.pids, GPUs: t.gpus, Library: t.library, Tensors: profiler.TensorScope(t.tensors),
-		TensorNativeStacks: t.tensorNative, NVML: t.nvml, Logf: logf}
+		TensorNativeStacks: t.tensorNative, NVML: t.nvml, Log: log}
 }
 
 // tensorScope is --tensors: all, on-demand or off (true and false are all

@@ -8,12 +8,16 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/report"
+	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
 
@@ -29,7 +33,7 @@ type usageError struct{ error }
 
 func main() {
 	if err := newRootCommand().Execute(); err != nil {
-		fmt.Fprintf(os.Stderr, "gpumem: %v\n", err)
+		log.Error(err.Error())
 		os.Exit(exitCode(err))
 	}
 }
@@ -42,6 +46,16 @@ func newRootCommand() *cobra.Command {
 		Short:         "GPU memory profiler: live and allocated GPU memory per call stack",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&logFormat, "log-format", "text",
+		"the log's form on stderr: text (a sentence a line) or json (an object a line, its milestones as events: docs/logs.md)")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		l, err := logs.New(os.Stderr, logFormat)
+		if err != nil {
+			return usageError{err}
+		}
+		log = l
+		return nil
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w\n\n%s", err, cmd.UsageString())}
@@ -59,8 +73,28 @@ func exitCode(err error) int {
 	return exitFailure
 }
 
+// log writes gpumem's log in --log-format's form (logFormat); text until
+// the flags are read, so that an error in them is said as before.
+var (
+	logFormat = "text"
+	log, _    = logs.New(os.Stderr, logFormat)
+)
+
+// writeStacks writes the stacks holding the most to stderr: as they are
+// beside a text log, as the sentence of one line in a json log.
+func writeStacks(r *snapshot.Snapshot, top int) {
+	if logFormat == "text" {
+		report.WriteStacks(os.Stderr, r, top)
+		return
+	}
+	var b strings.Builder
+	report.WriteStacks(&b, r, top)
+	log.Info(strings.TrimSuffix(b.String(), "\n"))
+}
+
+// logf logs a sentence of no event.
 func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "gpumem: "+format+"\n", args...)
+	logs.Printf(log, format, args...)
 }
 
 // untilStopped is ctx, done at Ctrl-C or SIGTERM, or after duration when

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpu-mem/gpu-mem/breakdown"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/pprof"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
@@ -150,7 +151,7 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 		go p.Watch(ctx, child.Process.Pid)
 	}
 
-	logf("recording; Ctrl-C to stop")
+	logs.Event(log, logs.Recording, "recording; Ctrl-C to stop")
 	if err := p.Run(ctx); err != nil {
 		return err
 	}
@@ -169,7 +170,7 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 		return err
 	}
 	if o.top > 0 {
-		report.WriteStacks(os.Stderr, r, o.top)
+		writeStacks(r, o.top)
 	}
 	return nil
 }

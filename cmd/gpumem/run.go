@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +23,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/operators/pyroscope"
 	"github.com/gpu-mem/gpu-mem/profiledata"
 	"github.com/gpu-mem/gpu-mem/profiler"
-	"github.com/gpu-mem/gpu-mem/report"
 )
 
 type runOptions struct {
@@ -76,7 +74,7 @@ func (o *runOptions) run(ctx context.Context, image string) error {
 		return usageError{fmt.Errorf("--interval must be positive")}
 	}
 	// The one operator for eBPF layers: gpumem's, not IG's.
-	operators.RegisterOperatorForMediaType(gpumem.MediaType, gpumem.Operator{Logf: logf})
+	operators.RegisterOperatorForMediaType(gpumem.MediaType, gpumem.Operator{Log: log})
 	out := &profiledata.Last{}
 	ctx, stop := untilStopped(ctx, o.record.duration)
 	defer stop()
@@ -107,7 +105,7 @@ func (o *runOptions) run(ctx context.Context, image string) error {
 		return err
 	}
 	if o.record.top > 0 {
-		report.WriteStacks(os.Stderr, r, o.record.top)
+		writeStacks(r, o.record.top)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/oci"
 	"github.com/inspektor-gadget/inspektor-gadget/pkg/operators"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/profiledata"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
@@ -56,8 +58,8 @@ var params = api.Params{
 // Operator is the image operator. Register it for MediaType in place of
 // IG's eBPF operator (the registry holds one operator per media type).
 type Operator struct {
-	// Logf receives the profiler's progress messages; nil: IG's logger.
-	Logf func(format string, args ...any)
+	// Log receives the profiler's progress messages; nil: IG's logger.
+	Log *slog.Logger
 }
 
 func (Operator) Name() string { return Name }
@@ -81,9 +83,9 @@ func (o Operator) InstantiateImageOperator(gadgetCtx operators.GadgetContext, ta
 		return nil, err
 	}
 	cfg.Object = object
-	cfg.Logf = o.Logf
-	if cfg.Logf == nil {
-		cfg.Logf = gadgetCtx.Logger().Infof
+	cfg.Log = o.Log
+	if cfg.Log == nil {
+		cfg.Log = logs.To(func(l logs.Line) { gadgetCtx.Logger().Info(l.Msg) })
 	}
 	ds, err := gadgetCtx.RegisterDataSource(datasource.TypeArray, DataSource)
 	if err != nil {
