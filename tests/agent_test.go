@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pyroscope"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
@@ -107,7 +108,7 @@ func startAgentFirst(t *testing.T, intervals int, args ...string) (*cli, agentDr
 	d.env = []string{"LD_LIBRARY_PATH=" + dir}
 	d.pyEnv = []string{"SIMCUDA_LIB=" + d.path}
 	c := startCLI(t, append([]string{"agent", "--library", d.path, "--status-interval", "200ms"}, args...)...)
-	waitLines(t, c, "attached to "+d.path)
+	c.waitEvent(logs.Attached, "library", d.path)
 	tensors := !slices.Contains(args, "--tensors=false")
 	for idle := 0; idle < intervals; {
 		line := waitLines(t, c, "status:")[0]
@@ -208,7 +209,7 @@ func TestAgentRejectedPushes(t *testing.T) {
 	// allocator would count in the status line's processes.
 	c, driver := startAgentFirst(t, 3, "--tensors=false", "--pyroscope-url", url, "--pyroscope-interval", "200ms",
 		"--service-name", strings.Repeat("s", 3000), "--metrics-address", "127.0.0.1:0")
-	metrics := c.waitStderrValue("serving metrics at ")
+	metrics := c.metricsURL()
 	w := startWorkload(t, driver.env, simwork, "hold", "4096")
 	w.run()
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/breakdown"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
@@ -63,7 +64,7 @@ func TestBreakdownOfSimulatedTorch(t *testing.T) {
 	for _, format := range []string{"json", "html"} {
 		c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors", "--nvml-library", simNVML(),
 			"--breakdown-rules", rulesPath, "--format", format, "-o", filepath.Join(dir, "record."+format))
-		c.waitStderr("PyTorch allocator probes")
+		c.waitEvent(logs.Attached, "kind", "allocator")
 		clis = append(clis, c)
 	}
 	expect := w.run()
@@ -193,7 +194,7 @@ func TestFragmentationVerdict(t *testing.T) {
 	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsAll}, pythons(t)[2], "fragment_oom", "SIMCUDA_CAPACITY="+strconv.Itoa(88*MiB))
 	out := filepath.Join(dir, "record.json")
 	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors", "--on-oom", dir, "--format", "json", "-o", out)
-	c.waitStderr("PyTorch allocator probes")
+	c.waitEvent(logs.Attached, "kind", "allocator")
 	expect := w.run()
 	if expect["result"] != 2 || expect["reserved"] != 80*MiB || expect["inactive"] != 32*MiB || expect["largest_inactive"] != 4*MiB {
 		t.Fatalf("workload: %v", expect)
@@ -278,7 +279,7 @@ func TestVerdictsFromNVML(t *testing.T) {
 			ooms := make(chan snapshot.OOM, 4)
 			w := startWorkload(t, append(env, "SIMCUDA_CAPACITY="+strconv.Itoa(c.capacity)), simwork, "oom", strconv.Itoa(60*MiB), strconv.Itoa(c.held))
 			s := startProfiler(t, profiler.Config{Library: simLib, NVML: simNVML(), OnOOM: func(o snapshot.OOM) { ooms <- o }}, w)
-			s.waitLog("NVML: driver simulated")
+			s.waitEvent(logs.NVML, "driver", "simulated")
 			if expect := w.run(); expect["result"] != 2 {
 				t.Fatalf("workload: %v", expect)
 			}

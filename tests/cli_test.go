@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/schema"
 )
 
@@ -27,16 +29,20 @@ type cli struct {
 	cmd    *exec.Cmd
 	stdout syncBuffer
 	stderr *logBook
-	lines  chan string // stderr's lines, for tests that read them in turn
+	lines  chan string // stderr's sentences, for tests that read them in turn
 }
+
+// jsonLog is the flag that has a gpumem command log events, which the
+// tests wait for.
+const jsonLog = "--log-format=json"
 
 func startCLI(t *testing.T, args ...string) *cli {
 	t.Helper()
-	return startCommandLine(t, exec.Command(gpumem, args...))
+	return startCommandLine(t, exec.Command(gpumem, append([]string{jsonLog}, args...)...))
 }
 
 // startCommandLine starts cmd, a gpumem command line (run through another
-// command, such as setpriv).
+// command, such as setpriv) that logs in JSON (jsonLog).
 func startCommandLine(t *testing.T, cmd *exec.Cmd) *cli {
 	t.Helper()
 	c := &cli{t: t, cmd: cmd, stderr: newLogBook(), lines: make(chan string, 1<<16)}
@@ -51,9 +57,10 @@ func startCommandLine(t *testing.T, cmd *exec.Cmd) *cli {
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			t.Log("gpumem: " + sc.Text())
-			c.stderr.add(sc.Text())
-			c.lines <- sc.Text()
+			line := readLogLine(t, sc.Text())
+			t.Log("gpumem: " + line.Msg)
+			c.stderr.add(line)
+			c.lines <- line.Msg
 		}
 		c.stderr.end()
 		close(c.lines)
@@ -67,6 +74,34 @@ func startCommandLine(t *testing.T, cmd *exec.Cmd) *cli {
 func (c *cli) waitStderr(want string) {
 	c.t.Helper()
 	c.stderr.wait(c.t, want)
+}
+
+// waitEvent waits for the event name whose fields hold wants (key-value
+// pairs), logged before the call or after, and returns its fields.
+func (c *cli) waitEvent(name string, wants ...any) map[string]any {
+	c.t.Helper()
+	return c.stderr.waitEvent(c.t, name, wants...)
+}
+
+// metricsURL waits for the agent's metrics endpoint and returns its URL.
+func (c *cli) metricsURL() string {
+	c.t.Helper()
+	return fmt.Sprintf("http://%s/metrics", c.waitEvent(logs.ServingMetrics)["address"])
+}
+
+// readLogLine reads a line of stderr: gpumem's, a JSON object whose time,
+// level and sentence must be there, or another program's (a command that
+// record runs), kept as it is.
+func readLogLine(t *testing.T, text string) logs.Line {
+	if !strings.HasPrefix(text, `{"time":`) {
+		return logs.Line{Msg: text}
+	}
+	line, err := logs.Parse(text)
+	if err != nil {
+		t.Error(err)
+		return logs.Line{Msg: text}
+	}
+	return line
 }
 
 // waitStderrValue waits for a line of stderr containing prefix and returns
@@ -117,7 +152,7 @@ func (c *cli) interrupt() {
 func recordKinds(t *testing.T, args ...string) (pid int) {
 	w := startWorkload(t, nil, simwork, "kinds")
 	c := startCLI(t, append([]string{"record", "--pid", strconv.Itoa(w.pid)}, args...)...)
-	c.waitStderr("attached to")
+	c.waitEvent(logs.Attached, "kind", "driver")
 	w.run()
 	c.interrupt()
 	w.exit()
@@ -258,7 +293,7 @@ func TestRecordJSON(t *testing.T) {
 func TestTopPlainLines(t *testing.T) {
 	w := startWorkload(t, nil, simwork, "hold", "5000000")
 	c := startCLI(t, "top", "--pid", strconv.Itoa(w.pid), "--interval", "200ms")
-	c.waitStderr("attached to")
+	c.waitEvent(logs.Attached, "kind", "driver")
 	c.waitStdout("PID +COMM") // a refresh before the allocation: growth starts from nothing
 	w.run()
 	c.waitStdout(`^growing: `)
@@ -358,7 +393,7 @@ func TestRecordKeepsTheReport(t *testing.T) {
 			}
 			w := startWorkload(t, nil, simwork, "kinds")
 			c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--format", "json", "-o", output)
-			c.waitStderr("attached to")
+			c.waitEvent(logs.Attached, "kind", "driver")
 			w.run()
 			if err := os.RemoveAll(filepath.Join(dir, "out")); err != nil {
 				t.Fatal(err)
@@ -416,6 +451,54 @@ func TestSaysItIsWaiting(t *testing.T) {
 	c := startCLI(t, "record", "--pid", strconv.Itoa(sleep.Process.Pid), "-o", filepath.Join(t.TempDir(), "out.pb.gz"))
 	c.waitStderr("waiting for a process to load libcuda.so")
 	c.interrupt()
+}
+
+// TestLogFormats: the json log says, line for line, the sentences of the
+// text log, each a JSON object, and its milestones as events with their
+// values. Two recorders of one process, one of each format, log the same.
+func TestLogFormats(t *testing.T) {
+	w := startWorkload(t, nil, simwork, "kinds")
+	args := []string{"record", "--pid", strconv.Itoa(w.pid), "--top", "0", "-o", "-"}
+	jsonRecorder := startCLI(t, args...)
+	textRecorder := startCommandLine(t, exec.Command(gpumem, args...))
+	jsonRecorder.waitEvent(logs.Attached, "kind", "driver")
+	jsonRecorder.waitEvent(logs.Recording)
+	textRecorder.waitStderr("gpumem: attached to ")
+	textRecorder.waitStderr("gpumem: recording")
+	w.run()
+	jsonRecorder.interrupt()
+	textRecorder.interrupt()
+	w.exit()
+	for range jsonRecorder.lines { // to the last line
+	}
+	for range textRecorder.lines {
+	}
+
+	var fromJSON []string
+	for _, line := range jsonRecorder.stderr.lines {
+		fromJSON = append(fromJSON, "gpumem: "+line)
+	}
+	text := textRecorder.stderr.lines
+	// Sorted: each process says when its own goroutines get there.
+	if slices.Sort(fromJSON); !slices.Equal(fromJSON, slices.Sorted(slices.Values(text))) {
+		t.Errorf("json log's sentences:\n%s\ntext log:\n%s", strings.Join(fromJSON, "\n"), strings.Join(text, "\n"))
+	}
+	var events []string
+	for _, e := range jsonRecorder.stderr.events {
+		fields, err := json.Marshal(e.Fields)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events = append(events, e.Event+" "+string(fields))
+	}
+	slices.Sort(events)
+	want := []string{
+		fmt.Sprintf(`attached {"kind":"driver","library":"/proc/%d/root%s","probes":32}`, w.pid, simLib),
+		"recording {}",
+	}
+	if !slices.Equal(events, want) {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(events, "\n"), strings.Join(want, "\n"))
+	}
 }
 
 // readProfile parses a pprof file with pprof's own package.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -121,7 +122,7 @@ func TestRunDropsExitedProcesses(t *testing.T) {
 	out := filepath.Join(dir, "run.json")
 	c := startCLI(t, "run", tag, "--library", driver, "--tensors=false", "--interval", "200ms",
 		"--pyroscope-url", serveReceiver(t, r), "--format", "json", "-o", out)
-	c.waitStderr("attached to " + driver)
+	c.waitEvent(logs.Attached, "library", driver)
 	live := startWorkload(t, env, simwork, "hold", "1048576")
 	live.run()
 

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -191,7 +192,7 @@ func startOOMRecording(t *testing.T, dir, oomDir string) *oomRecording {
 	copyFile(t, simLib, r.driver)
 	r.env = []string{"LD_LIBRARY_PATH=" + filepath.Dir(r.driver), "SIMCUDA_CAPACITY=1000000"}
 	r.c = startCLI(t, "record", "--library", r.driver, "--tensors=false", "--on-oom", oomDir, "--format", "json", "-o", r.out)
-	r.c.waitStderr("recording")
+	r.c.waitEvent(logs.Recording)
 	return r
 }
 
@@ -202,7 +203,7 @@ func (r *oomRecording) oom() int {
 	r.t.Helper()
 	w := startWorkload(r.t, r.env, simwork, "oom", "2000000")
 	if r.n++; r.n == 1 {
-		r.c.waitStderr("attached to " + r.driver)
+		r.c.waitEvent(logs.Attached, "library", r.driver)
 	}
 	if expect := w.run(); expect["result"] != 2 { // CUDA_ERROR_OUT_OF_MEMORY
 		r.t.Fatalf("workload: %v", expect)
@@ -384,7 +385,7 @@ func TestKilledInsideTheDriverLeavesNoBooks(t *testing.T) {
 	copyFile(t, simLib, driver) // this test's own driver: no other test's process loads it
 	env := []string{"LD_LIBRARY_PATH=" + filepath.Dir(driver)}
 	s := startProfiler(t, profiler.Config{Library: driver, Tensors: profiler.TensorsOff})
-	s.waitLog("attached to " + driver)
+	s.waitEvent(logs.Attached, "library", driver)
 	tr, err := tracer.New(tracer.Options{})
 	if err != nil {
 		t.Fatal(err)

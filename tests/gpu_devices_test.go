@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 )
@@ -59,7 +60,7 @@ func TestGPUFilterAndLabels(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "gpu1.json")
 	w := startWorkload(t, []string{"SIMCUDA_DEVICES=3"}, simwork, "devices")
 	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--gpu", "1", "--format", "json", "-o", out)
-	c.waitStderr("attached to")
+	c.waitEvent(logs.Attached, "kind", "driver")
 	w.run()
 	c.interrupt()
 	w.exit()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/report"
@@ -168,7 +169,7 @@ func TestCUDAGraphTreeOutputs(t *testing.T) {
 		c := startCLI(t, append([]string{"record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--top", "0",
 			"-o", filepath.Join(dir, name)}, args...)...)
 		c.waitStderr("PyTorch allocator probes, setCheckpointPoolState, raw_alloc, raw_delete, beginAllocateToPool and endAllocateToPool")
-		c.waitStderr(fmt.Sprintf("pid %d: Python", w.pid))
+		c.waitEvent(logs.Python, "pid", w.pid)
 		return c
 	}
 	outputs := map[string][]string{

@@ -153,17 +153,21 @@ const hangLimit = 2 * time.Minute
 // writer never blocks on a reader.
 type logBook struct {
 	mu      sync.Mutex
-	lines   []string
+	lines   []string      // every line's sentence, a summary's line by line as the text log says them
+	events  []logs.Line   // the lines of an event
 	changed chan struct{} // closed at each new line, then replaced
 	ended   bool
 }
 
 func newLogBook() *logBook { return &logBook{changed: make(chan struct{})} }
 
-func (b *logBook) add(line string) {
+func (b *logBook) add(line logs.Line) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.lines = append(b.lines, line)
+	b.lines = append(b.lines, strings.Split(line.Msg, "\n")...)
+	if line.Event != "" {
+		b.events = append(b.events, line)
+	}
 	close(b.changed)
 	b.changed = make(chan struct{})
 }
@@ -177,26 +181,41 @@ func (b *logBook) end() {
 	b.changed = make(chan struct{})
 }
 
-// wait returns, for each of wants, the first line containing it, waiting
-// for the lines still missing.
+// wait returns, for each of wants, the first sentence containing it,
+// waiting for those still missing: for the tests of the words a user
+// reads.
 func (b *logBook) wait(t *testing.T, wants ...string) []string {
 	t.Helper()
+	return awaitEach(t, b, fmt.Sprintf("line %q", wants), len(wants), func() []string { return b.lines },
+		func(i int, line string) bool { return strings.Contains(line, wants[i]) })
+}
+
+// waitEvent returns the fields of the first event name whose fields hold
+// each of wants (key-value pairs, values compared as printed), waiting for
+// it: for the tests that wait for a milestone.
+func (b *logBook) waitEvent(t *testing.T, name string, wants ...any) map[string]any {
+	t.Helper()
+	return awaitEach(t, b, fmt.Sprintf("event %s %v", name, wants), 1, func() []logs.Line { return b.events },
+		func(_ int, l logs.Line) bool { return l.Is(name, wants...) })[0].Fields
+}
+
+// awaitEach returns, for each of n wants, the first of b's entries that
+// matches it, waiting for those still missing.
+func awaitEach[E any](t *testing.T, b *logBook, what string, n int, entries func() []E, matches func(want int, e E) bool) []E {
+	t.Helper()
 	deadline := time.After(hangLimit)
-	found := make([]string, len(wants))
+	found := make([]E, n)
+	done := make([]bool, n)
 	for {
 		b.mu.Lock()
 		missing := 0
-		for i, want := range wants {
-			if found[i] != "" {
-				continue
-			}
-			for _, line := range b.lines {
-				if strings.Contains(line, want) {
-					found[i] = line
-					break
+		for i := range n {
+			for _, e := range entries() {
+				if !done[i] && matches(i, e) {
+					found[i], done[i] = e, true
 				}
 			}
-			if found[i] == "" {
+			if !done[i] {
 				missing++
 			}
 		}
@@ -206,12 +225,12 @@ func (b *logBook) wait(t *testing.T, wants ...string) []string {
 			return found
 		}
 		if ended {
-			t.Fatalf("no line %q before the end (found %q)", wants, found)
+			t.Fatalf("no %s before the end", what)
 		}
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("no line %q within %v (found %q)", wants, hangLimit, found)
+			t.Fatalf("no %s within %v", what, hangLimit)
 		}
 	}
 }
@@ -238,7 +257,7 @@ func startProfiler(t *testing.T, cfg profiler.Config, ws ...*workload) *session 
 	book := newLogBook()
 	cfg.Log = logs.To(func(l logs.Line) {
 		t.Log(l.Msg)
-		book.add(l.Msg)
+		book.add(l)
 	})
 	p, err := profiler.New(cfg)
 	if err != nil {
@@ -281,8 +300,9 @@ func (s *session) waitLog(want string) string {
 	return s.logs.wait(s.t, want)[0]
 }
 
-// waitLogs waits for log messages containing each of wants, in any order.
-func (s *session) waitLogs(wants ...string) []string {
+// waitEvent waits for the event name whose fields hold wants (key-value
+// pairs), and returns its fields.
+func (s *session) waitEvent(name string, wants ...any) map[string]any {
 	s.t.Helper()
-	return s.logs.wait(s.t, wants...)
+	return s.logs.waitEvent(s.t, name, wants...)
 }

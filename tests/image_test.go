@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/gpu-mem/gpu-mem/gadgetyaml"
+	"github.com/gpu-mem/gpu-mem/logs"
 )
 
 // The image tests build the repository's gadget into IG's local image
@@ -174,8 +175,8 @@ func TestRunMatchesRecord(t *testing.T) {
 	pid := strconv.Itoa(w.pid)
 	record := startCLI(t, "record", "--pid", pid, "--library", simLib, "-o", filepath.Join(dir, "record.pb.gz"))
 	run := startCLI(t, "run", tag, "--pid", pid, "--library", simLib, "--interval", "200ms", "-o", filepath.Join(dir, "run.pb.gz"))
-	record.waitStderr("attached to")
-	run.waitStderr("attached to")
+	record.waitEvent(logs.Attached, "kind", "driver")
+	run.waitEvent(logs.Attached, "kind", "driver")
 	w.run()
 	record.interrupt()
 	run.interrupt()

@@ -11,6 +11,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
 )
@@ -31,7 +32,7 @@ func TestPodFromCgroup(t *testing.T) {
 	podUID, containerID := inPodCgroup(t, w.pid)
 	out := filepath.Join(t.TempDir(), "pod.json")
 	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--format", "json", "-o", out)
-	c.waitStderr("attached to")
+	c.waitEvent(logs.Attached, "kind", "driver")
 	w.run()
 	c.interrupt()
 	data, err := os.ReadFile(out)
@@ -63,7 +64,7 @@ func TestPodFromCgroup(t *testing.T) {
 	// made before "ready", is the agent's first event of it, traced: its
 	// device is known.
 	a, driver := startAgentFirst(t, 3, "--tensors=false", "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
-	url := a.waitStderrValue("serving metrics at ")
+	url := a.metricsURL()
 	m := startWorkload(t, driver.env, "sh", "-c", `echo ready $$; read go; exec "$0" hold 8192`, simwork)
 	inPodCgroup(t, m.pid)
 	// Released at once: this test waited a second here while a process

@@ -21,7 +21,7 @@ func TestMetrics(t *testing.T) {
 	// view: another package's process on the simulated allocator would
 	// reach its loss counters.
 	c, driver := startAgentFirst(t, 3, "--tensors=false", "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
-	url := c.waitStderrValue("serving metrics at ")
+	url := c.metricsURL()
 	w := startWorkload(t, append([]string{"SIMCUDA_DEVICES=3"}, driver.env...), simwork, "devices")
 	oom := startWorkload(t, append([]string{"SIMCUDA_CAPACITY=1000000"}, driver.env...), simwork, "oom", "2000000")
 	w.run()

@@ -11,6 +11,7 @@ import (
 	pushv1 "github.com/grafana/pyroscope/api/gen/proto/go/push/v1"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/profiler"
@@ -30,7 +31,7 @@ func startOwnDriver(t *testing.T, ctxBytes uint64) (*session, []string) {
 	lib := filepath.Join(dir, "libcuda.so.1")
 	copyFile(t, simLib, lib)
 	s := startProfiler(t, profiler.Config{Library: lib, NVML: simNVML()})
-	s.waitLog("attached to " + lib)
+	s.waitEvent(logs.Attached, "library", lib)
 	return s, append(env, "LD_LIBRARY_PATH="+dir)
 }
 
@@ -153,15 +154,15 @@ func TestModulesInEveryOutput(t *testing.T) {
 		startCLI(t, append([]string{"record", "--format", "html", "-o", file("gpu.html")}, target...)...),
 	}
 	for _, c := range records {
-		c.waitStderr("NVML: driver simulated") // read once the library is loaded: before the loads
+		c.waitEvent(logs.NVML, "driver", "simulated") // read once the library is loaded: before the loads
 	}
 	top := startCLI(t, append([]string{"top", "--interval", "200ms"}, target...)...)
 	top.waitStdout(`^  pid ` + pid + ` \(simwork\): 7\.0 MiB, not traced$`) // no event of it yet
-	agent.waitStderrValue("serving metrics at ")
+	agent.metricsURL()
 	w.run() // the module
 	w.run() // the library
 	const used = 15 * MiB
-	checkModuleMetrics(t, agent.waitStderrValue("serving metrics at "), w.pid)
+	checkModuleMetrics(t, agent.metricsURL(), w.pid)
 	const inuse = "memory:inuse_space:bytes:space:bytes"
 	waitForPush(t, r, w.pid, fmt.Sprintf("push of %s %d", inuse, used), func(totals map[string]int64) bool { return totals[inuse] == used })
 	if got := pushedLoads(t, r.Received(), w.pid); got != 8*MiB {

@@ -14,6 +14,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/nvml"
@@ -100,7 +101,7 @@ func TestReconciledWithNVML(t *testing.T) {
 	other := startWorkload(t, env, simwork, "hold", strconv.Itoa(3*MiB))
 	other.run()
 	s := startProfiler(t, profiler.Config{Library: simLib, NVML: simNVML()}, traced)
-	s.waitLog("NVML: driver simulated")
+	s.waitEvent(logs.NVML, "driver", "simulated")
 	traced.run()
 	r := s.report()
 	type where struct {
@@ -185,13 +186,13 @@ func TestNVMLInEveryOutput(t *testing.T) {
 		"top":    startCLI(t, append([]string{"top", "--interval", "200ms"}, target...)...),
 	}
 	for _, c := range clis {
-		c.waitStderr("attached to")
-		c.waitStderr("NVML: driver simulated")
+		c.waitEvent(logs.Attached, "kind", "driver")
+		c.waitEvent(logs.NVML, "driver", "simulated")
 	}
-	agent.waitStderr("NVML: driver simulated")
+	agent.waitEvent(logs.NVML, "driver", "simulated")
 	w.run()
 	const traced, untraced, used = 7*MiB + 1024, 10 * MiB, 17*MiB + 1024
-	checkNVMLMetrics(t, agent.waitStderrValue("serving metrics at "), w.pid, other.pid)
+	checkNVMLMetrics(t, agent.metricsURL(), w.pid, other.pid)
 	checkNVMLPyroscope(t, r, w.pid)
 	clis["top"].waitStdout(`^GPU 0 \(GPU-00000000-0000-4000-8000-000000000000\): 17\.0 MiB used of 80\.0 GiB \(nvidia-smi\)$`)
 	clis["top"].waitStdout(`^  pid ` + pid + ` \(simwork\), gpu 0: 7\.0 MiB = 1000 B traced \+ 0 B in contexts seen made \+ 0 B in modules seen loaded \+ 7\.0 MiB kernel images and driver internals$`)
@@ -381,7 +382,7 @@ func TestContextChargedToItsStack(t *testing.T) {
 	lib := filepath.Join(dir, "libcuda.so.1") // this test's own: no other process on it
 	copyFile(t, simLib, lib)
 	s := startProfiler(t, profiler.Config{Library: lib, NVML: simNVML()})
-	s.waitLog("attached to " + lib)
+	s.waitEvent(logs.Attached, "library", lib)
 	w := startWorkload(t, append(env, "LD_LIBRARY_PATH="+dir), simwork, "hold", "1000")
 	s.report()
 	w.run()

@@ -21,6 +21,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/control/controltest"
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics"
 	"github.com/gpu-mem/gpu-mem/pprof"
@@ -64,7 +65,8 @@ func TestTensorViewOnDemand(t *testing.T) {
 	python := pythons(t)[2]
 	on, off := startLate(t, python), startLate(t, python)
 	s := startProfiler(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsOnDemand}, on, off)
-	s.waitLogs(fmt.Sprintf("pid %d: Python", on.pid), fmt.Sprintf("pid %d: Python", off.pid))
+	s.waitEvent(logs.Python, "pid", on.pid)
+	s.waitEvent(logs.Python, "pid", off.pid)
 	on.early()
 	off.early()
 	if err := s.p.SetTensors(on.pid, snapshot.TensorAsk{By: snapshot.ByControl}); err != nil {
@@ -249,7 +251,7 @@ func TestTensorsCommand(t *testing.T) {
 	w := startLate(t, pythons(t)[2])
 	socket := t.TempDir() + "/control.sock"
 	agent := startCLI(t, "agent", "--library", simLib, "--pid", strconv.Itoa(w.pid), "--control-socket", socket, "--pyroscope-interval", "200ms")
-	agent.waitStderr("control socket at " + socket)
+	agent.waitEvent(logs.ControlSocket, "path", socket)
 	tensors := func(args ...string) (string, error) {
 		out, err := exec.Command(gpumem, append([]string{"tensors", "--control-socket", socket}, args...)...).CombinedOutput()
 		return string(out), err

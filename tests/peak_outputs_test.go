@@ -19,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pprof"
@@ -125,10 +126,10 @@ func TestPeakInEveryOutput(t *testing.T) {
 		"agent":         agentCLI,
 	}
 	for _, cl := range clis {
-		cl.waitStderr("PyTorch allocator probes")
-		cl.waitStderr(fmt.Sprintf("pid %d: Python", py.pid))
+		cl.waitEvent(logs.Attached, "kind", "allocator")
+		cl.waitEvent(logs.Python, "pid", py.pid)
 	}
-	agent := agentPeaks{t: t, url: clis["agent"].waitStderrValue("serving metrics at "), r: r}
+	agent := agentPeaks{t: t, url: clis["agent"].metricsURL(), r: r}
 
 	// The agent: each interval's peak, the spike in its interval, the
 	// level held in the intervals after.

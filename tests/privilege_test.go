@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/tests/podsecurity"
 )
 
@@ -63,7 +64,7 @@ func TestEachCapabilityIsNeeded(t *testing.T) {
 			py := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, "/root/.pyenv/versions/3.12.1/bin/python3.12",
 				filepath.Join(repoRoot, "tests/workloads/simwork.py"), "sites")
 			c := startDeleted(t)
-			cmd, err := sc.Command(gpumem, "record", "--pid", strconv.Itoa(py.pid), "--pid", strconv.Itoa(c.pid),
+			cmd, err := sc.Command(gpumem, jsonLog, "record", "--pid", strconv.Itoa(py.pid), "--pid", strconv.Itoa(c.pid),
 				"--format", "folded", "--value", "alloc", "-o", "-", "--top", "0")
 			if err != nil {
 				t.Fatal(err)
@@ -77,14 +78,14 @@ func TestEachCapabilityIsNeeded(t *testing.T) {
 				return
 			}
 			r := startCommandLine(t, cmd)
-			r.waitStderr("recording")
+			r.waitEvent(logs.Recording)
 			if tc.without == "SYS_PTRACE" {
 				r.waitStderr(fmt.Sprintf("no Python frames for pid %d", py.pid))
 				r.waitStderr("permission denied (retrying)")
 			} else {
-				r.waitStderr(fmt.Sprintf("pid %d: Python 3.12 frames", py.pid))
-				r.waitStderr(fmt.Sprintf("attached to /proc/%d/root", py.pid))
-				r.waitStderr(fmt.Sprintf("attached to /proc/%d/root", c.pid))
+				r.waitEvent(logs.Python, "pid", py.pid, "version", "3.12")
+				r.waitEvent(logs.Attached, "library", fmt.Sprintf("/proc/%d/root%s", py.pid, simLib))
+				r.waitEvent(logs.Attached, "library", fmt.Sprintf("/proc/%d/root%s", c.pid, filepath.Join(filepath.Dir(c.cmd.Path), "libcuda.so.1")))
 			}
 			py.run()
 			c.run()

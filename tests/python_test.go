@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
@@ -84,7 +85,7 @@ func startPython(t *testing.T, cfg profiler.Config, python, scenario string) (*s
 	t.Helper()
 	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), scenario)
 	s := startProfiler(t, cfg, w)
-	s.waitLog(fmt.Sprintf("pid %d: Python", w.pid))
+	s.waitEvent(logs.Python, "pid", w.pid)
 	return s, w
 }
 
@@ -181,8 +182,8 @@ func TestPythonInEveryOutput(t *testing.T) {
 		outputs[format] = filepath.Join(dir, "out."+format)
 		w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "sites")
 		c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--format", format, "-o", outputs[format])
-		c.waitStderr("Python 3.12 frames")
-		c.waitStderr("attached to")
+		c.waitEvent(logs.Python, "version", "3.12")
+		c.waitEvent(logs.Attached, "kind", "driver")
 		expect := w.run()
 		c.interrupt()
 		w.exit()
@@ -213,8 +214,8 @@ func TestPythonInEveryOutput(t *testing.T) {
 
 	w := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "model")
 	c := startCLI(t, "top", "--pid", strconv.Itoa(w.pid), "--interval", "200ms")
-	c.waitStderr("Python 3.12 frames")
-	c.waitStderr("attached to")
+	c.waitEvent(logs.Python, "version", "3.12")
+	c.waitEvent(logs.Attached, "kind", "driver")
 	w.run()
 	c.waitStdout(strconv.Itoa(w.pid) + ` +python3.12 +- +device +0 .* cuda_malloc$`)
 	c.interrupt()

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/usdt"
 )
@@ -46,8 +47,8 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 		// --pid: no other process's allocator (another test's, another
 		// run's) is attached, nor its semaphores counted.
 		c := startCLI(t, "agent", "--pid", strconv.Itoa(w.pid), "--tensor-pid", strconv.Itoa(w.pid), "--library", driver, "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
-		url := c.waitStderrValue("serving metrics at ")
-		c.waitStderr("PyTorch allocator probes")
+		url := c.metricsURL()
+		c.waitEvent(logs.TensorView, "pid", w.pid)
 		return c, url
 	}
 	first, _ := agent()

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/pystack"
@@ -30,11 +31,10 @@ func startTensors(t *testing.T, cfg profiler.Config, python, scenario string, en
 	env = append(env, "SIMCUDA_LIB="+simLib, "SIMTORCH_LIB="+filepath.Join(repoRoot, "build/sim/libc10_cuda.so"))
 	w := startWorkload(t, env, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), scenario)
 	s := startProfiler(t, cfg, w)
-	logs := []string{fmt.Sprintf("pid %d: Python", w.pid)}
+	s.waitEvent(logs.Python, "pid", w.pid)
 	if cfg.Tensors == profiler.TensorsAll {
-		logs = append(logs, "PyTorch allocator probes")
+		s.waitEvent(logs.Attached, "kind", "allocator")
 	}
-	s.waitLogs(logs...)
 	return s, w
 }
 
@@ -123,7 +123,7 @@ func TestTensorOutOfMemorySnapshot(t *testing.T) {
 	}}
 	s, w := startTensors(t, cfg, python, "tensor_oom", "SIMCUDA_CAPACITY=104857600")
 	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--on-oom", dir, "-o", filepath.Join(dir, "all.pb.gz"))
-	c.waitStderr("PyTorch allocator probes")
+	c.waitEvent(logs.Attached, "kind", "allocator")
 	expect := w.run()
 	if expect["result"] != 2 || expect["requested"] != 40*MiB || expect["held"] != 72*MiB {
 		t.Fatalf("workload: %v", expect)

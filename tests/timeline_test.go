@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/report"
 )
 
@@ -32,7 +33,7 @@ func TestTimelineInBrowser(t *testing.T) {
 	w := startWorkload(t, []string{"SIMCUDA_DEVICES=2"}, simwork, "spike")
 	path := filepath.Join(t.TempDir(), "gpu.html")
 	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--format", "html", "-o", path)
-	c.waitStderr("attached to")
+	c.waitEvent(logs.Attached, "kind", "driver")
 	first := w.run()
 	time.Sleep(300 * time.Millisecond)
 	second := w.run()

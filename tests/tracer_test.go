@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/profiler"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -211,7 +212,7 @@ func TestLateProcessAtUnusualPath(t *testing.T) {
 	s := startProfiler(t, profiler.Config{PIDs: nil})
 
 	w := startWorkload(t, []string{"LD_LIBRARY_PATH=" + dir}, simwork, "hold", "4096")
-	s.waitLog(filepath.Join(dir, "libcuda.so.1")) // as /proc/PID/root/DIR
+	s.waitEvent(logs.Attached, "library", fmt.Sprintf("/proc/%d/root%s", w.pid, filepath.Join(dir, "libcuda.so.1")))
 	w.run()
 	row := rowsBySite(t, s.report(), w.pid)[site{"cuMemAlloc_v2", "hold"}]
 	if row.AllocBytes != 4096 || row.Frames[0].Module == "" {
@@ -229,7 +230,7 @@ func TestInstalledDriverTracedFromFirstCall(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "driver")
 	copyFile(t, simLib, filepath.Join(dir, "libcuda.so.1"))
 	s := startProfiler(t, profiler.Config{DriverDirs: []string{dir}, ScanInterval: time.Hour})
-	s.waitLog("attached to " + filepath.Join(dir, "libcuda.so.1"))
+	s.waitEvent(logs.Attached, "library", filepath.Join(dir, "libcuda.so.1"))
 
 	w := exec.Command(simwork, "devices")
 	w.Env = append(os.Environ(), "SIMWORK_NOWAIT=1", "SIMCUDA_DEVICES=3", "LD_LIBRARY_PATH="+dir)

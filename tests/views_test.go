@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/report"
@@ -66,8 +67,8 @@ func TestViewsInEveryOutput(t *testing.T) {
 		"agent":         agent,
 	}
 	for _, c := range clis {
-		c.waitStderr("PyTorch allocator probes")
-		c.waitStderr(fmt.Sprintf("pid %d: Python", w.pid))
+		c.waitEvent(logs.Attached, "kind", "allocator")
+		c.waitEvent(logs.Python, "pid", w.pid)
 	}
 	expect := w.run()
 	want := viewTotals{driver: expect["driver_live"], tensor: expect["tensor_live"], reserved: expect["reserved"]}
@@ -75,7 +76,7 @@ func TestViewsInEveryOutput(t *testing.T) {
 		t.Fatalf("workload: %v", expect)
 	}
 
-	checkMetricsViews(t, clis["agent"].waitStderrValue("serving metrics at "), w.pid, want)
+	checkMetricsViews(t, clis["agent"].metricsURL(), w.pid, want)
 	checkPyroscopeViews(t, r, w.pid, want)
 	clis["top"].waitStdout(`^GPU memory \(driver view\): ` + regexp.QuoteMeta(report.HumanBytes(want.driver)) + ` live, `)
 	clis["top"].waitStdout(`^tensors \(tensor view\): ` + regexp.QuoteMeta(report.HumanBytes(want.tensor)) + ` live, .*not added to it\)$`)

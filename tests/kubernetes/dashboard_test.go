@@ -80,7 +80,7 @@ func TestGuideDashboard(t *testing.T) {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, "--tensors=false", "--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
 		"--pyroscope-interval", "5s")
-	prom := startPrometheus(t, agent.saidValue(t, "serving metrics at "))
+	prom := startPrometheus(t, agent.metricsURL(t))
 
 	const first = 4096
 	second := map[string]float64{"trainer": 32 * MiB, "server": 64 * MiB}

@@ -24,7 +24,7 @@ func TestAPIServerGoneAndBack(t *testing.T) {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, "--tensors=false", "--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
 		"--pyroscope-interval", "200ms")
-	metrics := agent.saidValue(t, "serving metrics at ")
+	metrics := agent.metricsURL(t)
 
 	c.apiserver.Process.Kill()
 	c.apiserver.Wait()

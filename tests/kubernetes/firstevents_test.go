@@ -23,7 +23,7 @@ func TestFirstEventsCounted(t *testing.T) {
 	agent, driver := startAgentFirst(t, 1, func(args ...string) *process {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, "--tensors=false", "--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "1s")
-	target := agent.saidValue(t, "serving metrics at ")
+	target := agent.metricsURL(t)
 	plain := startPrometheus(t, target)
 	simwork := filepath.Join(root, "build/sim/simwork")
 	const held = 8 * MiB

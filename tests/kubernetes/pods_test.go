@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
@@ -79,15 +80,18 @@ func replicaPod(t *testing.T, c *cluster, ns, app, hash, suffix, cid string) *co
 	return pod
 }
 
-// process is a started command whose stderr lines are watched.
+// process is a started command whose stderr lines are watched: gpumem's,
+// logged in JSON (the agent's, startAgentFirst), are read as their
+// sentences and events.
 type process struct {
 	cmd   *exec.Cmd
 	lines chan string
 	stdin io.WriteCloser
 	out   *bufio.Scanner
 
-	mu  sync.Mutex
-	log []string // every line of stderr so far
+	mu     sync.Mutex
+	log    []string    // every line of stderr so far, gpumem's as their sentences
+	events []logs.Line // gpumem's events so far
 }
 
 // said is every line of stderr so far.
@@ -111,10 +115,20 @@ func start(t *testing.T, env []string, name string, args ...string) *process {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			t.Log(sc.Text())
+			line := logs.Line{Msg: sc.Text()}
+			if strings.HasPrefix(sc.Text(), `{"time":`) {
+				var err error
+				if line, err = logs.Parse(sc.Text()); err != nil {
+					t.Error(err)
+				}
+			}
 			p.mu.Lock()
-			p.log = append(p.log, sc.Text())
+			p.log = append(p.log, line.Msg)
+			if line.Event != "" {
+				p.events = append(p.events, line)
+			}
 			p.mu.Unlock()
-			p.lines <- sc.Text()
+			p.lines <- line.Msg
 		}
 		close(p.lines)
 	}()
@@ -175,8 +189,8 @@ func startAgentFirst(t *testing.T, intervals int, launch func(args ...string) *p
 	}
 	d.env = []string{"LD_LIBRARY_PATH=" + dir}
 	d.pyEnv = []string{"SIMCUDA_LIB=" + d.path}
-	agent := launch(append([]string{"agent", "--library", d.path, "--status-interval", "200ms"}, args...)...)
-	agent.waitSaid(t, "attached to "+d.path)
+	agent := launch(append([]string{"--log-format=json", "agent", "--library", d.path, "--status-interval", "200ms"}, args...)...)
+	agent.waitEvent(t, logs.Attached, "library", d.path)
 	tensors := !slices.Contains(args, "--tensors=false")
 	for idle := 0; idle < intervals; {
 		line := agent.waitLine(t, "status: ")
@@ -190,17 +204,24 @@ func startAgentFirst(t *testing.T, intervals int, launch func(args ...string) *p
 	return agent, d
 }
 
-// saidValue waits for a line of stderr containing prefix, said before the
-// call or after, and returns what follows it.
-func (p *process) saidValue(t *testing.T, prefix string) string {
+// waitEvent waits for the event name whose fields hold wants (key-value
+// pairs), logged before the call or after, and returns its fields.
+func (p *process) waitEvent(t *testing.T, name string, wants ...any) map[string]any {
 	t.Helper()
-	p.waitSaid(t, prefix)
-	for _, line := range p.said() {
-		if _, v, found := strings.Cut(line, prefix); found {
-			return v
+	return waitfor.Value(t, fmt.Sprintf("event %s %v", name, wants), hangLimit, func() map[string]any {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if i := slices.IndexFunc(p.events, func(l logs.Line) bool { return l.Is(name, wants...) }); i >= 0 {
+			return p.events[i].Fields
 		}
-	}
-	return ""
+		return nil
+	}, func(fields map[string]any) bool { return fields != nil })
+}
+
+// metricsURL waits for the agent's metrics endpoint and returns its URL.
+func (p *process) metricsURL(t *testing.T) string {
+	t.Helper()
+	return fmt.Sprintf("http://%s/metrics", p.waitEvent(t, logs.ServingMetrics)["address"])
 }
 
 // waitSeries waits for a pushed series that ok accepts, and returns the
@@ -246,7 +267,7 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, "--tensors=false", "--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
 		"--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
-	url := agent.saidValue(t, "serving metrics at ")
+	url := agent.metricsURL(t)
 
 	// Into the pod's cgroup at "ready", before its first allocation, the
 	// agent's first event of it.

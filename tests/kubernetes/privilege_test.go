@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
+	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/pyroscope/pyroscopetest"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
@@ -58,13 +59,15 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 	agent, driver := startAgentFirst(t, 3, func(args ...string) *process { return startAs(t, sc, args...) },
 		"--tensors", "--kubeconfig", c.kubeconfig, "--node-name", "node-1",
 		"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
-	url := agent.saidValue(t, "serving metrics at ")
+	url := agent.metricsURL(t)
 	// Into the pod's cgroup at "ready", before its first allocation, the
 	// agent's first event of it.
 	w := startPython(t, driver.pyEnv)
 	cgrouptest.InContainer(t, w.cmd.Process.Pid, string(pod.UID), containerID)
 	pid := w.cmd.Process.Pid
-	agent.waitSaid(t, fmt.Sprintf("pid %d: Python 3.12 frames", pid), "libcuda.so.1: 32 driver functions", "libc10_cuda.so: 2 PyTorch allocator probes")
+	agent.waitEvent(t, logs.Python, "pid", pid, "version", "3.12")
+	agent.waitEvent(t, logs.Attached, "kind", "driver", "probes", 32)
+	agent.waitEvent(t, logs.Attached, "kind", "allocator", "probes", 2)
 
 	// What the kernel holds for the agent: the chart's capabilities, in
 	// the bounding, permitted and effective sets, and nothing to pass on.

@@ -171,7 +171,7 @@ func startTrainerAgent(t *testing.T, args ...string) *trainer {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, append([]string{"--kubeconfig", tr.cluster.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
 		"--control-socket", socket}, args...)...)
-	tr.metrics = tr.agent.saidValue(t, "serving metrics at ")
+	tr.metrics = tr.agent.metricsURL(t)
 	return tr
 }
 
