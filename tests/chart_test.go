@@ -100,13 +100,14 @@ func TestChartOptions(t *testing.T) {
 	}
 	objects := render(t, map[string]any{
 		"tensors":      "off",
+		"logFormat":    "json",
 		"pyroscope":    map[string]any{"url": "http://pyroscope:4040", "existingSecret": "pyro", "tenant": "team-a"},
 		"metrics":      map[string]any{"serviceMonitor": map[string]any{"enabled": true}},
 		"azureMonitor": map[string]any{"enabled": true},
 	})
 	pod := dig(objects["DaemonSet"][0], "spec", "template", "spec")
 	args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " ")
-	for _, want := range []string{"--tensors=off", "--pyroscope-url=http://pyroscope:4040", "--pyroscope-tenant=team-a", "--pyroscope-password-file=/etc/gpumem/pyroscope/password"} {
+	for _, want := range []string{"--tensors=off", "--log-format=json", "--pyroscope-url=http://pyroscope:4040", "--pyroscope-tenant=team-a", "--pyroscope-password-file=/etc/gpumem/pyroscope/password"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %s lack %s", args, want)
 		}
