@@ -64,8 +64,13 @@ $(SIM)/nvml/libnvidia-ml.so.1: tests/simnvml/nvml.c tests/simnvml/nvml.h
 
 # The simulated PyTorch caching allocator, with torch's USDT probes; it
 # finds libcuda.so.1 beside itself.
-$(SIM)/libc10_cuda.so: tests/simtorch/allocator.cc tests/simcuda/cuda.h $(SIM)/libcuda.so.1
-	c++ -std=c++17 $(SIM_CFLAGS) -O1 -shared -fPIC -o $@ $< -L$(SIM) -l:libcuda.so.1 -Wl,--enable-new-dtags,-rpath,'$$ORIGIN'
+$(SIM)/libc10_cuda.so: tests/simtorch/allocator.cc tests/simcuda/cuda.h $(SIM)/libcuda.so.1 $(SIM)/libc10.so
+	c++ -std=c++17 $(SIM_CFLAGS) -O1 -shared -fPIC -o $@ $< -L$(SIM) -l:libcuda.so.1 -l:libc10.so -Wl,--enable-new-dtags,-rpath,'$$ORIGIN'
+
+# torch's libc10.so, beside it: the function its allocator reports an
+# out-of-memory to, before it raises.
+$(SIM)/libc10.so: tests/simtorch/c10.cc
+	c++ -std=c++17 $(SIM_CFLAGS) -O1 -shared -fPIC -o $@ $<
 
 $(SIM)/simwork: tests/workloads/simwork.c tests/simcuda/cuda.h $(SIM)/libcuda.so.1
 	cc $(SIM_CFLAGS) -o $@ $< -L$(SIM) -l:libcuda.so.1 -Wl,--enable-new-dtags,-rpath,'$$ORIGIN' -lpthread

@@ -173,6 +173,32 @@ int gpumem_tensor(struct pt_regs *ctx)
 	return 0;
 }
 
+/* c10::reportOutOfMemoryToProfiler(int64_t alloc_size, size_t
+ * total_allocated, size_t total_reserved, c10::Device device), in
+ * libc10.so: PyTorch's allocator calls it before it raises out of memory,
+ * whether the driver refused (its cache emptied and tried again) or a limit
+ * of its own did (set_per_process_memory_fraction), which the driver never
+ * sees. A failed allocation of the size asked, with the caller's stack. */
+SEC("uprobe.multi/libc10")
+int gpumem_tensor_oom(struct pt_regs *ctx)
+{
+	if (filtered_out(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	struct gpumem_event *e = hold_scratch();
+	if (!e)
+		return 0;
+	begin_header(e, GPUMEM_OP_TENSOR_OOM, GPUMEM_CUDA_ERROR_OUT_OF_MEMORY);
+	e->timestamp = bpf_ktime_get_ns();
+	e->address = 0;
+	e->bytes = PT_REGS_PARM1(ctx);
+	e->device = (__s8)(PT_REGS_PARM4(ctx) >> 8); /* c10::Device: its type, then its index, one byte each */
+	capture_allocation(ctx, e, true, NULL);
+	caller_first(ctx, e);
+	output(e, event_size(e));
+	release_scratch();
+	return 0;
+}
+
 /* NativeCachingAllocator::setCheckpointPoolState, a CUDA graph pool's
  * checkpoint restore (gpumem/allocator.h), at its entry. */
 SEC("uprobe.multi/libc10_cuda")

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/container"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/symbolize"
 )
@@ -32,8 +33,8 @@ func Fill(s *snapshot.Snapshot, rules *Rules) {
 
 // Judge says why an out-of-memory happened: from what its process held
 // then (its rows and where its segments and tensors lay) and what NVML
-// said the GPU held just after. In that order: a limit (the GPU had the
-// bytes free), fragmentation (PyTorch's cache had them free, in pieces),
+// said the GPU held just after. In that order: a limit (PyTorch's allocator
+// refused without asking the driver, or the GPU had the bytes free), fragmentation (PyTorch's cache had them free, in pieces),
 // another process (the process's own use and the bytes asked fit the GPU),
 // else demand.
 func Judge(o *snapshot.OOM, rules *Rules) *snapshot.Verdict {
@@ -63,6 +64,15 @@ func Judge(o *snapshot.OOM, rules *Rules) *snapshot.Verdict {
 	}
 	own := addNVMLParts(v, o.GPU)
 	switch {
+	case o.Failure.Op == memory.OpTensorOOM && (o.GPU == nil || v.Free >= asked):
+		// The allocator reported it with no refusal of the driver before:
+		// a refusal's out-of-memory is the driver call's (takeOOM).
+		v.Verdict = snapshot.Limit
+		v.Why = fmt.Sprintf("PyTorch's allocator refused %d bytes without asking the driver", asked)
+		if o.GPU != nil {
+			v.Why += fmt.Sprintf(", with %d free on the GPU", v.Free)
+		}
+		v.Why += ": a limit of its own (torch.cuda.set_per_process_memory_fraction)"
 	case o.GPU != nil && v.Free >= asked:
 		v.Verdict = snapshot.Limit
 		v.Why = fmt.Sprintf("the driver refused %d bytes with %d free on the GPU: a limit below the GPU's size (a MIG slice)", asked, v.Free)

@@ -52,6 +52,13 @@ func oom(asked uint64, g *snapshot.GPU, rows ...snapshot.Row) *snapshot.OOM {
 		Comm:       "train", Failures: accounting.Failures{Count: 1, Bytes: asked}}}
 }
 
+// byAllocator makes an out-of-memory PyTorch's allocator reported, the
+// driver not refusing first.
+func byAllocator(o *snapshot.OOM) *snapshot.OOM {
+	o.Failure.Op, o.Failure.Kind = memory.OpTensorOOM, memory.KindTensor
+	return o
+}
+
 func gpu(total, used uint64, procs ...snapshot.ProcessMemory) *snapshot.GPU {
 	return &snapshot.GPU{Index: 0, Total: total + 512*MiB, Reserved: 512 * MiB, Used: used, Processes: procs}
 }
@@ -80,6 +87,12 @@ func TestVerdicts(t *testing.T) {
 			snapshot.AnotherProcess, "other processes held the rest, the most pid 9 (other) with 482344960", 4},
 		{"the GPU had room", oom(300*MiB, gpu(1000*MiB, 540*MiB, me), held...), snapshot.Limit,
 			"the driver refused 314572800 bytes with 482344960 free on the GPU", 4},
+		{"PyTorch's own limit", byAllocator(oom(300*MiB, gpu(1000*MiB, 540*MiB, me), held...)), snapshot.Limit,
+			"PyTorch's allocator refused 314572800 bytes without asking the driver, with 482344960 free on the GPU: a limit of its own", 4},
+		{"PyTorch's own limit, without NVML", byAllocator(oom(300*MiB, nil, held...)), snapshot.Limit,
+			"PyTorch's allocator refused 314572800 bytes without asking the driver: a limit of its own (torch.cuda.set_per_process_memory_fraction)", 3},
+		{"PyTorch's report of a full GPU", byAllocator(oom(600*MiB, gpu(1000*MiB, 1000*MiB, me), held...)), snapshot.Demand,
+			"the process held 566231040 bytes and asked 629145600 more", 4},
 		{"without NVML or tensors", oom(300*MiB, nil, held[:2]...), snapshot.Demand, "the process held 41943040 bytes and asked 314572800 more; the most in allocator_segments", 1},
 	} {
 		v := Judge(c.oom, nil)

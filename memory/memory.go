@@ -32,6 +32,7 @@ const (
 	OpMemRelease                Op = 15
 	OpTensorAlloc               Op = 16
 	OpTensorFree                Op = 17
+	OpTensorOOM                 Op = 18
 	OpMemRetainAllocationHandle Op = 24
 	OpCtxSetCurrent             Op = 32
 	OpCtxPushCurrent            Op = 33
@@ -213,6 +214,10 @@ var ops = map[Op]opInfo{
 	// PyTorch's caching allocator, from its USDT probes.
 	OpTensorAlloc: {"pytorch:malloc", KindTensor},
 	OpTensorFree:  {"pytorch:free", 0},
+	// Its out-of-memory, reported by c10::reportOutOfMemoryToProfiler
+	// before it raises: also when a limit of its own refused, which the
+	// driver never sees.
+	OpTensorOOM: {"pytorch:out_of_memory", KindTensor},
 
 	// Context calls, followed in BPF only: they say which device the
 	// calling thread allocates on.

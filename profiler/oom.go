@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/tracer"
 )
@@ -32,12 +33,15 @@ type oomMark struct {
 // the one last snapshotted: the same size asked from the same Python frames
 // (as the event carried them: code objects and instructions) within
 // oomRepeat. PyTorch's allocator asks again after emptying its cache, from
-// another native call site and, on a large GPU, seconds later; that is one
-// out-of-memory to the user. The caller holds b.mu.
+// another native call site and, on a large GPU, seconds later, then reports
+// its out-of-memory (memory.OpTensorOOM, of its block's size, not the
+// segment's it asked the driver for); that is one out-of-memory to the
+// user. The caller holds b.mu.
 func (b *books) takeOOM(k accounting.FailureKey, bytes uint64, python []tracer.PyFrame) bool {
 	now := time.Now()
 	last, seen := b.lastOOM[k.PID]
-	if seen && last.bytes == bytes && slices.Equal(last.python, python) && now.Sub(last.at) < oomRepeat {
+	sameSize := last.bytes == bytes || k.Op == memory.OpTensorOOM
+	if seen && sameSize && slices.Equal(last.python, python) && now.Sub(last.at) < oomRepeat {
 		return false
 	}
 	b.lastOOM[k.PID] = oomMark{at: now, bytes: bytes, python: slices.Clone(python)}

@@ -185,6 +185,41 @@ func checkAutogradThread(t *testing.T, b snapshot.Breakdown) {
 	}
 }
 
+// TestLimitOfPyTorchsOwn: torch.cuda.set_per_process_memory_fraction
+// refuses 24 MiB without asking the driver. PyTorch's allocator reports its
+// out-of-memory (c10::reportOutOfMemoryToProfiler, in libc10.so) before it
+// raises: the verdict is a limit of its own, the GPU's free bytes NVML's,
+// in record's out-of-memory line and in the snapshot. (A driver's refusal
+// followed by the same report stays one out-of-memory:
+// TestFragmentationVerdict.)
+func TestLimitOfPyTorchsOwn(t *testing.T) {
+	t.Setenv("SIMCUDA_CAPACITY", strconv.Itoa(88*MiB)) // the GPU NVML reads
+	env := append(nvmlState(t, MiB), "SIMCUDA_CAPACITY="+strconv.Itoa(88*MiB))
+	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsAll, NVML: simNVML()}, pythons(t)[2], "fraction_oom", env...)
+	dir := t.TempDir()
+	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors", "--nvml-library", simNVML(),
+		"--on-oom", dir, "--format", "json", "-o", filepath.Join(dir, "record.json"))
+	c.waitEvent(logs.Attached, "kind", "allocator")
+	expect := w.run()
+	if expect["result"] != 2 || expect["reserved"] != 20*MiB {
+		t.Fatalf("workload: %v", expect)
+	}
+	r := s.report()
+	free := uint64(88*MiB - 20*MiB - MiB) // the GPU less the segment and the context
+	c.waitStderr(fmt.Sprintf("out of memory: pid %d (python3.12) asked 24.0 MiB through pytorch:out_of_memory on gpu 0: limit: "+
+		"PyTorch's allocator refused 25165824 bytes without asking the driver, with %d free on the GPU: "+
+		"a limit of its own (torch.cuda.set_per_process_memory_fraction)", w.pid, free))
+	c.interrupt()
+	breakdown.Fill(r, nil)
+	if len(r.OOMs) != 1 {
+		t.Fatalf("%d out-of-memory snapshots", len(r.OOMs))
+	}
+	if v := r.OOMs[0].Verdict; v.Verdict != snapshot.Limit || v.Asked != expect["requested"] || v.Free != free {
+		t.Errorf("verdict %+v, want a limit of %d asked with %d free", v, expect["requested"], free)
+	}
+	w.exit()
+}
+
 // TestFragmentationVerdict: a process whose cache holds 32 MiB free, in
 // blocks of 4 MiB, asks for 12 MiB with the driver full: the verdict is
 // fragmentation, its figures the allocator's own free blocks, and it is

@@ -35,6 +35,7 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 	allocator := filepath.Join(dir, "torch", "libc10_cuda.so")
 	copyFile(t, simLib, driver)
 	copyFile(t, filepath.Join(repoRoot, "build/sim/libc10_cuda.so"), allocator)
+	copyFile(t, filepath.Join(repoRoot, "build/sim/libc10.so"), filepath.Join(dir, "torch", "libc10.so"))
 	semaphores := semaphoreOffsets(t, allocator)
 
 	w := startWorkload(t, []string{"SIMCUDA_LIB=" + driver, "SIMTORCH_LIB=" + allocator}, python,
@@ -66,8 +67,10 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 	// The allocator's: its USDT sites', and nine on its own functions
 	// (the entries and ret instructions of setCheckpointPoolState, raw_alloc
 	// and raw_alloc_with_stream; the entries of raw_delete,
-	// beginAllocateToPool and endAllocateToPool).
-	if onFile[driver] != 1 || onFile[allocator] != 10 || len(links) != 11 {
+	// beginAllocateToPool and endAllocateToPool); and one on libc10.so's
+	// reportOutOfMemoryToProfiler.
+	c10 := filepath.Join(dir, "torch", "libc10.so")
+	if onFile[driver] != 1 || onFile[allocator] != 10 || onFile[c10] != 1 || len(links) != 12 {
 		t.Fatalf("the agent's uprobe_multi links: %v", links)
 	}
 

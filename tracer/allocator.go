@@ -6,6 +6,7 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -25,7 +26,13 @@ type AllocatorProbes struct {
 	// endAllocateToPool, graphs' pools are not told from the cache: none in
 	// torch 2.1 and later.
 	Missing []string
-	links   []link.Link
+	// NoOOMReport says why its out-of-memory report
+	// (c10::reportOutOfMemoryToProfiler, in libc10.so beside it) is not
+	// probed: then the out-of-memory errors of a limit of its own
+	// (set_per_process_memory_fraction), which the driver never sees, are
+	// not seen. Empty when it is.
+	NoOOMReport string
+	links       []link.Link
 }
 
 // Close detaches the probes.
@@ -82,7 +89,27 @@ func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, err
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 	}
+	p.attachOOMReport(filepath.Join(filepath.Dir(path), "libc10.so"), t.objs.GpumemTensorOom, pid)
 	return p, nil
+}
+
+// oomReportSymbol is c10::reportOutOfMemoryToProfiler(long, unsigned long,
+// unsigned long, c10::Device), which PyTorch's CUDA allocator calls before
+// it raises out of memory.
+const oomReportSymbol = "_ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE"
+
+// attachOOMReport probes the allocator's out-of-memory report in torch's
+// libc10.so at path, or says in p.NoOOMReport why not.
+func (p *AllocatorProbes) attachOOMReport(path string, prog *ebpf.Program, pid uint32) {
+	ex, err := link.OpenExecutable(path)
+	if err == nil {
+		var l link.Link
+		if l, err = ex.UprobeMulti([]string{oomReportSymbol}, prog, &link.UprobeMultiOptions{PID: pid}); err == nil {
+			p.links = append(p.links, l)
+			return
+		}
+	}
+	p.NoOOMReport = fmt.Sprintf("c10::reportOutOfMemoryToProfiler in %s: %v", path, err)
 }
 
 // attach puts enter on the function's entry and, unless nil, leave on its

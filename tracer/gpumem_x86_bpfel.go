@@ -174,6 +174,7 @@ const (
 	gpumemGpumemOpGPUMEM_OP_MEM_RELEASE                    gpumemGpumemOp = 15
 	gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC                   gpumemGpumemOp = 16
 	gpumemGpumemOpGPUMEM_OP_TENSOR_FREE                    gpumemGpumemOp = 17
+	gpumemGpumemOpGPUMEM_OP_TENSOR_OOM                     gpumemGpumemOp = 18
 	gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE   gpumemGpumemOp = 24
 	gpumemGpumemOpGPUMEM_OP_CTX_SET_CURRENT                gpumemGpumemOp = 32
 	gpumemGpumemOpGPUMEM_OP_CTX_PUSH_CURRENT               gpumemGpumemOp = 33
@@ -483,6 +484,7 @@ const (
 	gpumemProgGpumemRestoreEnter                     = "gpumem_restore_enter"
 	gpumemProgGpumemRestoreReturn                    = "gpumem_restore_return"
 	gpumemProgGpumemTensor                           = "gpumem_tensor"
+	gpumemProgGpumemTensorOom                        = "gpumem_tensor_oom"
 	gpumemVarGadgetTracerTypeCuda                    = "__gadget_tracer_type_cuda"
 	gpumemVarAggregate                               = "aggregate"
 	gpumemVarCollectBuildId                          = "collect_build_id"
@@ -618,6 +620,7 @@ type gpumemProgramSpecs struct {
 	GpumemRestoreEnter                     *ebpf.ProgramSpec `ebpf:"gpumem_restore_enter"`
 	GpumemRestoreReturn                    *ebpf.ProgramSpec `ebpf:"gpumem_restore_return"`
 	GpumemTensor                           *ebpf.ProgramSpec `ebpf:"gpumem_tensor"`
+	GpumemTensorOom                        *ebpf.ProgramSpec `ebpf:"gpumem_tensor_oom"`
 }
 
 // gpumemMapSpecs contains maps before they are loaded into the kernel.
@@ -903,6 +906,7 @@ type gpumemPrograms struct {
 	GpumemRestoreEnter                     *ebpf.Program `ebpf:"gpumem_restore_enter"`
 	GpumemRestoreReturn                    *ebpf.Program `ebpf:"gpumem_restore_return"`
 	GpumemTensor                           *ebpf.Program `ebpf:"gpumem_tensor"`
+	GpumemTensorOom                        *ebpf.Program `ebpf:"gpumem_tensor_oom"`
 }
 
 func (p *gpumemPrograms) Close() error {
@@ -960,6 +964,7 @@ func (p *gpumemPrograms) Close() error {
 		p.GpumemRestoreEnter,
 		p.GpumemRestoreReturn,
 		p.GpumemTensor,
+		p.GpumemTensorOom,
 	)
 }
 

@@ -27,6 +27,7 @@ func TestOpsAgreeWithBPF(t *testing.T) {
 		memory.OpMemRelease:                gpumemGpumemOpGPUMEM_OP_MEM_RELEASE,
 		memory.OpTensorAlloc:               gpumemGpumemOpGPUMEM_OP_TENSOR_ALLOC,
 		memory.OpTensorFree:                gpumemGpumemOpGPUMEM_OP_TENSOR_FREE,
+		memory.OpTensorOOM:                 gpumemGpumemOpGPUMEM_OP_TENSOR_OOM,
 		memory.OpMemRetainAllocationHandle: gpumemGpumemOpGPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE,
 		memory.OpCtxSetCurrent:             gpumemGpumemOpGPUMEM_OP_CTX_SET_CURRENT,
 		memory.OpCtxPushCurrent:            gpumemGpumemOpGPUMEM_OP_CTX_PUSH_CURRENT,
@@ -49,7 +50,7 @@ func TestOpsAgreeWithBPF(t *testing.T) {
 			t.Errorf("%s is %d in Go, %d in BPF", op.Symbol(), op, bpf)
 		}
 	}
-	if n := len(memory.Ops()); n != 34 {
-		t.Errorf("%d ops named, want every one of the 34", n)
+	if n := len(memory.Ops()); n != 35 {
+		t.Errorf("%d ops named, want every one of the 35", n)
 	}
 }

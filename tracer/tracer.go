@@ -87,6 +87,8 @@ type objects struct {
 	GpumemRawAllocEnter  *ebpf.Program `ebpf:"gpumem_raw_alloc_enter"`
 	GpumemRawAllocReturn *ebpf.Program `ebpf:"gpumem_raw_alloc_return"`
 	GpumemRawDelete      *ebpf.Program `ebpf:"gpumem_raw_delete"`
+	// Its out-of-memory report, in libc10.so.
+	GpumemTensorOom *ebpf.Program `ebpf:"gpumem_tensor_oom"`
 	// The threads allocating to a CUDA graph's private pool.
 	GpumemPoolBegin *ebpf.Program `ebpf:"gpumem_pool_begin"`
 	GpumemPoolEnd   *ebpf.Program `ebpf:"gpumem_pool_end"`

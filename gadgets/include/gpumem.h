@@ -34,6 +34,7 @@ enum gpumem_op {
 	/* PyTorch's caching allocator (libc10_cuda.so USDT probes): tensors. */
 	GPUMEM_OP_TENSOR_ALLOC,                  /* pytorch:malloc */
 	GPUMEM_OP_TENSOR_FREE,                   /* pytorch:free */
+	GPUMEM_OP_TENSOR_OOM,                    /* c10::reportOutOfMemoryToProfiler: the allocator out of memory */
 
 	/* A VMM handle's extra reference: each takes one more cuMemRelease. */
 	GPUMEM_OP_MEM_RETAIN_ALLOCATION_HANDLE = 24, /* cuMemRetainAllocationHandle */
@@ -59,6 +60,10 @@ enum gpumem_op {
 	GPUMEM_OP_MODULE_UNLOAD,                 /* cuModuleUnload */
 	GPUMEM_OP_LIBRARY_UNLOAD,                /* cuLibraryUnload */
 };
+
+/* CUDA_ERROR_OUT_OF_MEMORY: the result of PyTorch's allocator's own
+ * out-of-memory (GPUMEM_OP_TENSOR_OOM). */
+#define GPUMEM_CUDA_ERROR_OUT_OF_MEMORY 2
 
 static __always_inline bool gpumem_op_is_free(__u16 op)
 {

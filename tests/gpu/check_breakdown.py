@@ -57,7 +57,7 @@ def main():
         check(f"{mode}: one out-of-memory", len(ooms) == 1, f"{len(ooms)}: {expect.get('oom_message')}")
         if ooms:
             o = ooms[0]
-            want = "demand" if mode == "oom_demand" else "fragmentation"
+            want = {"oom_demand": "demand", "oom_fragment": "fragmentation", "oom_limit": "limit"}[mode]
             check(f"{mode}: verdict {want}", o.get("verdict") == want, f"{o.get('verdict')}: {o.get('why')}")
             check(f"{mode}: asked = torch's", o.get("asked_bytes") == expect["asked"], f"{o.get('asked_bytes')} vs {expect['asked']}")
             free = (o.get("fragmentation") or {}).get("free_in_segments_bytes")

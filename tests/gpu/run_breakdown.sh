@@ -2,7 +2,8 @@
 # The breakdown and the out-of-memory verdicts on a GPU, against PyTorch's
 # own account: for each mode of torch_breakdown.py (a Llama trained with
 # AdamW, generating with a static cache, compiled with reduce-overhead; a
-# vLLM-shaped runner; an out-of-memory of demand and one of fragmentation),
+# vLLM-shaped runner; an out-of-memory of demand, one of fragmentation, one of
+# set_per_process_memory_fraction),
 # gpumem record (--tensors, the shipped rules) records first, as a node's
 # agent does, and check_breakdown.py compares its JSON with what PyTorch
 # and NVML say.
@@ -16,7 +17,7 @@ gpumem=$1
 out=$2
 shift 2
 modes=("$@")
-[ ${#modes[@]} -gt 0 ] || modes=(train generate compile vllm oom_demand oom_fragment)
+[ ${#modes[@]} -gt 0 ] || modes=(train generate compile vllm oom_demand oom_fragment oom_limit)
 here=$(cd "$(dirname "$0")" && pwd)
 unset PYTORCH_NO_CUDA_MEMORY_CACHING PYTORCH_CUDA_ALLOC_CONF
 export PYTHONUNBUFFERED=1

@@ -11,6 +11,8 @@ Usage: torch_breakdown.py MODE
   oom_demand       asks more than the GPU has left: torch's out-of-memory
   oom_fragment     the cache holds more free bytes than asked, in no block
                    large enough: torch's out-of-memory of fragmentation
+  oom_limit        set_per_process_memory_fraction(0.05), 1 GiB held, 8 GiB
+                   asked: torch refuses without asking the driver
 
 Run after gpumem is recording (protocol.sh's record_first). It runs at
 once, then, everything synchronized and held, prints "done" and
@@ -102,7 +104,7 @@ def vllm(expect):
 
 def asked_and_cache(err):
     """What torch's out-of-memory message says: asked, and reserved but unallocated."""
-    units = {"B": 1, "KiB": 1 << 10, "MiB": MiB, "GiB": 1 << 30}
+    units = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": MiB, "GiB": 1 << 30}
     m = re.search(r"Tried to allocate ([\d.]+) (\w+)", str(err))
     c = re.search(r"([\d.]+) (\w+) is reserved by PyTorch but unallocated", str(err))
     return (round(float(m.group(1)) * units[m.group(2)]) if m else -1,
@@ -140,6 +142,13 @@ def oom_fragment(expect):
     return held
 
 
+def oom_limit(expect):
+    torch.cuda.set_per_process_memory_fraction(0.05)
+    held = torch.empty(1024 * MiB, dtype=torch.uint8, device="cuda")
+    ask_too_much(8192 * MiB, expect)
+    return held
+
+
 def nvml_used():
     try:
         import pynvml
@@ -171,7 +180,7 @@ def inactive_blocks():
 
 def main():
     modes = {"train": train, "generate": generate, "compile": compiled, "vllm": vllm,
-             "oom_demand": oom_demand, "oom_fragment": oom_fragment}
+             "oom_demand": oom_demand, "oom_fragment": oom_fragment, "oom_limit": oom_limit}
     expect = {"pid": os.getpid(), "mode": sys.argv[1]}
     kept = modes[sys.argv[1]](expect)
     gc.collect()

@@ -22,6 +22,12 @@
 //   void simtorch_reset_peak_memory_stats(int device) as torch.cuda.reset_peak_memory_stats()
 //   size_t simtorch_inactive_bytes(int device, size_t *largest)  the free blocks inside the default
 //       pool's segments, as memory_snapshot()'s inactive blocks: their sum, and the largest
+//   void simtorch_set_memory_fraction(int device, double fraction)  as
+//       torch.cuda.set_per_process_memory_fraction: segments beyond that share of the
+//       device's memory are refused without asking the driver
+//
+// Out of memory, the allocator calls c10::reportOutOfMemoryToProfiler in
+// libc10.so (c10.cc), as torch's does, before it fails.
 //
 // CUDA graphs' private pools, as torch's allocator keeps them (see
 // docs/pytorch-allocator-books.md): blocks allocated while a capture is
@@ -66,6 +72,17 @@
 #include <vector>
 
 #include "../simcuda/cuda.h"
+
+// libc10.so's (c10.cc), as torch's libc10_cuda.so calls it.
+namespace c10 {
+struct Device {
+	int8_t type;
+	int8_t index;
+};
+void reportOutOfMemoryToProfiler(int64_t alloc_size, size_t total_allocated, size_t total_reserved, Device device);
+} // namespace c10
+
+constexpr int8_t kCUDA = 1; // c10::DeviceType::CUDA
 
 extern "C" {
 // The kernel counts attached probes here; the probes cost nothing without.
@@ -198,7 +215,8 @@ public:
 	explicit DeviceCachingAllocator(int device) : device_(device) {}
 
 	// malloc returns a block of at least size bytes, or nullptr when the
-	// driver is out of memory even with the cache emptied.
+	// driver is out of memory even with the cache emptied, or the memory
+	// fraction is reached: reported first, as torch's malloc reports it.
 	__attribute__((noinline)) Block *malloc(size_t size)
 	{
 		std::lock_guard<std::mutex> lock(mu_);
@@ -208,10 +226,23 @@ public:
 		Block *b = find_free(size, pool);
 		if (!b)
 			b = grow(size, pool);
-		if (!b)
+		if (!b) {
+			c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(size), stats_.allocated, stats_.reserved,
+							 c10::Device{kCUDA, static_cast<int8_t>(device_)});
 			return nullptr;
+		}
 		alloc_found_block(b, size, requested);
 		return b;
+	}
+
+	// set_fraction caps the segments at fraction of the device's memory,
+	// as torch's setMemoryFraction.
+	void set_fraction(double fraction)
+	{
+		std::lock_guard<std::mutex> lock(mu_);
+		size_t free, total;
+		cuMemGetInfo_v2(&free, &total);
+		allowed_ = static_cast<size_t>(fraction * static_cast<double>(total));
 	}
 
 	__attribute__((noinline)) void free(Block *b)
@@ -399,6 +430,8 @@ private:
 	Block *grow(size_t size, MempoolId_t pool)
 	{
 		size_t bytes = segment_size(size);
+		if (stats_.reserved + bytes > allowed_)
+			return nullptr; // the fraction's limit: the driver is not asked
 		CUdeviceptr ptr;
 		if (cuMemAlloc_v2(&ptr, bytes) != CUDA_SUCCESS) {
 			release_free_segments();
@@ -466,6 +499,7 @@ private:
 	}
 
 	int device_;
+	size_t allowed_ = SIZE_MAX; // set_fraction's
 	std::mutex mu_;
 	std::map<CUdeviceptr, Block> blocks_;
 	std::map<MempoolId_t, PrivatePool> graph_pools_;
@@ -497,6 +531,14 @@ public:
 		if (pytorch_malloc_semaphore)
 			STAP_PROBE4(pytorch, malloc, b->ptr, (int8_t)d, size, nullptr);
 		return reinterpret_cast<void *>(b->ptr);
+	}
+
+	// set_fraction caps device d's segments, in its context, as torch's
+	// set_per_process_memory_fraction initializes the device first.
+	void set_fraction(int d, double fraction)
+	{
+		use_device(d);
+		device(d).set_fraction(fraction);
 	}
 
 	// raw_alloc and raw_alloc_with_stream hand out a block on the current
@@ -668,6 +710,7 @@ size_t simtorch_max_memory_allocated(int device) { return allocator.device(devic
 size_t simtorch_max_memory_requested(int device) { return allocator.device(device).stats().peak_requested; }
 void simtorch_reset_peak_memory_stats(int device) { allocator.device(device).reset_peak_stats(); }
 size_t simtorch_inactive_bytes(int device, size_t *largest) { return allocator.device(device).inactive(largest); }
+void simtorch_set_memory_fraction(int device, double fraction) { allocator.set_fraction(device, fraction); }
 
 uint64_t simtorch_graph_pool_handle(void)
 {

@@ -29,6 +29,11 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                the views scenario with a gradient (2 MiB) made on a
                                native thread named pt_autograd_0, as a backward pass
                                makes it; expects tensor_gradients too
+    python3 simwork.py fraction_oom
+                               torch.cuda.set_per_process_memory_fraction(0.25) of an
+                               88 MiB device, a 4 MiB tensor, then 24 MiB asked: refused
+                               by the allocator's limit, not the driver; expects result,
+                               requested, reserved
     python3 simwork.py tensor_spike
                                load_weights' tensors held (12 MiB), then a spike of
                                tensors from activation_spike (5 x 6 MiB), all freed, and
@@ -110,6 +115,7 @@ def load_allocator():
             f.argtypes, f.restype = [ctypes.c_int], ctypes.c_size_t
     torch.simtorch_reset_peak_memory_stats.argtypes = [ctypes.c_int]
     torch.simtorch_inactive_bytes.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
+    torch.simtorch_set_memory_fraction.argtypes = [ctypes.c_int, ctypes.c_double]
     torch.simtorch_malloc_on_thread.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
     torch.simtorch_inactive_bytes.restype = ctypes.c_size_t
     torch.simtorch_raw_delete.argtypes = [ctypes.c_void_p]
@@ -497,6 +503,21 @@ def fragment_oom():
     inactive_blocks()
 
 
+def fraction_oom():
+    """An out-of-memory of PyTorch's own limit (SIMCUDA_CAPACITY=88 MiB,
+    set_per_process_memory_fraction(0.25): 22 MiB): a 4 MiB tensor held in
+    its 20 MiB segment, then 24 MiB asked (more than the segment's 16 MiB
+    left), refused without the driver."""
+    torch.simtorch_set_memory_fraction(0, 0.25)
+    ptr = ctypes.c_void_p()
+    if torch.simtorch_malloc(0, 4 << 20, ctypes.byref(ptr)):
+        raise MemoryError("fraction_oom")
+    held_tensors.append(ptr.value)
+    totals["result"] = torch.simtorch_malloc(0, 24 << 20, ctypes.byref(ptr))
+    totals["requested"] = 24 << 20
+    totals["reserved"] = torch.simtorch_memory_reserved(0)
+
+
 def activation_spike():
     """Activations, all freed before the report: the first from the cached
     rest of load_weights' segment, the others in two new 20 MiB segments."""
@@ -749,14 +770,14 @@ def dlopen_cycles():
 
 
 def main():
-    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views, "breakdown": breakdown, "fragment_oom": fragment_oom,
+    scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views, "breakdown": breakdown, "fragment_oom": fragment_oom, "fraction_oom": fraction_oom,
                  "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles,
                  "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
     cuda.cuInit(0)
-    if sys.argv[1].startswith("tensor") or sys.argv[1] in ("views", "breakdown", "graph_tree", "fragment_oom"):
+    if sys.argv[1].startswith("tensor") or sys.argv[1] in ("views", "breakdown", "graph_tree", "fragment_oom", "fraction_oom"):
         load_allocator()  # as import torch does, before any tensor
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()

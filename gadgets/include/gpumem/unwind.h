@@ -4,6 +4,7 @@
 #define GPUMEM_UNWIND_H
 
 #include "../gpumem.h"
+#include "output.h"
 
 /* capture_stack puts the native user stack right after the Python frames:
  * the probed instruction, then the return address of each frame, following
@@ -40,6 +41,20 @@ static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_ev
 	if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp) == 0 && frame[1] != 0)
 		e->stack_flags |= GPUMEM_NATIVE_TRUNCATED;
 	return n;
+}
+
+/* caller_first puts a stack captured at a function's entry right: there,
+ * before its prologue, the frame pointer is still its caller's, so the walk
+ * began at its caller's caller; the caller is the return address on top of
+ * the stack, in place of the probed instruction. */
+static __always_inline void caller_first(struct pt_regs *ctx, struct gpumem_event *e)
+{
+	__u32 py = e->pystack_len;
+	if (py > GPUMEM_MAX_PY_FRAMES)
+		py = GPUMEM_MAX_PY_FRAMES;
+	__u64 *frames = (__u64 *)&e->pystack[py];
+	if (e->ustack_len > 0 && bpf_probe_read_user(&frames[0], sizeof(frames[0]), (void *)PT_REGS_SP(ctx)))
+		count_loss(GPUMEM_LOSS_STACK_UNAVAILABLE);
 }
 
 #endif
