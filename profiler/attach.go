@@ -28,11 +28,37 @@ type attacher struct {
 	attached map[string]discover.Library
 	failed   map[string]error // libraries whose attach failed, said once
 	links    []io.Closer      // the allocators' probes (the tracer owns the driver's)
+	// oomReports are the allocators whose out-of-memory report is probed,
+	// or was said not to be: in every mode, with or without tensors.
+	oomReports map[string]bool
 }
 
 func newAttacher(cfg Config, tr Source) *attacher {
 	return &attacher{tr: tr, library: cfg.Library, tensors: cfg.Tensors, log: cfg.Log,
-		attached: map[string]discover.Library{}, failed: map[string]error{}}
+		attached: map[string]discover.Library{}, failed: map[string]error{}, oomReports: map[string]bool{}}
+}
+
+// attachOOMReport probes an allocator's out-of-memory report, once; a
+// failure is said once: then the out-of-memory errors of PyTorch's own
+// limits are not seen, the driver's refusals still are.
+func (a *attacher) attachOOMReport(lib discover.Library) {
+	a.mu.Lock()
+	done := a.oomReports[lib.ID()]
+	a.oomReports[lib.ID()] = true
+	a.mu.Unlock()
+	if done {
+		return
+	}
+	l, err := a.tr.AttachOOMReport(lib.Path)
+	if err != nil {
+		logs.Printf(a.log, "%s: %v: the out-of-memory errors of PyTorch's own limits (set_per_process_memory_fraction) are not seen", lib.Path, err)
+		return
+	}
+	a.mu.Lock()
+	a.links = append(a.links, l)
+	a.mu.Unlock()
+	logs.Event(a.log, logs.Attached, fmt.Sprintf("attached to %s: PyTorch's out-of-memory report", lib.Path),
+		"library", lib.Path, "kind", "oom_report", "probes", 1)
 }
 
 // attachInstalled attaches to the driver libraries installed on the node,
@@ -68,7 +94,9 @@ func readableDir(path string) bool {
 // driver libraries it found.
 func (a *attacher) attachFound(libs []discover.Library) (drivers int) {
 	for _, lib := range libs {
-		if !lib.Allocator {
+		if lib.Allocator {
+			a.attachOOMReport(lib)
+		} else {
 			drivers++
 		}
 		if !a.shouldAttach(lib) {

@@ -1,6 +1,7 @@
 package profiler
 
 import (
+	"io"
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/schema"
@@ -23,6 +24,9 @@ type Source interface {
 	// AttachAllocator puts the tensor probes on PyTorch's allocator library
 	// at path, for process pid (every process: 0).
 	AttachAllocator(path string, pid uint32) (*tracer.AllocatorProbes, error)
+	// AttachOOMReport probes the out-of-memory report of PyTorch's
+	// allocator library at path, in every process.
+	AttachOOMReport(path string) (io.Closer, error)
 	AddPython(pid uint32, walk tracer.PythonWalk) error
 	RemovePython(pid uint32)
 	// SwitchDriverOff stops tracing process pid's driver calls, which

@@ -3,6 +3,7 @@ package profiler
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"sync"
 	"testing"
@@ -95,6 +96,9 @@ func (s *script) Attach(string) ([]string, error) {
 	return nil, errors.New("a script attaches nothing")
 }
 func (s *script) AttachAllocator(string, uint32) (*tracer.AllocatorProbes, error) {
+	return nil, errors.New("a script attaches nothing")
+}
+func (s *script) AttachOOMReport(string) (io.Closer, error) {
 	return nil, errors.New("a script attaches nothing")
 }
 func (s *script) AddPython(uint32, tracer.PythonWalk) error { return nil }

@@ -434,19 +434,14 @@ func (p *Profiler) closeTensors() {
 // to the books (a CUDA graph pool's checkpoint restore, raw frees) pass no
 // USDT site and are not followed, and without the pool's begin and end a
 // graph's pool is counted as allocator cache
-// (docs/pytorch-allocator-books.md); and whether its out-of-memory report
-// is probed.
+// (docs/pytorch-allocator-books.md).
 func functionsFollowed(p *tracer.AllocatorProbes) string {
-	followed := ", setCheckpointPoolState, raw_alloc, raw_delete, beginAllocateToPool and endAllocateToPool"
-	if len(p.Missing) > 0 {
-		what := "what it changes is not followed"
-		if slices.ContainsFunc(p.Missing, func(f string) bool { return strings.HasSuffix(f, "AllocateToPool") }) {
-			what += "; CUDA graphs' pools are counted as allocator cache"
-		}
-		followed = fmt.Sprintf(" (no %s: %s)", strings.Join(p.Missing, ", "), what)
+	if len(p.Missing) == 0 {
+		return ", setCheckpointPoolState, raw_alloc, raw_delete, beginAllocateToPool and endAllocateToPool"
 	}
-	if p.NoOOMReport != "" {
-		followed += fmt.Sprintf("; the out-of-memory errors of its own limits are not seen (%s)", p.NoOOMReport)
+	what := "what it changes is not followed"
+	if slices.ContainsFunc(p.Missing, func(f string) bool { return strings.HasSuffix(f, "AllocateToPool") }) {
+		what += "; CUDA graphs' pools are counted as allocator cache"
 	}
-	return followed
+	return fmt.Sprintf(" (no %s: %s)", strings.Join(p.Missing, ", "), what)
 }

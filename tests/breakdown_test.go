@@ -189,7 +189,8 @@ func checkAutogradThread(t *testing.T, b snapshot.Breakdown) {
 // refuses 24 MiB without asking the driver. PyTorch's allocator reports its
 // out-of-memory (c10::reportOutOfMemoryToProfiler, in libc10.so) before it
 // raises: the verdict is a limit of its own, the GPU's free bytes NVML's,
-// in record's out-of-memory line and in the snapshot. (A driver's refusal
+// in the snapshot (with the tensor view) and in the out-of-memory line of
+// a record of the driver view only, as the agent runs by default. (A driver's refusal
 // followed by the same report stays one out-of-memory:
 // TestFragmentationVerdict.)
 func TestLimitOfPyTorchsOwn(t *testing.T) {
@@ -197,9 +198,9 @@ func TestLimitOfPyTorchsOwn(t *testing.T) {
 	env := append(nvmlState(t, MiB), "SIMCUDA_CAPACITY="+strconv.Itoa(88*MiB))
 	s, w := startTensors(t, profiler.Config{Library: simLib, Tensors: profiler.TensorsAll, NVML: simNVML()}, pythons(t)[2], "fraction_oom", env...)
 	dir := t.TempDir()
-	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors", "--nvml-library", simNVML(),
+	c := startCLI(t, "record", "--pid", strconv.Itoa(w.pid), "--library", simLib, "--tensors=off", "--nvml-library", simNVML(),
 		"--on-oom", dir, "--format", "json", "-o", filepath.Join(dir, "record.json"))
-	c.waitEvent(logs.Attached, "kind", "allocator")
+	c.waitEvent(logs.Attached, "kind", "oom_report")
 	expect := w.run()
 	if expect["result"] != 2 || expect["reserved"] != 20*MiB {
 		t.Fatalf("workload: %v", expect)

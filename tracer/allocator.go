@@ -6,6 +6,7 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
@@ -26,13 +27,7 @@ type AllocatorProbes struct {
 	// endAllocateToPool, graphs' pools are not told from the cache: none in
 	// torch 2.1 and later.
 	Missing []string
-	// NoOOMReport says why its out-of-memory report
-	// (c10::reportOutOfMemoryToProfiler, in libc10.so beside it) is not
-	// probed: then the out-of-memory errors of a limit of its own
-	// (set_per_process_memory_fraction), which the driver never sees, are
-	// not seen. Empty when it is.
-	NoOOMReport string
-	links       []link.Link
+	links   []link.Link
 }
 
 // Close detaches the probes.
@@ -89,7 +84,6 @@ func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, err
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 	}
-	p.attachOOMReport(filepath.Join(filepath.Dir(path), "libc10.so"), t.objs.GpumemTensorOom, pid)
 	return p, nil
 }
 
@@ -98,18 +92,24 @@ func (t *Tracer) AttachAllocator(path string, pid uint32) (*AllocatorProbes, err
 // it raises out of memory.
 const oomReportSymbol = "_ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE"
 
-// attachOOMReport probes the allocator's out-of-memory report in torch's
-// libc10.so at path, or says in p.NoOOMReport why not.
-func (p *AllocatorProbes) attachOOMReport(path string, prog *ebpf.Program, pid uint32) {
-	ex, err := link.OpenExecutable(path)
-	if err == nil {
-		var l link.Link
-		if l, err = ex.UprobeMulti([]string{oomReportSymbol}, prog, &link.UprobeMultiOptions{PID: pid}); err == nil {
-			p.links = append(p.links, l)
-			return
-		}
+// AttachOOMReport probes the out-of-memory report of PyTorch's allocator
+// library at path (libc10_cuda.so): c10::reportOutOfMemoryToProfiler, in
+// torch's libc10.so beside it, in every process that maps it. Its
+// out-of-memory errors are seen so, those of a limit of its own
+// (set_per_process_memory_fraction) too, which the driver never sees. It
+// runs only when one happens, so it is on without the tensor view.
+// Closing the probe detaches it, as closing the tracer does not.
+func (t *Tracer) AttachOOMReport(path string) (io.Closer, error) {
+	c10 := filepath.Join(filepath.Dir(path), "libc10.so")
+	ex, err := link.OpenExecutable(c10)
+	if err != nil {
+		return nil, fmt.Errorf("PyTorch's out-of-memory report: %w", err)
 	}
-	p.NoOOMReport = fmt.Sprintf("c10::reportOutOfMemoryToProfiler in %s: %v", path, err)
+	l, err := ex.UprobeMulti([]string{oomReportSymbol}, t.objs.GpumemTensorOom, nil)
+	if err != nil {
+		return nil, fmt.Errorf("PyTorch's out-of-memory report in %s: %w", c10, err)
+	}
+	return l, nil
 }
 
 // attach puts enter on the function's entry and, unless nil, leave on its
