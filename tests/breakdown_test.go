@@ -218,6 +218,10 @@ func TestLimitOfPyTorchsOwn(t *testing.T) {
 	if v := r.OOMs[0].Verdict; v.Verdict != snapshot.Limit || v.Asked != expect["requested"] || v.Free != free {
 		t.Errorf("verdict %+v, want a limit of %d asked with %d free", v, expect["requested"], free)
 	}
+	// The report is probed at its entry: its stack starts at its caller.
+	if f := r.OOMs[0].Failure.Frames; len(f) < 2 || f[1].Function != "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc" {
+		t.Errorf("the out-of-memory's stack %v, want the allocator's malloc under the report", f)
+	}
 	w.exit()
 }
 

@@ -6,6 +6,16 @@
 #include "../gpumem.h"
 #include "output.h"
 
+/* native_frames is where an event's native stack lies: right after its
+ * Python frames. */
+static __always_inline __u64 *native_frames(struct gpumem_event *e)
+{
+	__u32 py = e->pystack_len;
+	if (py > GPUMEM_MAX_PY_FRAMES)
+		py = GPUMEM_MAX_PY_FRAMES;
+	return (__u64 *)&e->pystack[py];
+}
+
 /* capture_stack puts the native user stack right after the Python frames:
  * the probed instruction, then the return address of each frame, following
  * the frame pointers (saved frame pointer, then return address, at each).
@@ -17,10 +27,7 @@
  * bpf_get_stack does, and is flagged. */
 static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_event *e, bool walk)
 {
-	__u32 py = e->pystack_len;
-	if (py > GPUMEM_MAX_PY_FRAMES)
-		py = GPUMEM_MAX_PY_FRAMES;
-	__u64 *frames = (__u64 *)&e->pystack[py];
+	__u64 *frames = native_frames(e);
 	__u64 fp = PT_REGS_FP(ctx);
 	__u32 n = 1;
 
@@ -49,11 +56,7 @@ static __always_inline __u32 capture_stack(struct pt_regs *ctx, struct gpumem_ev
  * the stack, in place of the probed instruction. */
 static __always_inline void caller_first(struct pt_regs *ctx, struct gpumem_event *e)
 {
-	__u32 py = e->pystack_len;
-	if (py > GPUMEM_MAX_PY_FRAMES)
-		py = GPUMEM_MAX_PY_FRAMES;
-	__u64 *frames = (__u64 *)&e->pystack[py];
-	if (e->ustack_len > 0 && bpf_probe_read_user(&frames[0], sizeof(frames[0]), (void *)PT_REGS_SP(ctx)))
+	if (e->ustack_len > 0 && bpf_probe_read_user(native_frames(e), sizeof(__u64), (void *)PT_REGS_SP(ctx)))
 		count_loss(GPUMEM_LOSS_STACK_UNAVAILABLE);
 }
 
