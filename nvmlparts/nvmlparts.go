@@ -217,10 +217,15 @@ func (p *Parts) Exited(pid uint32) {
 }
 
 // Update installs a read: the contexts and modules made since the last one
-// sized, each process's part beyond them, the view, the rows.
+// sized, each process's part beyond them, the view, the rows. It takes r's
+// maps: the live rows are built in r.Untraced, the parts set in r.Traced.
 func (p *Parts) Update(r Read) {
 	p.charged = sizeCharged(p.charged, p.past, r.Residual, r.OnlyOn)
 	fitCharged(p.charged, r.Residual, r.Settled)
+	read := pastRead{at: r.At, residual: r.Residual, untraced: make(map[ProcessDevice]int64, len(r.Untraced))}
+	for k, used := range r.Untraced {
+		read.untraced[ProcessDevice{k.PID, k.Device}] = int64(used)
+	}
 	live := r.Untraced
 	inContexts, inModules := map[ProcessDevice]uint64{}, map[ProcessDevice]uint64{}
 	for _, c := range p.charged {
@@ -240,12 +245,6 @@ func (p *Parts) Update(r Read) {
 	for pd, pm := range r.Traced {
 		pm.Contexts, pm.Modules = inContexts[pd], inModules[pd]
 		pm.DriverInternal -= int64(pm.Contexts + pm.Modules)
-	}
-	read := pastRead{at: r.At, residual: r.Residual, untraced: map[ProcessDevice]int64{}}
-	for k, used := range live {
-		if k.Kind == memory.KindUntraced {
-			read.untraced[ProcessDevice{k.PID, k.Device}] = int64(used)
-		}
 	}
 	p.past = append(p.past[max(len(p.past)-pastReads+1, 0):], read)
 	p.view = r.View
@@ -373,13 +372,14 @@ func before(past []pastRead, charged []*charge, pd ProcessDevice, cs []*charge) 
 // contexts, modules and driver internals: held throughout, whatever its
 // allocations did), so that a peak is never below what the process holds,
 // nor below nvidia-smi's number for it. A process that holds only those
-// gets a peak of them, at ts. Only the rows keep says count. The peaks'
-// rows are copied before any is added: they may share memory.
+// gets a peak of them, at ts. Only the rows keep says count. A peak's
+// rows are copied, once, before the first is added: they may share memory.
 func AddToPeaks(peaks []accounting.Peak, rows map[accounting.Key]accounting.Counters, keep func(accounting.Key) bool, ts uint64) []accounting.Peak {
 	at := make(map[accounting.PeakKey]int, len(peaks))
 	for i, pk := range peaks {
 		at[pk.PeakKey] = i
 	}
+	copied := make([]bool, len(peaks)) // the given peaks whose rows are copied
 	for k, c := range rows {
 		if k.Kind == memory.KindUntraced || c.LiveBytes() == 0 || !keep(k) {
 			continue
@@ -394,7 +394,10 @@ func AddToPeaks(peaks []accounting.Peak, rows map[accounting.Key]accounting.Coun
 		held := accounting.Amount{Bytes: c.LiveBytes(), Count: c.LiveCount()}
 		peaks[i].Bytes += held.Bytes
 		peaks[i].Count += held.Count
-		peaks[i].Rows = append(slices.Clip(peaks[i].Rows), accounting.PeakRow{Key: k, Amount: held})
+		if i < len(copied) && !copied[i] {
+			peaks[i].Rows, copied[i] = slices.Clip(peaks[i].Rows), true // the append copies
+		}
+		peaks[i].Rows = append(peaks[i].Rows, accounting.PeakRow{Key: k, Amount: held})
 	}
 	return peaks
 }
