@@ -252,12 +252,6 @@ func (g *gpuMemory) addToPeaks(peaks []accounting.Peak, keep func(accounting.Key
 	return peaks
 }
 
-// addView sets s's view of the GPUs: nil without NVML, or before its first
-// read.
-func (g *gpuMemory) addView(s *snapshot.Snapshot) {
-	g.locked(func(parts *nvmlparts.Parts) { s.GPUMemory = parts.View() })
-}
-
 // addRows adds NVML's rows that keep says but those with stacks
 // (addStackRows), with their frames, their processes from procs where it
 // has them, else named by the view of the GPUs.

@@ -61,7 +61,7 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 	p.nameProcesses(s, procs, peaks)
 	s.Peaks = p.namedPeaks(procs, peaks)
 	s.Timeline = p.timeline(timeline, procs)
-	p.gpus.addView(s)
+	s.GPUMemory = p.gpus.latestView()
 	p.gpus.addRows(s, procs, p.onGPU)
 	return err
 }
@@ -90,7 +90,7 @@ func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error 
 	p.keepNamedRows(s)
 	p.nameProcesses(s, procs, peaks)
 	s.Peaks = p.sharedPeaks(procs, peaks)
-	p.gpus.addView(s)
+	s.GPUMemory = p.gpus.latestView()
 	if rows {
 		p.gpus.addRows(s, procs, p.onGPU)
 	}

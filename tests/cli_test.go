@@ -104,15 +104,6 @@ func readLogLine(t *testing.T, text string) logs.Line {
 	return line
 }
 
-// waitStderrValue waits for a line of stderr containing prefix and returns
-// what follows it.
-func (c *cli) waitStderrValue(prefix string) string {
-	c.t.Helper()
-	line := c.stderr.wait(c.t, prefix)[0]
-	_, v, _ := strings.Cut(line, prefix)
-	return v
-}
-
 // waitStdout waits until stdout matches pattern (a regular expression, per
 // line) and returns it.
 func (c *cli) waitStdout(pattern string) string {
