@@ -116,8 +116,10 @@ type Config struct {
 //     reader waits for to count every event sent before.
 //
 // The goroutine that reads events notes each event's process, interns its
-// stack and accounts it, and reads no file: what takes files or waits is
-// asked of the job that does it (job.go), each on a goroutine of its own.
+// stack and accounts it, and reads one file only, once a process: the name
+// of a new process whose first event carries none (a tensor's, another
+// thread's; processTable.note). What else takes files or waits is asked of
+// the job that does it (job.go), each on a goroutine of its own.
 // Every ScanInterval, /proc is scanned for libraries and processes.
 // Readers take snapshots (snapshot.go), which change nothing; the loops
 // that read once an interval end it (EndInterval) and have the exited
