@@ -36,6 +36,10 @@ const (
 	ServingMetrics = "serving_metrics"
 	// ControlSocket: the agent's control socket listens (path).
 	ControlSocket = "control_socket"
+	// State: the state a previous agent left was continued (records,
+	// waiting: bytes written while no agent ran) or refused (reason,
+	// detail).
+	State = "state"
 )
 
 // EventKey is the field naming a line's event.

@@ -22,6 +22,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/discover"
 	"github.com/gpu-mem/gpu-mem/gpuinfo"
+	"github.com/gpu-mem/gpu-mem/journal"
 	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/pystack"
@@ -92,6 +93,11 @@ type Config struct {
 	// dynamic loader finds it) read for what nvidia-smi shows per GPU and
 	// process, reconciled with the traced memory; none when empty.
 	NVML string
+	// StateDir, when set, is where the agent's journal lives on the host,
+	// and PinPath where its maps and probes are pinned on a BPF file
+	// system: the next agent with the same two continues from the books
+	// this one leaves (Continued).
+	StateDir, PinPath string
 	// Timeline keeps each process's live bytes per GPU and view over time,
 	// for Snapshot.Timeline (gpumem record's HTML report): bounded memory
 	// (accounting.TimelineBuckets), a few comparisons per event.
@@ -139,6 +145,7 @@ type Profiler struct {
 	tensors  *tensorSwitch
 	driver   *driverSwitch
 	flushes  *flushes
+	journal  *journal.Journal // with Config.StateDir; Close's
 
 	// scanner finds the libraries and Python processes: of the processes
 	// that map Config.Library's file only, when it is set. Run's alone.
@@ -168,11 +175,25 @@ func New(cfg Config) (*Profiler, error) {
 	if cfg.Object != nil {
 		load = func(opts tracer.Options) (*tracer.Tracer, error) { return tracer.NewFromObject(cfg.Object, opts) }
 	}
-	tr, err := load(tracer.Options{PIDs: pids, TensorNativeStacks: cfg.TensorNativeStacks})
+	opts := tracer.Options{PIDs: pids, TensorNativeStacks: cfg.TensorNativeStacks}
+	var j *journal.Journal
+	if cfg.StateDir != "" {
+		var err error
+		if j, err = journal.Open(cfg.StateDir); err != nil {
+			return nil, err
+		}
+		opts.State = &tracer.State{PinPath: cfg.PinPath, Journal: j}
+	}
+	tr, err := load(opts)
 	if err != nil {
+		if j != nil {
+			j.Close()
+		}
 		return nil, err
 	}
 	p := newProfiler(cfg, tr)
+	p.journal = j
+	p.sayContinued(tr.Continued())
 	p.startJobs()
 	p.sayMissingCapabilities()
 	if cfg.Timeline {
@@ -225,13 +246,14 @@ func newProfiler(cfg Config, tr Source) *Profiler {
 	sym := symbolize.New(cfg.ProcRoot)
 	py := pystack.NewResolver()
 	stop := make(chan struct{})
+	procs := newProcessTable(cfg, sym, tr, py, stop)
 	p := &Profiler{
 		cfg:      cfg,
 		tr:       tr,
 		sym:      sym,
 		attacher: newAttacher(cfg, tr),
-		procs:    newProcessTable(cfg, sym, tr, py, stop),
-		stacks:   newStackStore(sym, py, func(pid uint32) { tr.RemovePython(pid) }, stop),
+		procs:    procs,
+		stacks:   newStackStore(sym, py, procs.reading.await, func(pid uint32) { tr.RemovePython(pid) }, stop),
 		books:    newBooks(),
 		tensors:  newTensorSwitch(cfg.TensorBudget),
 		driver:   newDriverSwitch(cfg.DriverBudget),
@@ -264,6 +286,9 @@ func (p *Profiler) Close() error {
 		err = p.tr.Close()
 		close(p.stop)
 		p.gpus.close()
+		if p.journal != nil {
+			p.journal.Close()
+		}
 	})
 	return err
 }
@@ -439,4 +464,18 @@ func (p *Profiler) releaseVanished() {
 			p.pythonExited(pid)
 		}
 	}
+}
+
+// sayContinued says what the tracer found of a previous agent's state.
+func (p *Profiler) sayContinued(c tracer.Continued) {
+	if p.cfg.StateDir == "" {
+		return
+	}
+	if r := c.Refused; r != nil {
+		logs.Event(p.cfg.Log, logs.State, fmt.Sprintf("the state at %s was not continued: %s; starting afresh", p.cfg.StateDir, r.Detail),
+			"continued", false, "reason", r.Reason, "detail", r.Detail)
+		return
+	}
+	logs.Event(p.cfg.Log, logs.State, fmt.Sprintf("continued the state at %s: %d records replayed, %d bytes written while no agent ran", p.cfg.StateDir, c.Records, c.Waiting),
+		"continued", true, "records", c.Records, "waiting", c.Waiting)
 }

@@ -26,6 +26,9 @@ type stackStore struct {
 	// pythonGone is called for each exited Python process once the frames
 	// of its stacks are read, not before: it stops the walks of it.
 	pythonGone func(pid uint32)
+	// pythonNoted returns once the Python processes noted so far are
+	// registered (the process table's reading job).
+	pythonNoted func()
 
 	mu         sync.Mutex
 	table      stackTable
@@ -43,15 +46,16 @@ type stackStore struct {
 	resolving, reading *job
 }
 
-func newStackStore(sym *symbolize.Symbolizer, py *pystack.Resolver, pythonGone func(uint32), stopped <-chan struct{}) *stackStore {
+func newStackStore(sym *symbolize.Symbolizer, py *pystack.Resolver, pythonNoted func(), pythonGone func(uint32), stopped <-chan struct{}) *stackStore {
 	s := &stackStore{
-		sym:        sym,
-		py:         py,
-		pythonGone: pythonGone,
-		table:      newStackTable(),
-		byPID:      map[uint32][]accounting.StackID{},
-		frames:     newFrameTable(),
-		python:     map[*rawStack][]pystack.Frame{},
+		sym:         sym,
+		py:          py,
+		pythonNoted: pythonNoted,
+		pythonGone:  pythonGone,
+		table:       newStackTable(),
+		byPID:       map[uint32][]accounting.StackID{},
+		frames:      newFrameTable(),
+		python:      map[*rawStack][]pystack.Frame{},
 	}
 	s.resolving, s.reading = newJob(s.resolve, stopped), newJob(s.readPython, stopped)
 	return s
@@ -111,6 +115,15 @@ func (s *stackStore) readPython() {
 		raws = append(raws, s.table.m[id].raw)
 	}
 	s.mu.Unlock()
+	for _, r := range raws {
+		if r != nil && !s.py.Has(r.pid()) {
+			// Frames of a process not registered yet: replayed from a
+			// previous agent's journal, read before the scan that
+			// registers it. Its event asked for it first.
+			s.pythonNoted()
+			break
+		}
+	}
 	named := make([][]pystack.Frame, len(raws))
 	for i, r := range raws {
 		if r != nil {

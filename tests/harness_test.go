@@ -306,3 +306,11 @@ func (s *session) waitEvent(name string, wants ...any) map[string]any {
 	s.t.Helper()
 	return s.logs.waitEvent(s.t, name, wants...)
 }
+
+// stdinLine writes a line to the workload, which a scenario waits for.
+func (w *workload) stdinLine(line string) {
+	w.t.Helper()
+	if _, err := fmt.Fprintln(w.stdin, line); err != nil {
+		w.t.Fatal(err)
+	}
+}

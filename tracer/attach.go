@@ -21,6 +21,22 @@ func (t *Tracer) Attach(path string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	key, err := fileKey(path)
+	if err != nil {
+		return nil, err
+	}
+	links, err := t.pinned("driver-"+key, func() ([]link.Link, error) { return t.attachDriver(path, symbols, cookies) })
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	t.links = append(t.links, links...)
+	t.mu.Unlock()
+	return symbols, nil
+}
+
+// attachDriver puts the entry and return probes on the driver library at path.
+func (t *Tracer) attachDriver(path string, symbols []string, cookies []uint64) ([]link.Link, error) {
 	ex, err := link.OpenExecutable(path)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -38,10 +54,7 @@ func (t *Tracer) Attach(path string) ([]string, error) {
 		}
 		links = append(links, leave)
 	}
-	t.mu.Lock()
-	t.links = append(t.links, links...)
-	t.mu.Unlock()
-	return symbols, nil
+	return links, nil
 }
 
 // withoutFrees keeps the functions whose return is probed.

@@ -127,3 +127,10 @@ func decodeTensorFree(raw []byte, ev *Event) {
 		PyFrames:  ev.PyFrames[:0],
 	}
 }
+
+// opOf is the driver function of a record of the C struct gpumem_event.
+func opOf(raw []byte) memory.Op {
+	var e gpumemGpumemEvent
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&e)), headerSize), raw)
+	return memory.Op(e.Op)
+}

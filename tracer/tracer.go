@@ -10,14 +10,14 @@ import (
 	"os"
 	"reflect"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/gpu-mem/gpu-mem/journal"
 )
 
 // ErrPermission is returned by New when the kernel refuses to load BPF.
@@ -30,15 +30,23 @@ type Options struct {
 	// TensorNativeStacks walks the whole native stack of tensors allocated
 	// from Python too, not only the allocator's frame.
 	TensorNativeStacks bool
+	// State, when set, has the maps and the driver's probes outlive the
+	// Tracer, and its ring buffer's records journaled: the next Tracer
+	// with the same State continues from them (Continued).
+	State *State
 }
 
 // Tracer owns the loaded BPF program, its links and the ring buffer reader.
 type Tracer struct {
-	objs   objects
-	reader *ringbuf.Reader
-	record ringbuf.Record // Read's, reused
-	stacks sentStacks     // Read's
-	exit   link.Link
+	objs        objects
+	ring        *ring
+	readMu      sync.Mutex // Read's, against Close's release of the ring
+	batch       batch      // Read's
+	flushesRead uint64     // Read's: the ring's flushes it answered
+	stacks      sentStacks // Read's
+	exit        []link.Link
+	state       *State
+	continued   Continued
 
 	mu        sync.Mutex
 	links     []link.Link
@@ -68,8 +76,41 @@ func NewFromObject(object []byte, opts Options) (*Tracer, error) {
 	if err := checkObject(spec); err != nil {
 		return nil, fmt.Errorf("not a gpu-mem object this gpumem can read: %w", err)
 	}
-	return load(spec, opts)
+	if opts.State == nil {
+		return load(spec, opts)
+	}
+	if err := checkBPFFS(opts.State.PinPath); err != nil {
+		return nil, err
+	}
+	pinMaps(spec)
+	t, err := load(spec, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// Maps pinned by a gpu-mem of another layout: theirs is dropped.
+		refused := &journal.Refusal{Reason: "maps", Detail: fmt.Sprintf("the maps pinned at %s are not this gpu-mem's: %v", opts.State.PinPath, err)}
+		if err := ClearState(opts.State.PinPath); err != nil {
+			return nil, err
+		}
+		if t, err = load(spec, opts); err == nil {
+			t.continued.Refused = refused
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if t.continued.Refused != nil {
+		err = opts.State.Journal.Start(t.owner(object))
+	} else {
+		t.continued, err = t.continueState(object)
+	}
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	return t, nil
 }
+
+// Continued says what the Tracer found of the state a predecessor left.
+func (t *Tracer) Continued() Continued { return t.continued }
 
 // objects are what gpumem loads of the object, named as bpf2go names
 // them: the programs it attaches and the maps it reads or fills from user
@@ -171,8 +212,15 @@ func load(spec *ebpf.CollectionSpec, opts Options) (*Tracer, error) {
 	if err := s.TensorNativeStacks.Set(opts.TensorNativeStacks); err != nil {
 		return nil, fmt.Errorf("set tensor_native_stacks: %w", err)
 	}
-	t := &Tracer{}
-	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+	t := &Tracer{state: opts.State}
+	var copts *ebpf.CollectionOptions
+	if opts.State != nil {
+		copts = &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.State.mapsDir()}}
+		if err := os.MkdirAll(opts.State.mapsDir(), 0o700); err != nil {
+			return nil, fmt.Errorf("make pin directory: %w", err)
+		}
+	}
+	if err := spec.LoadAndAssign(&t.objs, copts); err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("%w: %v", ErrPermission, err)
 		}
@@ -191,36 +239,59 @@ func (t *Tracer) setup(opts Options) error {
 			return fmt.Errorf("filter pid %d: %w", pid, err)
 		}
 	}
-	if err := t.bumpPythonGeneration(); err != nil { // to 1: threads' storage starts at 0, never read
+	// Past the generation a predecessor left (pinned), or to 1: threads'
+	// storage starts at 0, never read.
+	if err := t.objs.PythonGeneration.Lookup(uint32(0), &t.pythonGeneration); err != nil {
+		return fmt.Errorf("read python_generation: %w", err)
+	}
+	if err := t.bumpPythonGeneration(); err != nil {
 		return err
 	}
 	var err error
-	t.exit, err = link.AttachRawTracepoint(link.RawTracepointOptions{
-		Name:    "sched_process_exit",
-		Program: t.objs.GpumemExit,
+	t.exit, err = t.pinned("exit", func() ([]link.Link, error) {
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{
+			Name:    "sched_process_exit",
+			Program: t.objs.GpumemExit,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("attach sched_process_exit: %w", err)
+		}
+		return []link.Link{l}, nil
 	})
 	if err != nil {
-		return fmt.Errorf("attach sched_process_exit: %w", err)
+		return err
 	}
-	t.reader, err = ringbuf.NewReader(t.objs.Events)
-	if err != nil {
+	if t.ring, err = openRing(t.objs.Events); err != nil {
 		return fmt.Errorf("open ring buffer: %w", err)
 	}
-	t.reader.SetDeadline(time.Now().Add(pollInterval))
 	return nil
 }
 
-// Close detaches every probe and frees the BPF objects.
+// owner is what the journal of this tracer's state says of it.
+func (t *Tracer) owner(object []byte) journal.Owner {
+	boot, _ := bootID()
+	info, _ := t.objs.Events.Info()
+	ring, _ := info.ID()
+	return journal.Owner{Object: objectSum(object), Boot: boot, Ring: uint32(ring)}
+}
+
+// Close detaches every probe and frees the BPF objects, but those of its
+// State, pinned: they stay for the next Tracer.
 func (t *Tracer) Close() error {
 	t.mu.Lock()
 	closeAll(t.links)
 	t.links = nil
 	t.mu.Unlock()
-	if t.exit != nil {
-		t.exit.Close()
-	}
-	if t.reader != nil {
-		t.reader.Close()
+	closeAll(t.exit)
+	t.exit = nil
+	if t.ring != nil {
+		t.ring.close()
+		t.readMu.Lock()
+		if t.ring.poll >= 0 {
+			t.ring.release()
+			t.ring.poll = -1
+		}
+		t.readMu.Unlock()
 	}
 	t.objs.Close()
 	return nil

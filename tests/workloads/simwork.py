@@ -43,6 +43,11 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                each function held at the tensor view's peak
                                (peak_FUNCTION), and what is left (tensor_live, reserved)
 
+    python3 simwork.py restart restart_weights (3 x 4 MiB) and restart_scratch (2 x 1 MiB);
+                               prints "held" and waits for a line; frees a scratch buffer
+                               and makes gap_one's 5 MiB; prints "gap_one" and waits;
+                               frees the other and makes gap_two's 7 MiB
+
     python3 simwork.py tensor_late
                                early_weights' tensors (3 x 1 MiB), then prints "early" and
                                waits for a line (a tensor view is switched on then); then
@@ -424,6 +429,38 @@ def tensor_late():
     totals["frees_before_view"] = 2
 
 
+def restart_weights(held):
+    for _ in range(3):
+        held.append(cuda_malloc(4 << 20))
+
+
+def restart_scratch(held):
+    for _ in range(2):
+        held.append(cuda_malloc(1 << 20))
+
+
+def gap_one(held):
+    held.append(cuda_malloc(5 << 20))
+
+
+def gap_two(held):
+    held.append(cuda_malloc(7 << 20))
+
+
+def restart():
+    """Allocations and frees in phases, each ended by printing its name and
+    waiting for a line, so that an agent stops or starts between them."""
+    weights, scratch, gaps = [], [], []
+    restart_weights(weights)
+    restart_scratch(scratch)
+    for phase, step in (("held", lambda: (cuda_free(scratch[0], 1 << 20), gap_one(gaps))),
+                        ("gap_one", lambda: (cuda_free(scratch[1], 1 << 20), gap_two(gaps)))):
+        print(phase, flush=True)
+        sys.stdin.readline()
+        step()
+    held_tensors.extend(weights + gaps)  # live until the process exits
+
+
 def library_workspace():
     """Device memory straight from the driver, outside the allocator."""
     cuda_malloc(6 << 20)
@@ -772,7 +809,7 @@ def dlopen_cycles():
 def main():
     scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views, "breakdown": breakdown, "fragment_oom": fragment_oom, "fraction_oom": fraction_oom,
                  "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles,
-                 "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady}
+                 "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady, "restart": restart}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,148 @@
+package tests
+
+import (
+	"maps"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/logs"
+	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
+	"github.com/gpu-mem/gpu-mem/profiler"
+)
+
+const mib = 1 << 20
+
+// bpfFS mounts a BPF file system of the test's own, for pins that no other
+// test or run sees, and unmounts it at the end (its pins with it).
+func bpfFS(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := syscall.Mount("bpf", dir, "bpf", 0, ""); err != nil {
+		t.Fatalf("mount a BPF file system: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// liveBytes is a process's live bytes on the GPUs, in the agent's metrics.
+func liveBytes(families map[string]*dto.MetricFamily, pid int) float64 {
+	var sum float64
+	for _, v := range liveByKindGPU(families, pid) {
+		sum += v
+	}
+	return sum
+}
+
+// TestStateContinuesAcrossRestarts (issue 56, point 1): an agent with a
+// state directory is stopped (SIGTERM, as a rollout does), the process
+// frees and allocates while no agent runs, the next agent continues, is
+// SIGKILLed, the process frees and allocates again, and a third continues.
+// Each has every live byte charged to its stack, exactly, those of the
+// gaps too, and the counters go on from where the last one left them.
+// A second agent on the same state is refused while one owns it.
+func TestStateContinuesAcrossRestarts(t *testing.T) {
+	python := pythons(t)[2]
+	dir := t.TempDir()
+	driver := filepath.Join(dir, "driver", "libcuda.so.1")
+	copyFile(t, simLib, driver)
+	state, pins := filepath.Join(dir, "state"), filepath.Join(bpfFS(t), "gpu-mem")
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + driver}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "restart")
+	pid := strconv.Itoa(w.pid)
+
+	agent := func() (*cli, string) {
+		c := startCLI(t, "agent", "--pid", pid, "--library", driver, "--state-dir", state, "--pin-path", pins,
+			"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms")
+		return c, c.metricsURL()
+	}
+	waitLive := func(url string, want float64) map[string]*dto.MetricFamily {
+		return metricstest.ScrapeUntil(t, url, hangLimit, func(f map[string]*dto.MetricFamily) bool { return liveBytes(f, w.pid) == want })
+	}
+
+	first, url := agent()
+	first.waitEvent(logs.State, "continued", true, "records", 0)
+	first.waitEvent(logs.Python, "pid", w.pid)
+	w.stdinLine("")
+	if got := w.line(); got != "held" {
+		t.Fatalf("workload said %q, want held", got)
+	}
+	waitLive(url, 14*mib)
+	first.cmd.Process.Signal(syscall.SIGTERM)
+	if err := first.cmd.Wait(); err != nil {
+		t.Fatalf("the first agent at SIGTERM: %v", err)
+	}
+
+	w.stdinLine("") // a scratch buffer freed, gap_one's made, while no agent runs
+	if got := w.line(); got != "gap_one" {
+		t.Fatalf("workload said %q, want gap_one", got)
+	}
+	second, url := agent()
+	second.waitEvent(logs.State, "continued", true)
+	families := waitLive(url, 18*mib)
+	if got := igActive(t, families, w.pid); len(got) == 0 {
+		t.Fatalf("no mem_alloc_bytes_total series for pid %d", w.pid)
+	}
+	refused := startCLI(t, "agent", "--pid", pid, "--library", driver, "--state-dir", state, "--pin-path", pins)
+	if err := refused.cmd.Wait(); err == nil {
+		t.Fatal("a second agent on the state of a running one did not fail")
+	}
+	refused.stderr.wait(t, "another gpumem agent owns the state at "+state+" (pid "+strconv.Itoa(second.cmd.Process.Pid)+")")
+	second.cmd.Process.Kill() // SIGKILL: nothing of its own done
+	second.cmd.Wait()
+
+	w.stdinLine("") // the other scratch buffer freed, gap_two's made
+	w.line()        // done
+	expect := w.values("expect")
+	s := startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins}, w)
+	s.waitEvent(logs.State, "continued", true)
+	r := s.report()
+	live := map[string]uint64{}
+	for _, row := range r.Rows() {
+		if py := pythonFrames(row.Frames); row.PID == uint32(w.pid) && row.Kind == memory.KindDevice && len(py) > 1 {
+			live[py[1].Function] += row.LiveBytes() // the caller of cuda_malloc
+		}
+	}
+	want := map[string]uint64{"restart_weights": 12 * mib, "restart_scratch": 0, "gap_one": 5 * mib, "gap_two": 7 * mib}
+	if !maps.Equal(live, want) {
+		t.Errorf("live bytes by function after two restarts %v, want %v", live, want)
+	}
+	totals := processTotals(r, w.pid)
+	wantTotals := accounting.Counters{AllocBytes: expect["alloc_bytes"], AllocCount: expect["allocs"], FreeBytes: expect["freed_bytes"], FreeCount: expect["frees"]}
+	if totals != wantTotals {
+		t.Errorf("the process's counters after two restarts %+v, want %+v", totals, wantTotals)
+	}
+	assertNoLosses(t, r)
+	w.exit()
+}
+
+// TestStateOfAnotherGPUMem: a journal written by another BPF program is
+// refused with its reason, and the agent starts afresh.
+func TestStateOfAnotherGPUMem(t *testing.T) {
+	dir := t.TempDir()
+	state, pins := filepath.Join(dir, "state"), filepath.Join(bpfFS(t), "gpu-mem")
+	s := startProfiler(t, profiler.Config{Library: simLib, StateDir: state, PinPath: pins})
+	s.waitEvent(logs.State, "continued", true)
+	s.stop()
+	s.p.Close()
+	journal := filepath.Join(state, "journal")
+	data, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[16] ^= 0xff // the BPF object's sum
+	if err := os.WriteFile(journal, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = startProfiler(t, profiler.Config{Library: simLib, StateDir: state, PinPath: pins})
+	said := s.waitEvent(logs.State, "continued", false, "reason", "object")
+	if detail := said["detail"].(string); !strings.Contains(detail, "whose BPF program") {
+		t.Errorf("refused with %q", detail)
+	}
+}
