@@ -42,6 +42,16 @@ func (c *Counters) Add(o Counters) {
 	c.ImplicitFreeCount += o.ImplicitFreeCount
 }
 
+// Subtract takes o's counts from c's, which hold them.
+func (c *Counters) Subtract(o Counters) {
+	c.AllocBytes -= o.AllocBytes
+	c.AllocCount -= o.AllocCount
+	c.FreeBytes -= o.FreeBytes
+	c.FreeCount -= o.FreeCount
+	c.ImplicitFreeBytes -= o.ImplicitFreeBytes
+	c.ImplicitFreeCount -= o.ImplicitFreeCount
+}
+
 // LiveBytes is the memory this row still holds.
 func (c Counters) LiveBytes() uint64 { return c.AllocBytes - c.FreeBytes - c.ImplicitFreeBytes }
 
@@ -58,6 +68,12 @@ type FailureKey struct {
 // Failures counts failed allocation calls and the bytes they asked for.
 type Failures struct {
 	Count, Bytes uint64
+}
+
+// Add adds o's counts to f's.
+func (f *Failures) Add(o Failures) {
+	f.Count += o.Count
+	f.Bytes += o.Bytes
 }
 
 // Stats are the ledger's own counts of what it could not match.
@@ -88,6 +104,9 @@ type Ledger struct {
 	// intervalRows holds the rows of the last interval's peaks, and the
 	// next interval's: TakeIntervalPeaks reuses it.
 	intervalRows []PeakRow
+	// before is each row's allocations replayed from a previous agent's
+	// books (EndReplay); nil without.
+	before map[Key]Amount
 }
 
 type process struct {
@@ -274,16 +293,56 @@ func release(a allocation) {
 	a.row.FreeCount++
 }
 
+// Allocated says when the live allocation at addr in space was made, if
+// the process holds one there.
+func (l *Ledger) Allocated(pid uint32, space memory.Space, addr uint64) (ts uint64, ok bool) {
+	p := l.procs[pid]
+	if p == nil {
+		return 0, false
+	}
+	a, ok := p.live[address{addr, space}]
+	return a.time, ok
+}
+
+// Carry adds to k's row counts of allocations whose events are gone (a
+// journal compacted): they hold nothing.
+func (l *Ledger) Carry(k Key, c Counters, ts uint64) {
+	l.process(k.PID)
+	l.row(k, ts).Add(c)
+}
+
+// CarryFailures adds to k's failures those whose events are gone.
+func (l *Ledger) CarryFailures(k FailureKey, f Failures) {
+	l.failure(k).Add(f)
+}
+
+// EndReplay keeps what each row allocated so far as its Before: the books
+// a previous agent left are replayed, what comes next is this agent's.
+func (l *Ledger) EndReplay() {
+	l.before = make(map[Key]Amount, len(l.rows))
+	for k, r := range l.rows {
+		l.before[k] = Amount{Bytes: r.AllocBytes, Count: r.AllocCount}
+	}
+}
+
+// Before is what row k had allocated when the books a previous agent left
+// were replayed (EndReplay): what was pushed before this agent began.
+func (l *Ledger) Before(k Key) Amount { return l.before[k] }
+
 // Fail records an allocation call that returned an error.
 func (l *Ledger) Fail(k Key, op memory.Op, result int32, bytes uint64) {
-	fk := FailureKey{Key: k, Op: op, Result: result}
-	f, ok := l.failures[fk]
-	if !ok {
-		f = &Failures{}
-		l.failures[fk] = f
-	}
+	f := l.failure(FailureKey{Key: k, Op: op, Result: result})
 	f.Count++
 	f.Bytes += bytes
+}
+
+func (l *Ledger) failure(k FailureKey) *Failures {
+	f, ok := l.failures[k]
+	if !ok {
+		f = &Failures{}
+		l.failures[k] = f
+	}
+	return f
 }
 
 // Exit releases everything the process still held, as implicit frees, at
@@ -321,6 +380,7 @@ func (l *Ledger) DropExited(keep func(pid uint32) bool) map[uint32]bool {
 	for k := range l.rows {
 		if dropped[k.PID] && l.procs[k.PID] == nil {
 			delete(l.rows, k)
+			delete(l.before, k)
 		}
 	}
 	for k := range l.failures {

@@ -21,7 +21,7 @@ var (
 	smoke   = flag.Bool("smoke", false, "a short run that checks the harness, not the figures")
 	out     = flag.String("o", "BENCHMARKS.md", "where to write the results")
 	repo    = flag.String("repo", ".", "the repository root (build/sim and bin/ built)")
-	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load, symbols, discovery or nvml")
+	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load, symbols, discovery, nvml or state")
 	runs    = 5
 	simLib  string
 	simwork string
@@ -70,6 +70,7 @@ func main() {
 		{"symbols", "What does naming the first stack through large C++ libraries cost?", func() string { return symbolsFirstStack(root) }},
 		{"discovery", "What does finding processes cost, against how many run?", discoveryCost},
 		{"nvml", "What does reading NVML cost?", func() string { return nvmlCost(root) }},
+		{"state", "What does keeping the agent's state for its next restart cost?", stateCost},
 	} {
 		switch *only {
 		case "":

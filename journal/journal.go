@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,10 +70,10 @@ type Journal struct {
 	lock    *os.File
 	file    *os.File
 	owner   Owner
-	found   []byte // the journal read at Open, until Continue
-	covered uint64 // the ring position every record before was kept at
-	size    int64
-	records []byte // the records read at Open, until Replay
+	found   []byte       // the journal read at Open, until Continue
+	covered uint64       // the ring position every record before was kept at
+	size    atomic.Int64 // read by metrics while Append writes
+	records []byte       // the records read at Open, until Replay
 }
 
 // Refusal says why Open started a journal afresh instead of continuing it.
@@ -173,7 +174,8 @@ func (j *Journal) read(data []byte) (*Refusal, error) {
 		f.Close()
 		return nil, fmt.Errorf("open journal: %w", err)
 	}
-	j.file, j.covered, j.size = f, covered, int64(HeaderSize+end)
+	j.file, j.covered = f, covered
+	j.size.Store(int64(HeaderSize + end))
 	j.records = data[HeaderSize : HeaderSize+end]
 	return nil, nil
 }
@@ -253,7 +255,8 @@ func (j *Journal) start(covered uint64, records []byte) error {
 	if j.file != nil {
 		j.file.Close()
 	}
-	j.file, j.covered, j.size = f, covered, int64(HeaderSize+len(records))
+	j.file, j.covered = f, covered
+	j.size.Store(int64(HeaderSize + len(records)))
 	return nil
 }
 
@@ -262,7 +265,7 @@ func (j *Journal) start(covered uint64, records []byte) error {
 func (j *Journal) Covered() uint64 { return j.covered }
 
 // Size is the journal file's size in bytes.
-func (j *Journal) Size() int64 { return j.size }
+func (j *Journal) Size() int64 { return j.size.Load() }
 
 // Replay calls fn with each record continued, in order, then forgets
 // them.
@@ -286,6 +289,18 @@ func Each(recs []byte, fn func(kind Kind, pos uint64, payload []byte) error) err
 	return nil
 }
 
+// Records reads the journal's records, as Append wrote them.
+func (j *Journal) Records() ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(j.dir, fileName))
+	if err != nil {
+		return nil, fmt.Errorf("read journal: %w", err)
+	}
+	if len(data) < HeaderSize {
+		return nil, fmt.Errorf("read journal: %d bytes, shorter than its header", len(data))
+	}
+	return data[HeaderSize:], nil
+}
+
 // AppendRecord appends one record to buf, as Append takes them.
 func AppendRecord(buf []byte, kind Kind, pos uint64, payload []byte) []byte {
 	var h [recordHead]byte
@@ -293,7 +308,8 @@ func AppendRecord(buf []byte, kind Kind, pos uint64, payload []byte) []byte {
 	binary.LittleEndian.PutUint32(h[4:], uint32(kind))
 	binary.LittleEndian.PutUint64(h[8:], pos)
 	buf = append(append(buf, h[:]...), payload...)
-	return append(buf, make([]byte, padded(len(payload))-len(payload))...)
+	var zeros [7]byte
+	return append(buf, zeros[:padded(len(payload))-len(payload)]...)
 }
 
 // Append writes records (AppendRecord's) at the journal's end, in one
@@ -303,7 +319,7 @@ func (j *Journal) Append(records []byte) error {
 		return nil
 	}
 	n, err := j.file.Write(records)
-	j.size += int64(n)
+	j.size.Add(int64(n))
 	if err != nil {
 		return fmt.Errorf("append to journal: %w", err)
 	}
@@ -326,6 +342,9 @@ func (j *Journal) Close() error {
 // Clear removes the journal in dir, for an agent that is to start afresh
 // (gpumem state clear); it fails while an agent owns it.
 func Clear(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	lock, err := takeLock(dir)
 	if err != nil {
 		return err

@@ -70,9 +70,12 @@ var viewNames = [...]Names{memory.ViewDriver: newNames("gpumem_"), memory.ViewTe
 
 // Names of the metrics of neither view.
 const (
-	FailuresName     = "gpumem_failures_total"
-	LossesName       = "gpumem_losses_total"
-	UnknownFreesName = "gpumem_unknown_frees_total"
+	FailuresName = "gpumem_failures_total"
+	LossesName   = "gpumem_losses_total"
+	// The agent's state.
+	StateJournalBytesName = "gpumem_state_journal_bytes"
+	StateRefusedName      = "gpumem_state_refused_total"
+	UnknownFreesName      = "gpumem_unknown_frees_total"
 	// The on-demand tensor view's.
 	TensorViewSinceName      = "gpumem_tensor_view_since_seconds"
 	FreesBeforeViewName      = "gpumem_tensor_frees_before_view_total"
@@ -176,6 +179,11 @@ var (
 	gpuUsed = newMetric(GPUUsedName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID}, "Memory in use on the GPU, as NVML says (nvidia-smi's memory.used): "+
 		"its processes' (sum(gpumem_live_bytes) over the GPU, the kinds context, module, driver-internal and untraced included) and what is of no process.")
 	gpuTotal = newMetric(GPUTotalName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID}, "The GPU's memory, as NVML says (nvidia-smi's memory.total).")
+	// The agent's state (--state-dir), absent without one.
+	stateJournalBytes = newMetric(StateJournalBytesName, prometheus.GaugeValue, nil, "The size of the agent's journal in its state directory (--state-dir): "+
+		"what the next agent replays.")
+	stateRefused = newMetric(StateRefusedName, prometheus.CounterValue, []string{LabelReason}, "The state a previous agent left, not continued by this one, by reason "+
+		"(version, object, boot, ring, maps, corrupt): its books started afresh.")
 )
 
 // Inspektor Gadget's GPU observability dashboard (the AKS GPU profiling
@@ -218,7 +226,7 @@ var igMetrics = []*Metric{igAllocBytes, igFreeBytes, igImplicitFreeBytes}
 // order.
 var bookMetrics = slices.Concat(views[memory.ViewDriver].series(), views[memory.ViewTensor].series(),
 	[]*Metric{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded,
-		driverViewOffSince, driverCallsNotTraced, driverBudgetExceeded, gpuUsed, gpuTotal})
+		driverViewOffSince, driverCallsNotTraced, driverBudgetExceeded, gpuUsed, gpuTotal, stateJournalBytes, stateRefused})
 
 // peakMetrics are the peak gauges, sent with a PeakSource.
 var peakMetrics = []*Metric{views[memory.ViewDriver].peakBytes, views[memory.ViewTensor].peakBytes}
@@ -308,6 +316,12 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, g := range t.GPUMemory.GPUs {
 			ch <- gpuUsed.sample(float64(g.Used), strconv.Itoa(g.Index), g.UUID)
 			ch <- gpuTotal.sample(float64(g.Total), strconv.Itoa(g.Index), g.UUID)
+		}
+	}
+	if st := t.State; st != nil {
+		ch <- stateJournalBytes.sample(float64(st.JournalBytes))
+		if st.Refused != "" {
+			ch <- stateRefused.sample(1, st.Refused)
 		}
 	}
 	if c.Peaks != nil {

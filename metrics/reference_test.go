@@ -30,6 +30,7 @@ func (everyTotal) Totals() (snapshot.Totals, error) {
 		TensorViews:    []snapshot.TensorView{{PID: 7, Since: time.Unix(1, 0)}},
 		DriverViewsOff: []snapshot.DriverViewOff{{PID: 8, Ended: time.Unix(2, 0), Calls: 3}},
 		GPUMemory:      &snapshot.GPUMemory{GPUs: []snapshot.GPU{{UUID: "GPU-1", Total: 2, Used: 1}}},
+		State:          &snapshot.State{JournalBytes: 128, Refused: "object"},
 	}, nil
 }
 

@@ -261,7 +261,7 @@ func (e *Encoder) sample(row *snapshot.Row) *rowSample {
 	h := framesHash(row.Frames)
 	rs := e.rows[row.Key]
 	if rs == nil {
-		rs = &rowSample{}
+		rs = &rowSample{prev: row.Before} // what a previous agent pushed
 		e.rows[row.Key] = rs
 	} else if rs.frames == h && rs.locations != nil {
 		return rs

@@ -44,6 +44,9 @@ type books struct {
 	// losses are the tracer's last counts, kept when it is closed.
 	losses schema.Losses
 	closed bool
+	// replaying: the events are a previous agent's, replayed from its
+	// journal (state.go): their out-of-memory snapshots were its.
+	replaying bool
 }
 
 func newBooks() *books {
@@ -67,16 +70,12 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 	switch {
 	case ev.Exit:
 		b.exitLocked(ev.PID, ev.Timestamp)
+		return false
 	case ev.Op.MakesContext():
 		// Its size is NVML's, beside the ledger (gpumemory.go); its
 		// process's device series start here.
 		b.contexts[nvmlparts.ProcessDevice{PID: ev.PID, Device: ev.Device}] = true
-	case ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
-		// sized by NVML, beside the ledger (gpumemory.go)
-	case ev.Op.IsFree():
-		b.ledger.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)
-	case ev.Op.IsRetain():
-		b.ledger.Retain(ev.PID, ev.Address)
+	case ev.Op.IsFree(), ev.Op.IsRetain(), ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
 	case ev.Result == memory.CUDASuccess:
 		if ev.Op == memory.OpTensorAlloc {
 			b.tensorAllocations[ev.PID]++
@@ -84,16 +83,33 @@ func (b *books) account(ev *tracer.Event, id accounting.StackID, python bool) (o
 			b.driverAllocations[ev.PID]++
 		}
 		b.countStacks(ev, python)
-		b.ledger.Alloc(key(ev, id), ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)
-	default:
+	default: // failed
 		b.countStacks(ev, python)
-		k := key(ev, id)
-		b.ledger.Fail(k, ev.Op, ev.Result, ev.Bytes)
-		if ev.Result == memory.CUDAOutOfMemory {
-			return b.takeOOM(accounting.FailureKey{Key: k, Op: ev.Op, Result: ev.Result}, ev.Bytes, ev.PyFrames)
-		}
+		oom = ev.Result == memory.CUDAOutOfMemory && !b.replaying
+	}
+	k := key(ev, id)
+	applyToLedger(b.ledger, ev, k)
+	if oom {
+		return b.takeOOM(accounting.FailureKey{Key: k, Op: ev.Op, Result: ev.Result}, ev.Bytes, ev.PyFrames)
 	}
 	return false
+}
+
+// applyToLedger enters an allocation, free or failure in l, to row k;
+// contexts and modules are sized beside the ledger (gpumemory.go), exits
+// released by the caller.
+func applyToLedger(l *accounting.Ledger, ev *tracer.Event, k accounting.Key) {
+	switch {
+	case ev.Exit, ev.Op.MakesContext(), ev.Op == memory.OpCtxDestroy, ev.Op.LoadsModule(), ev.Op.UnloadsModule():
+	case ev.Op.IsFree():
+		l.Free(ev.PID, ev.Op, ev.Address, ev.Timestamp)
+	case ev.Op.IsRetain():
+		l.Retain(ev.PID, ev.Address)
+	case ev.Result == memory.CUDASuccess:
+		l.Alloc(k, ev.Address, ev.Op.Space(), ev.Bytes, ev.Timestamp)
+	default:
+		l.Fail(k, ev.Op, ev.Result, ev.Bytes)
+	}
 }
 
 // key is the row an allocation event goes to. Host and managed memory do
@@ -233,7 +249,7 @@ func (b *books) copyLocked(s *snapshot.Snapshot, procs map[uint32]*process, keep
 		tensors := map[uint32]bool{}
 		b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 			if keep(k) {
-				s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c})
+				s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c, Before: b.ledger.Before(k)})
 				procs[k.PID] = nil
 				tensors[k.PID] = tensors[k.PID] || k.Kind == memory.KindTensor
 			}

@@ -145,6 +145,19 @@ func (t *processTable) note(pid uint32, comm string, what noted) (python bool) {
 	return e.python
 }
 
+// seenSince has a noted process be seen since t, if earlier: its event
+// replayed from a previous agent's journal, so that its counters keep the
+// start they had (metrics: their created timestamps).
+func (t *processTable) seenSince(pid uint32, since time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.proc(pid); p != nil && since.Before(p.Since) {
+		next := *p
+		next.Since = since
+		t.entry(pid).proc = &next
+	}
+}
+
 // entry is what the table knows of pid, made if it knew nothing. The
 // caller holds t.mu.
 func (t *processTable) entry(pid uint32) *tracked {

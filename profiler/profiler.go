@@ -98,6 +98,9 @@ type Config struct {
 	// system: the next agent with the same two continues from the books
 	// this one leaves (Continued).
 	StateDir, PinPath string
+	// CompactJournalAt is the journal's size, in bytes, from which it is
+	// compacted to what the books still need; 64 MiB by default.
+	CompactJournalAt int64
 	// Timeline keeps each process's live bytes per GPU and view over time,
 	// for Snapshot.Timeline (gpumem record's HTML report): bounded memory
 	// (accounting.TimelineBuckets), a few comparisons per event.
@@ -146,6 +149,12 @@ type Profiler struct {
 	driver   *driverSwitch
 	flushes  *flushes
 	journal  *journal.Journal // with Config.StateDir; Close's
+	// replaying counts the events of a previous agent's journal still to
+	// read, and compactAt is the journal's size that has it compacted:
+	// readEvents'.
+	replaying uint64
+	compactAt int64
+	continued tracer.Continued // what the tracer found of a previous agent's state
 
 	// scanner finds the libraries and Python processes: of the processes
 	// that map Config.Library's file only, when it is set. Run's alone.
@@ -193,7 +202,13 @@ func New(cfg Config) (*Profiler, error) {
 	}
 	p := newProfiler(cfg, tr)
 	p.journal = j
-	p.sayContinued(tr.Continued())
+	p.continued = tr.Continued()
+	p.sayContinued(p.continued)
+	p.replaying = p.continued.Records
+	p.books.replaying = p.replaying > 0
+	if p.replaying == 0 {
+		p.endReplay()
+	}
 	p.startJobs()
 	p.sayMissingCapabilities()
 	if cfg.Timeline {
@@ -235,6 +250,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.CompactJournalAt == 0 {
+		cfg.CompactJournalAt = compactJournalAt
 	}
 	return cfg
 }
@@ -380,7 +398,27 @@ func (p *Profiler) readEvents() error {
 			p.delivering.ask() // off the event path
 			p.gpus.ask()
 		}
+		if err := p.keepState(); err != nil {
+			return err
+		}
 	}
+}
+
+// keepState ends the replay of a previous agent's events once they are
+// read, and compacts the journal once it grew past compactAt.
+func (p *Profiler) keepState() error {
+	if p.replaying > 0 {
+		if p.replaying--; p.replaying == 0 {
+			p.endReplay()
+		}
+	}
+	if size := p.tr.JournalBytes(); size > max(p.compactAt, p.cfg.CompactJournalAt) {
+		if err := p.tr.Compact(p.books.compaction()); err != nil {
+			return fmt.Errorf("compact the journal: %w", err)
+		}
+		p.compactAt = 2 * p.tr.JournalBytes() // so that a journal of live records only is not compacted at every event
+	}
+	return nil
 }
 
 // handle accounts one event; true when it took an out-of-memory snapshot.
@@ -389,6 +427,11 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	var id accounting.StackID
 	comm := processComm(ev)
 	switch {
+	case ev.Carried != nil:
+		if err := p.books.carry(ev.Carried); err != nil {
+			logs.Printf(p.cfg.Log, "%v", err)
+		}
+		return false
 	case ev.Exit:
 		p.pythonExited(ev.PID)
 		p.gpus.exited(ev.PID)
@@ -404,6 +447,9 @@ func (p *Profiler) handle(ev *tracer.Event) (oom bool) {
 	default:
 		python = p.procs.note(ev.PID, comm, notedAllocation)
 		id = p.stacks.intern(ev)
+	}
+	if p.replaying > 0 && !ev.Exit {
+		p.procs.seenSince(ev.PID, wallTime(ev.Timestamp))
 	}
 	return p.books.account(ev, id, python)
 }

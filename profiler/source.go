@@ -35,6 +35,10 @@ type Source interface {
 	DriverCallsOff(pid uint32) (uint64, bool)
 	// TensorProbeStats are the tensor probes' runs and run time.
 	TensorProbeStats() (runs uint64, runtime time.Duration, err error)
+	// JournalBytes is the size of the journal of the state kept
+	// (Config.StateDir), and Compact compacts it, from Read's goroutine.
+	JournalBytes() int64
+	Compact(tracer.Compaction) error
 	Close() error
 }
 

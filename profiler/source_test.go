@@ -186,3 +186,6 @@ func TestRunReadsEveryEvent(t *testing.T) {
 		t.Errorf("after the stop: rows %+v, %d events, losses %v", rows, after.Events, after.Losses)
 	}
 }
+
+func (s *script) JournalBytes() int64             { return 0 }
+func (s *script) Compact(tracer.Compaction) error { return nil }

@@ -23,6 +23,7 @@ func (p *Profiler) Totals() (snapshot.Totals, error) {
 	p.procs.lookup(procs)
 	t.TensorViews, t.BudgetExceeded = p.tensors.list(), p.BudgetExceeded()
 	t.DriverViewsOff, t.DriverBudgetExceeded = p.DriverViewsOff(), p.DriverBudgetExceeded()
+	t.State = p.stateKept()
 	for i := range t.Series {
 		if s := &t.Series[i]; s.Kind != memory.KindUntraced {
 			s.Comm, s.Container, s.Since = procs[s.PID].Comm, procs[s.PID].Container, procs[s.PID].Since

@@ -564,6 +564,20 @@ func (e *Exporter) Run(ctx context.Context) {
 	}
 }
 
+// Drain sends the queued intervals, as Run does, until none is left or ctx
+// is done: an agent's last intervals, as it stops. Run must have returned.
+func (e *Exporter) Drain(ctx context.Context) {
+	for p := e.head(); p != nil; p = e.head() {
+		if err := e.push(ctx, p); err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(firstBackoff):
+			}
+		}
+	}
+}
+
 // expire drops, and counts, the queued intervals too old for the server:
 // after an outage, what it would refuse is not sent.
 func (e *Exporter) expire() {

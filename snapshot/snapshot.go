@@ -109,8 +109,9 @@ type PythonStats struct {
 type Entry struct {
 	accounting.Key
 	accounting.Counters
-	Frames  []uint32 // indices in Snapshot.Frames, innermost first: read-only
-	Process *Process // shared with other entries: read-only
+	Before  accounting.Amount // allocated before this agent began (accounting.Ledger.Before)
+	Frames  []uint32          // indices in Snapshot.Frames, innermost first: read-only
+	Process *Process          // shared with other entries: read-only
 }
 
 // Process is what a snapshot knows of one process.
@@ -132,6 +133,7 @@ type Row struct {
 	Container container.Identity // the pod and container, from the process's cgroup
 	Frames    []*symbolize.Frame // innermost first, shared with other rows: read-only
 	accounting.Counters
+	Before accounting.Amount // allocated before this agent began: a previous agent's, pushed
 }
 
 // Failure counts failed allocations with one origin and error code.
@@ -202,6 +204,7 @@ func (s *Snapshot) EachRow(fn func(*Row)) {
 			frames = append(frames, s.Frames[f])
 		}
 		row = e.Process.Row(e.Key, e.Counters, frames)
+		row.Before = e.Before
 		fn(&row)
 	}
 }

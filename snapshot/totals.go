@@ -29,6 +29,17 @@ type Totals struct {
 	DriverBudgetExceeded uint64
 	// GPUMemory is what NVML says the GPUs hold (Snapshot.GPUMemory).
 	GPUMemory *GPUMemory
+	// State is the agent's kept state, when it keeps one.
+	State *State
+}
+
+// State is what an agent keeps for the next one (its state directory).
+type State struct {
+	JournalBytes int64
+	// Refused says why the state a previous agent left was not continued
+	// (a short reason: version, object, boot, ring, maps, corrupt); empty
+	// when it was, or there was none.
+	Refused string
 }
 
 // SeriesKey names a process's memory of one kind on one device: the key

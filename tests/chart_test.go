@@ -227,8 +227,54 @@ func TestChartBreakdownRules(t *testing.T) {
 	}
 	objects = render(t, nil)
 	pod = dig(objects["DaemonSet"][0], "spec", "template", "spec")
-	if named(objects["ConfigMap"], "r-gpu-mem-breakdown-rules") != nil || dig(pod, "volumes") != nil ||
+	if named(objects["ConfigMap"], "r-gpu-mem-breakdown-rules") != nil || byName(dig(pod, "volumes"), "breakdown-rules") != nil ||
 		strings.Contains(strings.Join(toStrings(dig(pod, "containers", 0, "args")), " "), "--breakdown-rules") {
 		t.Errorf("without rules: %v", pod)
+	}
+}
+
+// byName is the entry of a list (a pod's volumes, a container's mounts)
+// with this name, nil if none.
+func byName(list any, name string) map[string]any {
+	l, _ := list.([]any)
+	for _, o := range l {
+		if m, ok := o.(map[string]any); ok && m["name"] == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// TestChartState (issue 56, point 2): the agent's state is on by default,
+// its journal in a directory of the host and its pins on the host's BPF
+// file system, one agent a node at a time in a rollout (the old one stops
+// before the new one starts), with a grace period to finish; off, none of
+// it.
+func TestChartState(t *testing.T) {
+	ds := render(t, nil)["DaemonSet"][0]
+	pod := dig(ds, "spec", "template", "spec")
+	args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " ")
+	if !strings.Contains(args, "--state-dir=/var/lib/gpu-mem --pin-path=/sys/fs/bpf/gpu-mem") {
+		t.Errorf("args %s", args)
+	}
+	volumes := dig(pod, "volumes")
+	if dig(byName(volumes, "state"), "hostPath", "path") != "/var/lib/gpu-mem" || dig(byName(volumes, "bpffs"), "hostPath", "path") != "/sys/fs/bpf" ||
+		dig(byName(volumes, "bpffs"), "hostPath", "type") != "Directory" {
+		t.Errorf("volumes %v", volumes)
+	}
+	mounts := dig(pod, "containers", 0, "volumeMounts")
+	if dig(byName(mounts, "state"), "mountPath") != "/var/lib/gpu-mem" || dig(byName(mounts, "bpffs"), "mountPath") != "/sys/fs/bpf" {
+		t.Errorf("mounts %v", mounts)
+	}
+	if s := dig(ds, "spec", "updateStrategy", "rollingUpdate"); dig(s, "maxSurge") != float64(0) && dig(s, "maxSurge") != 0 || dig(s, "maxUnavailable") == nil {
+		t.Errorf("update strategy %v", dig(ds, "spec", "updateStrategy"))
+	}
+	if g := dig(pod, "terminationGracePeriodSeconds"); g != float64(30) && g != 30 {
+		t.Errorf("grace period %v", g)
+	}
+
+	pod = dig(render(t, map[string]any{"state": map[string]any{"enabled": false}})["DaemonSet"][0], "spec", "template", "spec")
+	if args := strings.Join(toStrings(dig(pod, "containers", 0, "args")), " "); strings.Contains(args, "--state-dir") || dig(pod, "volumes") != nil {
+		t.Errorf("state off: %v", pod)
 	}
 }

@@ -16,21 +16,11 @@ import (
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/tests/bpffs"
 )
 
 const mib = 1 << 20
-
-// bpfFS mounts a BPF file system of the test's own, for pins that no other
-// test or run sees, and unmounts it at the end (its pins with it).
-func bpfFS(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := syscall.Mount("bpf", dir, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount a BPF file system: %v", err)
-	}
-	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
-	return dir
-}
 
 // liveBytes is a process's live bytes on the GPUs, in the agent's metrics.
 func liveBytes(families map[string]*dto.MetricFamily, pid int) float64 {
@@ -53,7 +43,7 @@ func TestStateContinuesAcrossRestarts(t *testing.T) {
 	dir := t.TempDir()
 	driver := filepath.Join(dir, "driver", "libcuda.so.1")
 	copyFile(t, simLib, driver)
-	state, pins := filepath.Join(dir, "state"), filepath.Join(bpfFS(t), "gpu-mem")
+	state, pins := filepath.Join(dir, "state"), filepath.Join(bpffs.Mount(t), "gpu-mem")
 	w := startWorkload(t, []string{"SIMCUDA_LIB=" + driver}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "restart")
 	pid := strconv.Itoa(w.pid)
 
@@ -100,12 +90,29 @@ func TestStateContinuesAcrossRestarts(t *testing.T) {
 	w.stdinLine("") // the other scratch buffer freed, gap_two's made
 	w.line()        // done
 	expect := w.values("expect")
-	s := startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins}, w)
-	s.waitEvent(logs.State, "continued", true)
-	r := s.report()
+	// The third agent compacts the journal at every event; a fourth
+	// replays the compacted journal: the same books.
+	for _, compactAt := range []int64{1, 0} {
+		s := startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins, CompactJournalAt: compactAt}, w)
+		s.waitEvent(logs.State, "continued", true)
+		checkRestartBooks(t, s.report(), w.pid, expect)
+		s.stop()
+		s.p.Close()
+	}
+	journal, err := os.Stat(filepath.Join(state, "journal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the compacted journal: %d bytes", journal.Size())
+	w.exit()
+}
+
+// checkRestartBooks checks the books of the restart scenario's process.
+func checkRestartBooks(t *testing.T, r *snapshot.Snapshot, pid int, expect map[string]uint64) {
+	t.Helper()
 	live := map[string]uint64{}
 	for _, row := range r.Rows() {
-		if py := pythonFrames(row.Frames); row.PID == uint32(w.pid) && row.Kind == memory.KindDevice && len(py) > 1 {
+		if py := pythonFrames(row.Frames); row.PID == uint32(pid) && row.Kind == memory.KindDevice && len(py) > 1 {
 			live[py[1].Function] += row.LiveBytes() // the caller of cuda_malloc
 		}
 	}
@@ -113,20 +120,19 @@ func TestStateContinuesAcrossRestarts(t *testing.T) {
 	if !maps.Equal(live, want) {
 		t.Errorf("live bytes by function after two restarts %v, want %v", live, want)
 	}
-	totals := processTotals(r, w.pid)
+	totals := processTotals(r, pid)
 	wantTotals := accounting.Counters{AllocBytes: expect["alloc_bytes"], AllocCount: expect["allocs"], FreeBytes: expect["freed_bytes"], FreeCount: expect["frees"]}
 	if totals != wantTotals {
 		t.Errorf("the process's counters after two restarts %+v, want %+v", totals, wantTotals)
 	}
 	assertNoLosses(t, r)
-	w.exit()
 }
 
 // TestStateOfAnotherGPUMem: a journal written by another BPF program is
 // refused with its reason, and the agent starts afresh.
 func TestStateOfAnotherGPUMem(t *testing.T) {
 	dir := t.TempDir()
-	state, pins := filepath.Join(dir, "state"), filepath.Join(bpfFS(t), "gpu-mem")
+	state, pins := filepath.Join(dir, "state"), filepath.Join(bpffs.Mount(t), "gpu-mem")
 	s := startProfiler(t, profiler.Config{Library: simLib, StateDir: state, PinPath: pins})
 	s.waitEvent(logs.State, "continued", true)
 	s.stop()

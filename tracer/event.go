@@ -31,6 +31,9 @@ type Event struct {
 	// when the process is a registered Python process.
 	PyFrames []PyFrame
 	Flags    StackFlags
+	// Carried, set alone, is the counters a compaction of the journal
+	// carried (Compaction.Carried), replayed before its events.
+	Carried []byte
 }
 
 // PyFrame is one Python frame as the BPF program read it; package pystack
@@ -128,9 +131,11 @@ func decodeTensorFree(raw []byte, ev *Event) {
 	}
 }
 
-// opOf is the driver function of a record of the C struct gpumem_event.
+// opOffset is where a record of the C struct gpumem_event holds its op.
+const opOffset = unsafe.Offsetof(gpumemGpumemEvent{}.Op)
+
+// opOf is the driver function of a record of the C struct gpumem_event, at
+// least headerSize long.
 func opOf(raw []byte) memory.Op {
-	var e gpumemGpumemEvent
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&e)), headerSize), raw)
-	return memory.Op(e.Op)
+	return memory.Op(binary.LittleEndian.Uint16(raw[opOffset:]))
 }

@@ -73,6 +73,11 @@ func journaled(raw []byte) bool {
 func (t *Tracer) Read(ev *Event) error {
 	t.readMu.Lock()
 	defer t.readMu.Unlock()
+	if t.carried != nil {
+		*ev = Event{Carried: t.carried, Stack: ev.Stack[:0], PyFrames: ev.PyFrames[:0]}
+		t.carried = nil
+		return nil
+	}
 	for {
 		if raw, ok := t.batch.pop(); ok {
 			if err := decode(raw, ev); err != nil {

@@ -5,6 +5,7 @@
 package tracer
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type Continued struct {
 	// Records replayed from the journal, and ring buffer bytes waiting,
 	// written while no agent ran.
 	Records, Waiting uint64
+	// DriverOff are the processes whose driver view a predecessor
+	// switched off (SwitchDriverOff): still off.
+	DriverOff []uint32
 	// Refused says why the state found was not continued (nil: it was, or
 	// there was none). Reason is a short word for a metric's label.
 	Refused *journal.Refusal
@@ -104,11 +108,12 @@ func (t *Tracer) continueState(object []byte) (Continued, error) {
 	}
 	end := j.Covered()
 	err = j.Replay(func(kind journal.Kind, pos uint64, raw []byte) error {
-		if kind != journal.KindRing {
+		c.Records++
+		if kind == journal.KindCarried {
+			t.carried = bytes.Clone(raw)
 			return nil
 		}
 		t.batch.add(pos, raw)
-		c.Records++
 		end = max(end, pos+recordSpan(len(raw)))
 		return nil
 	})
@@ -117,6 +122,11 @@ func (t *Tracer) continueState(object []byte) (Continued, error) {
 	}
 	t.ring.skipTo(end)
 	c.Waiting = t.ring.pending()
+	var pid uint32
+	var calls uint64
+	for it := t.objs.DriverOff.Iterate(); it.Next(&pid, &calls); {
+		c.DriverOff = append(c.DriverOff, pid)
+	}
 	return c, nil
 }
 

@@ -42,6 +42,7 @@ type Tracer struct {
 	ring        *ring
 	readMu      sync.Mutex // Read's, against Close's release of the ring
 	batch       batch      // Read's
+	carried     []byte     // Read's first event, when the journal carried counters
 	flushesRead uint64     // Read's: the ring's flushes it answered
 	stacks      sentStacks // Read's
 	exit        []link.Link

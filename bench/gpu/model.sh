@@ -17,7 +17,10 @@
 # defaults, or BASE_FLAGS, PID replaced by the model's: another build, e.g.
 # the one before a change, side by side; base2, base3 ... likewise with
 # BASE2_GPUMEM, BASE3_GPUMEM ...),
-# nobudget (the default with --driver-budget=0: the driver view never
+# state (the default with its state kept for the next agent: --state-dir
+# and --pin-path on a BPF file system of the run's own, cleared after each
+# window so that no probe stays for the next), nobudget (the default with
+# --driver-budget=0: the driver view never
 # switched off, whatever it costs; against default where every tensor
 # reaches the driver, PYTORCH_NO_CUDA_MEMORY_CACHING=1).
 # Usage: bench/gpu/model.sh GPUMEM USDTFLOOR OUTDIR
@@ -41,6 +44,11 @@ export PYTHONUNBUFFERED=1
 sysctl -qw kernel.bpf_stats_enabled=1 || echo "model.sh: no BPF run time (kernel.bpf_stats_enabled)" >&2
 # The machine the lines were measured on, which model_report.py names.
 echo "# machine: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) CPUs, kernel $(uname -r)"
+
+# The state mode's BPF file system and state directory.
+bpffs=$(mktemp -d /tmp/model-bpf.XXXXXX) statedir=$(mktemp -d /tmp/model-state.XXXXXX)
+if [[ " ${modes[*]} " == *" state "* ]]; then mount -t bpf bpf "$bpffs"; fi
+trap 'umount "$bpffs" 2>/dev/null; rm -rf "$bpffs" "$statedir"' EXIT
 
 # The windows, in order: each round the modes shifted by one.
 windows=()
@@ -92,6 +100,7 @@ for mode in "${windows[@]}"; do
 	default) ;;
 	driver) flags=(--tensors=off) ;;
 	nobudget) flags=(--driver-budget=0) ;;
+	state) flags=(--state-dir "$statedir" --pin-path "$bpffs/gpu-mem") ;;
 	all) flags=(--tensors=all) ;;
 	tensors) read -ra flags <<<"${tensor_flags//PID/$py}" ;;
 	native) read -ra flags <<<"${tensor_flags//PID/$py} --tensor-native-stacks" ;;
@@ -132,6 +141,7 @@ for mode in "${windows[@]}"; do
 			extra="$extra driver_off=1"
 		fi
 		kill -INT $agent && wait $agent || true
+		if [ "$mode" = state ]; then "$bin" state clear --state-dir "$statedir" --pin-path "$bpffs/gpu-mem" >/dev/null; fi
 	fi
 	echo "round=$round $(grep '^result' "$out/model.stdout" | sed -n "${n}p") $extra"
 	[ $((n % ${#modes[@]})) -eq 0 ] && round=$((round + 1))

@@ -2,6 +2,7 @@
 lines bench/gpu/model.sh printed (kept in bench/gpu/h100/ or h200/).
 
 Usage: model_report.py [--jax JAX_TXT] NOCACHE_TXT MODEL_MD MODEL_TXT
+   or: model_report.py --table MODEL_TXT  (one run's table alone, to stdout)
 MODEL_TXT is one run (one process): each figure is the median of its
 rounds, with the spread (lowest-highest); ratios are against no agent in
 the same process. The tensor micro-benchmark (torch.empty + del at Python
@@ -23,6 +24,7 @@ NAMES = {
     "native": "the same with `--tensor-native-stacks`",
     "all": "`--tensors=all` (every process's tensor view)",
     "base": "another build, side by side (`BASE_GPUMEM`)",
+    "state": "the default keeping its state for the next agent (`--state-dir`, `--pin-path`)",
     "floor": "floor: empty programs on the tensor USDT sites (the traps alone)",
 }
 
@@ -55,6 +57,11 @@ def med(xs, key):
 
 def main():
     args = sys.argv[1:]
+    if args[0] == "--table":  # one run's table alone: model_report.py --table RAW
+        rows = read(args[1])
+        sys.stdout.write(measured(args[1], rows))
+        table(sys.stdout, rows)
+        return
     jax_path = None
     if args[0] == "--jax":
         jax_path, args = args[1], args[2:]
@@ -79,14 +86,13 @@ def main():
     f.close()
 
 
-def run(f, rows):
-    """Writes the run's tables; returns the tensor view's ratios to the floor at depth 5 and 40."""
+def table(f, rows):
+    """Writes each mode's training step and decoding against no agent's; returns no agent's medians."""
     base = rows["none"]
     step0, tok0 = med(base, "step_ms")[0], med(base, "tok_s")[0]
-    d5_0, d40_0 = med(base, "us_d5")[0], med(base, "us_d40")[0]
     f.write("| agent | training step, ms | vs none | decode, tokens/s | vs none | BPF run time per program run |\n")
     f.write("| --- | ---: | ---: | ---: | ---: | ---: |\n")
-    for mode in ("none", "default", "driver", "tensors", "native", "all", "base", "floor"):
+    for mode in ("none", "default", "state", "driver", "tensors", "native", "all", "base", "floor"):
         if mode not in rows:
             continue
         r = rows[mode]
@@ -96,6 +102,14 @@ def run(f, rows):
         per = f"{ns / runs:.0f} ns ({runs / len(r):.0f} runs a window)" if runs else "-"
         f.write(f"| {NAMES[mode]} | {s:.2f} [{slo:.1f}-{shi:.1f}] | {s / step0:.3f}x | {t:.1f} [{tlo:.0f}-{thi:.0f}] | "
                 f"{t / tok0:.3f}x | {per} |\n")
+    return step0, tok0
+
+
+def run(f, rows):
+    """Writes the run's tables; returns the tensor view's ratios to the floor at depth 5 and 40."""
+    base = rows["none"]
+    d5_0, d40_0 = med(base, "us_d5")[0], med(base, "us_d40")[0]
+    step0, tok0 = table(f, rows)
     d = rows["default"]
     window_ns = sum(x["bpf_ns"] for x in d) / len(d)
     runs = sum(x["bpf_runs"] for x in d) / len(d)

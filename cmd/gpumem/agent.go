@@ -65,8 +65,6 @@ type agentOptions struct {
 	tensorBudget   budget.Budget
 	driverBudget   budget.Budget
 	control        string               // the control socket's path
-	stateDir       string               // the journal's directory; none: no state kept
-	pinPath        string               // where maps and probes are pinned
 	last           metrics.LastInterval // the last interval's peaks and breakdown, for the gauges
 	snapshot       snapshot.Snapshot    // the last interval's, its memory reused
 	exitsBefore    uint64               // the interval before's Exits: dropped at this one's end
@@ -141,11 +139,6 @@ switched off past it.`,
 	fs.StringVar(&o.nodeName, "node", "", "")
 	_ = fs.MarkDeprecated("node", "use --node-name")
 	groupFlags(fs, "Kubernetes", "kubeconfig", "node-name")
-
-	fs.StringVar(&o.stateDir, "state-dir", "", "keep the agent's state here on the host, so that the next agent continues its books "+
-		"(restarts, rollouts, upgrades: docs/agent-and-kubernetes.md); none: a restart starts afresh")
-	fs.StringVar(&o.pinPath, "pin-path", "/sys/fs/bpf/gpu-mem", "with --state-dir: pin the maps and probes here, on a BPF file system")
-	groupFlags(fs, "State", "state-dir", "pin-path")
 
 	fs.Float64Var(&o.tensorBudget.Share, "tensor-budget", 0.02, "switch a process's on-demand tensor view off when it costs more than this share of the process's time (0: never)")
 	fs.Float64Var(&o.driverBudget.Share, "driver-budget", 0.02, "switch a process's driver view off when it costs more than this share of the process's time, "+
@@ -254,9 +247,6 @@ func (o *agentOptions) run(ctx context.Context) error {
 	cfg := o.target.config()
 	o.tensorBudget.Window, o.driverBudget.Window = o.budgetWindow, o.budgetWindow
 	cfg.TensorPIDs, cfg.TensorBudget, cfg.DriverBudget = o.tensorPIDs, o.tensorBudget, o.driverBudget
-	if o.stateDir != "" {
-		cfg.StateDir, cfg.PinPath = o.stateDir, o.pinPath
-	}
 	cfg.OnOOM = func(oom snapshot.OOM) { // the status line at an out-of-memory, its verdict first
 		oom.Verdict = breakdown.Judge(&oom, o.target.rules.get())
 		logf("%s", report.DescribeOOM(oom))
@@ -285,9 +275,13 @@ func (o *agentOptions) run(ctx context.Context) error {
 				"path", o.control)
 		}
 	}
+	pushing := make(chan struct{}) // closed once exp.Run returned
 	if exp != nil {
 		defer exp.Close()
-		go exp.Run(ctx)
+		go func() {
+			exp.Run(ctx)
+			close(pushing)
+		}()
 		logf("exporting to %s every %v", o.pyroscope.URL, o.interval)
 	}
 	if o.metricsAddr != "" {
@@ -305,12 +299,33 @@ func (o *agentOptions) run(ctx context.Context) error {
 	for {
 		select {
 		case err := <-done:
+			if exp != nil {
+				<-pushing
+				o.pushLast(p, exp)
+			}
 			return err
 		case <-interval.C:
 			o.export(p, exp)
 		case <-status.C:
 			o.status(p, exp)
 		}
+	}
+}
+
+// lastPushTimeout bounds the last push of a stopping agent, well inside the
+// chart's grace period (terminationGracePeriodSeconds: 30).
+const lastPushTimeout = 10 * time.Second
+
+// pushLast ends the last interval, the events read before the stop, and
+// pushes it with those still queued: what the process allocated then is in
+// Pyroscope, not lost at a restart (the next agent continues from it).
+func (o *agentOptions) pushLast(p *profiler.Profiler, exp *pyroscope.Exporter) {
+	o.export(p, exp)
+	ctx, cancel := context.WithTimeout(context.Background(), lastPushTimeout)
+	defer cancel()
+	exp.Drain(ctx)
+	if q := exp.Stats().Queued; q > 0 {
+		logf("stopping with %d intervals not pushed: %s unreachable", q, o.pyroscope.URL)
 	}
 }
 

@@ -24,6 +24,8 @@ type targetFlags struct {
 	tensorNative bool
 	nvml         string // the NVIDIA management library read
 	rules        rulesFile
+	stateDir     string // the journal's directory; none: no state kept
+	pinPath      string // where maps and probes are pinned
 }
 
 // register adds the flags; tensors is the command's default scope of the
@@ -37,12 +39,19 @@ func (t *targetFlags) register(fs *pflag.FlagSet, tensors profiler.TensorScope) 
 	fs.Lookup("tensors").NoOptDefVal = "all"
 	fs.BoolVar(&t.tensorNative, "tensor-native-stacks", false, "walk the whole native stack (ATen, bindings) of tensors allocated from Python, not only the allocator's frame")
 	fs.Var(&t.rules, "breakdown-rules", "a file of rules sorting stacks into the breakdown's categories, read before the shipped ones (docs/breakdown.md)")
+	fs.StringVar(&t.stateDir, "state-dir", "", "keep the state here on the host (a journal of what was read), and continue the state an agent left there: "+
+		"the books of what processes hold go on across restarts, rollouts and upgrades (docs/agent-and-kubernetes.md); none: every start is afresh")
+	fs.StringVar(&t.pinPath, "pin-path", "/sys/fs/bpf/gpu-mem", "with --state-dir: pin the maps and probes here, on a BPF file system")
 	fs.StringVar(&t.nvml, "nvml-library", nvml.Library, "the NVIDIA driver's management library, read for what nvidia-smi shows per GPU and process (contexts, kernel images, driver internals, untraced processes): a path, or a name the dynamic loader finds; empty: not read")
 }
 
 func (t *targetFlags) config() profiler.Config {
-	return profiler.Config{PIDs: t.pids, GPUs: t.gpus, Library: t.library, Tensors: profiler.TensorScope(t.tensors),
+	cfg := profiler.Config{PIDs: t.pids, GPUs: t.gpus, Library: t.library, Tensors: profiler.TensorScope(t.tensors),
 		TensorNativeStacks: t.tensorNative, NVML: t.nvml, Log: log}
+	if t.stateDir != "" {
+		cfg.StateDir, cfg.PinPath = t.stateDir, t.pinPath
+	}
+	return cfg
 }
 
 // tensorScope is --tensors: all, on-demand or off (true and false are all

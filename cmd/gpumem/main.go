@@ -60,7 +60,7 @@ func newRootCommand() *cobra.Command {
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w\n\n%s", err, cmd.UsageString())}
 	})
-	root.AddCommand(newRecordCommand(), newTopCommand(), newAgentCommand(), newTensorsCommand())
+	root.AddCommand(newRecordCommand(), newTopCommand(), newAgentCommand(), newTensorsCommand(), newStateCommand())
 	root.AddCommand(fullCommands()...)
 	return root
 }

@@ -163,6 +163,19 @@ func Serve(t testing.TB, r *Receiver, lis net.Listener, opts ...grpc.ServerOptio
 	t.Cleanup(Start(r, lis, opts...).Stop)
 }
 
+// Loopback runs a new receiver on a port of the loopback interface until
+// the test ends, and returns it and its address.
+func Loopback(t testing.TB) (*Receiver, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Receiver{}
+	Serve(t, r, lis)
+	return r, lis.Addr().String()
+}
+
 // Start runs r on lis until the server returned is stopped: a server that
 // goes away and comes back (the soak) starts r again on a new listener.
 func Start(r *Receiver, lis net.Listener, opts ...grpc.ServerOption) *grpc.Server {

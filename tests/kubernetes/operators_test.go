@@ -2,7 +2,6 @@ package kubernetes
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -24,12 +23,7 @@ import (
 func TestOperatorsInGadgetContext(t *testing.T) {
 	c := startCluster(t)
 	pod := trainerPod(t, c)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	receiver := &pyroscopetest.Receiver{}
-	pyroscopetest.Serve(t, receiver, lis)
+	receiver, addr := pyroscopetest.Loopback(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
 	defer cancel()
@@ -38,6 +32,7 @@ func TestOperatorsInGadgetContext(t *testing.T) {
 	producer := simple.New("producer",
 		simple.WithPriority(k8smeta.Priority-1),
 		simple.OnInit(func(gadgetCtx operators.GadgetContext) error {
+			var err error
 			if ds, err = gadgetCtx.RegisterDataSource(datasource.TypeArray, "gpumem"); err != nil {
 				return err
 			}
@@ -83,7 +78,7 @@ func TestOperatorsInGadgetContext(t *testing.T) {
 	if err := gadgetCtx.Run(api.ParamValues{
 		"operator.k8smeta." + k8smeta.ParamKubeconfig:   c.kubeconfig,
 		"operator.k8smeta." + k8smeta.ParamNodeName:     "node-1",
-		"operator.pyroscope." + pyroscope.ParamURL:      "http://" + lis.Addr().String(),
+		"operator.pyroscope." + pyroscope.ParamURL:      "http://" + addr,
 		"operator.pyroscope." + pyroscope.ParamInterval: "1s",
 	}); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -253,12 +252,7 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 	c := startCluster(t)
 	pod := trainerPod(t, c)
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	receiver := &pyroscopetest.Receiver{}
-	pyroscopetest.Serve(t, receiver, lis)
+	receiver, addr := pyroscopetest.Loopback(t)
 	// The agent first, as a DaemonSet, on its own driver (the one series
 	// below is of its processes only). Without the tensor view: another
 	// package's process on the simulated allocator would count in its
@@ -266,7 +260,7 @@ func TestPodNamesFromTheAPIServer(t *testing.T) {
 	agent, driver := startAgentFirst(t, 3, func(args ...string) *process {
 		return start(t, nil, filepath.Join(root, "bin/gpumem"), args...)
 	}, "--tensors=false", "--kubeconfig", c.kubeconfig, "--node-name", "node-1", "--metrics-address", "127.0.0.1:0",
-		"--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
+		"--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+addr)
 	url := agent.metricsURL(t)
 
 	// Into the pod's cgroup at "ready", before its first allocation, the

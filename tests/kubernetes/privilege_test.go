@@ -3,7 +3,6 @@ package kubernetes
 import (
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,19 +45,14 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 
 	c := startCluster(t)
 	pod := trainerPod(t, c)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	receiver := &pyroscopetest.Receiver{}
-	pyroscopetest.Serve(t, receiver, lis)
+	receiver, addr := pyroscopetest.Loopback(t)
 	// The agent first, as a DaemonSet, on its own driver (the one driver
 	// series below is of its processes only; its tensor view traces any
 	// process on the shared simulated allocator: every tensor check is of
 	// the workload's pid).
 	agent, driver := startAgentFirst(t, 3, func(args ...string) *process { return startAs(t, sc, args...) },
 		"--tensors", "--kubeconfig", c.kubeconfig, "--node-name", "node-1",
-		"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+lis.Addr().String())
+		"--metrics-address", "127.0.0.1:0", "--pyroscope-interval", "200ms", "--pyroscope-url", "http://"+addr)
 	url := agent.metricsURL(t)
 	// Into the pod's cgroup at "ready", before its first allocation, the
 	// agent's first event of it.
@@ -103,7 +97,7 @@ func TestAgentWithTheChartsPrivileges(t *testing.T) {
 		for i := len(receiver.Received()) - 1; i >= 0; i-- {
 			for _, s := range receiver.Received()[i].Series {
 				if l := pyroscopetest.Labels(s); l["pid"] == strconv.Itoa(pid) && l["kind"] == "tensor" && l["pod"] == names["pod"] {
-					return liveByPythonFunction(t, s.Samples[0].RawProfile)
+					return liveByPythonFunction(t, s.Samples[0].RawProfile, "tensor_inuse_space", "load_weights", "kv_cache", "activations")
 				}
 			}
 		}
@@ -140,33 +134,37 @@ func namedLive(family *dto.MetricFamily, pid int, names map[string]string) uint6
 	return 0
 }
 
-// liveByPythonFunction sums the live tensor bytes of a pushed profile by
-// the function of simwork.py's tensor scenario on each stack.
-func liveByPythonFunction(t *testing.T, raw []byte) map[string]int64 {
+// liveByPythonFunction sums the values of sample type inuse (the live
+// bytes of a view) of a pushed profile by the first of functions on each
+// stack.
+func liveByPythonFunction(t *testing.T, raw []byte, inuse string, functions ...string) map[string]int64 {
 	t.Helper()
-	p, err := profile.ParseData(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inuse := -1
-	for i, st := range p.SampleType {
-		if st.Type == "tensor_inuse_space" {
-			inuse = i
-		}
-	}
-	if inuse < 0 {
-		t.Fatalf("tensor series without tensor_inuse_space: %v", p.SampleType)
-	}
+	p, at := parseProfile(t, raw, inuse)
 	live := map[string]int64{}
 	for _, s := range p.Sample {
 		for _, loc := range s.Location {
-			if fn := loc.Line[0].Function.Name; fn == "load_weights" || fn == "kv_cache" || fn == "activations" {
-				live[fn] += s.Value[inuse]
+			if fn := loc.Line[0].Function.Name; slices.Contains(functions, fn) {
+				live[fn] += s.Value[at]
 				break
 			}
 		}
 	}
 	return live
+}
+
+// parseProfile reads a pushed profile, and where its values of sample type
+// typ are.
+func parseProfile(t *testing.T, raw []byte, typ string) (*profile.Profile, int) {
+	t.Helper()
+	p, err := profile.ParseData(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := slices.IndexFunc(p.SampleType, func(st *profile.ValueType) bool { return st.Type == typ })
+	if at < 0 {
+		t.Fatalf("a profile without %s: %v", typ, p.SampleType)
+	}
+	return p, at
 }
 
 // startPython starts simwork.py's tensor scenario under CPython 3.12 with

@@ -29,6 +29,7 @@ type Context struct {
 	AllowPrivilegeEscalation bool
 	Seccomp                  string   // seccompProfile.type
 	Drop, Add                []string // capabilities, as Kubernetes names them (BPF, SYS_PTRACE)
+	Volumes                  []string // writable mounts in a read-only root (WithVolumes)
 }
 
 // FromChart reads the securityContext of the DaemonSet's container in the
@@ -97,6 +98,13 @@ func Mask(names []string) (uint64, error) {
 	return mask, nil
 }
 
+// WithVolumes is c with paths mounted writable into the read-only root
+// file system, as a pod's hostPath volumes are.
+func (c Context) WithVolumes(paths ...string) Context {
+	c.Volumes = append(slices.Clone(c.Volumes), paths...)
+	return c
+}
+
 // Without is c less capability name.
 func (c Context) Without(name string) Context {
 	c.Add = slices.DeleteFunc(slices.Clone(c.Add), func(n string) bool { return n == name })
@@ -151,8 +159,11 @@ func (c Context) Command(name string, args ...string) (*exec.Cmd, error) {
 		// A mount namespace of the command's own, where / and /sys are
 		// read-only (a container's sysfs is, unprivileged); the mounts are
 		// made before the capabilities are dropped.
-		argv = append([]string{"unshare", "--mount", "--propagation", "private", "sh", "-c",
-			`mount -o remount,bind,ro / && mount -o remount,bind,ro /sys && exec "$@"`, "sh"}, argv...)
+		script := `mount -o remount,bind,ro / && mount -o remount,bind,ro /sys && exec "$@"`
+		for _, v := range c.Volumes { // mounts of their own: the root's remount leaves them writable
+			script = fmt.Sprintf("mount --bind '%s' '%s' && ", v, v) + script
+		}
+		argv = append([]string{"unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"}, argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
