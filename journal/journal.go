@@ -197,7 +197,7 @@ func (j *Journal) check(data []byte) (uint64, *Refusal) {
 	case o.Boot != j.owner.Boot:
 		return 0, &Refusal{Reason: "boot", Detail: "the journal is of an earlier boot, whose processes are gone"}
 	case o.Object != j.owner.Object:
-		return 0, &Refusal{Reason: "object", Detail: fmt.Sprintf("the journal was written by another gpu-mem, whose BPF program (sha256 %x) differs from this one's (%x)", o.Object[:6], j.owner.Object[:6])}
+		return 0, &Refusal{Reason: "object", Detail: fmt.Sprintf("the journal was written by another gpu-mem, whose BPF program or its settings (--pid, --tensor-native-stacks) differ: %x, this one's %x", o.Object[:6], j.owner.Object[:6])}
 	case o.Ring != j.owner.Ring:
 		return 0, &Refusal{Reason: "ring", Detail: fmt.Sprintf("the journal was read from ring buffer %d, not the pinned one (%d)", o.Ring, j.owner.Ring)}
 	}

@@ -70,8 +70,9 @@ var viewNames = [...]Names{memory.ViewDriver: newNames("gpumem_"), memory.ViewTe
 
 // Names of the metrics of neither view.
 const (
-	FailuresName = "gpumem_failures_total"
-	LossesName   = "gpumem_losses_total"
+	FailuresName  = "gpumem_failures_total"
+	LossesName    = "gpumem_losses_total"
+	LostBytesName = "gpumem_lost_bytes_total"
 	// The agent's state.
 	StateJournalBytesName = "gpumem_state_journal_bytes"
 	StateRefusedName      = "gpumem_state_refused_total"
@@ -159,8 +160,10 @@ var views = [...]viewMetrics{
 }
 
 var (
-	failures     = newMetric(FailuresName, prometheus.CounterValue, append(slices.Clone(labels), LabelCode), "Allocations the driver refused, by CUresult code (2: out of memory).")
-	losses       = newMetric(LossesName, prometheus.CounterValue, []string{LabelReason}, "What the tracer could not deliver whole, by reason.")
+	failures  = newMetric(FailuresName, prometheus.CounterValue, append(slices.Clone(labels), LabelCode), "Allocations the driver refused, by CUresult code (2: out of memory).")
+	losses    = newMetric(LossesName, prometheus.CounterValue, []string{LabelReason}, "What the tracer could not deliver whole, by reason.")
+	lostBytes = newMetric(LostBytesName, prometheus.CounterValue, nil, "Bytes of driver allocations whose events were lost (gpumem_losses_total{reason=\"ring_buffer_full\"}): "+
+		"never charged to a process.")
 	unknownFrees = newMetric(UnknownFreesName, prometheus.CounterValue, nil, "Frees of memory allocated before tracing began.")
 	// An on-demand tensor view's process: its PID and name; the tensor
 	// series of a process hold from this gauge's value on.
@@ -225,7 +228,7 @@ var igMetrics = []*Metric{igAllocBytes, igFreeBytes, igImplicitFreeBytes}
 // bookMetrics are Collector's metrics but the peaks, in the reference's
 // order.
 var bookMetrics = slices.Concat(views[memory.ViewDriver].series(), views[memory.ViewTensor].series(),
-	[]*Metric{failures, losses, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded,
+	[]*Metric{failures, losses, lostBytes, unknownFrees, tensorViewSince, freesBeforeView, budgetExceeded,
 		driverViewOffSince, driverCallsNotTraced, driverBudgetExceeded, gpuUsed, gpuTotal, stateJournalBytes, stateRefused})
 
 // peakMetrics are the peak gauges, sent with a PeakSource.
@@ -298,6 +301,7 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	for reason, n := range t.Losses {
 		ch <- losses.sample(float64(n), schema.Loss(reason).String())
 	}
+	ch <- lostBytes.sample(float64(t.LostBytes))
 	ch <- unknownFrees.sample(float64(t.UnknownFrees))
 	for _, v := range t.TensorViews {
 		if v.Ended.IsZero() && !v.Since.IsZero() {

@@ -18,6 +18,8 @@ type Source interface {
 	Flush() error
 	// Losses are the events lost so far, by cause.
 	Losses() (schema.Losses, error)
+	// LostBytes are the bytes of the driver allocations among them.
+	LostBytes() (uint64, error)
 	// Attach puts the driver's probes on the library at path, returning
 	// the functions attached.
 	Attach(path string) ([]string, error)

@@ -187,5 +187,6 @@ func TestRunReadsEveryEvent(t *testing.T) {
 	}
 }
 
+func (s *script) LostBytes() (uint64, error)      { return 0, nil }
 func (s *script) JournalBytes() int64             { return 0 }
 func (s *script) Compact(tracer.Compaction) error { return nil }

@@ -1,6 +1,8 @@
 package profiler
 
 import (
+	"errors"
+
 	"github.com/gpu-mem/gpu-mem/accounting"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
@@ -41,6 +43,10 @@ func (p *Profiler) sumBooks() (snapshot.Totals, error) {
 	losses, err := p.currentLosses()
 	t := p.books.sum(p.onGPU)
 	t.Losses = losses
+	if _, closed := p.books.lastLosses(); !closed {
+		lost, lostErr := p.tr.LostBytes()
+		t.LostBytes, err = lost, errors.Join(err, lostErr)
+	}
 	return t, err
 }
 

@@ -15,6 +15,7 @@ type Totals struct {
 	Series       []Series
 	Failures     []SeriesFailures
 	Losses       schema.Losses
+	LostBytes    uint64 // of the driver allocations among the losses, never charged
 	UnknownFrees uint64
 	Events       uint64 // events read
 	// The on-demand tensor views, the

@@ -16,6 +16,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
 	"github.com/gpu-mem/gpu-mem/profiler"
+	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 	"github.com/gpu-mem/gpu-mem/tests/bpffs"
 )
@@ -150,5 +151,72 @@ func TestStateOfAnotherGPUMem(t *testing.T) {
 	said := s.waitEvent(logs.State, "continued", false, "reason", "object")
 	if detail := said["detail"].(string); !strings.Contains(detail, "whose BPF program") {
 		t.Errorf("refused with %q", detail)
+	}
+}
+
+// TestExitWhileNoAgent: a process that exits while no agent runs has what
+// it held released by the next agent, from the exit the pinned probe saw:
+// its live bytes 0, freed implicitly.
+func TestExitWhileNoAgent(t *testing.T) {
+	python := pythons(t)[2]
+	dir := t.TempDir()
+	driver := filepath.Join(dir, "driver", "libcuda.so.1")
+	copyFile(t, simLib, driver)
+	state, pins := filepath.Join(dir, "state"), filepath.Join(bpffs.Mount(t), "gpu-mem")
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + driver}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "restart")
+	// No --pid: the next profiler could not name the exited process; the
+	// driver's private copy is this workload's alone.
+	s := startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins})
+	w.stdinLine("")
+	if got := w.line(); got != "held" {
+		t.Fatalf("workload said %q, want held", got)
+	}
+	if live := processTotals(s.report(), w.pid).LiveBytes(); live != 14*mib {
+		t.Fatalf("%d live before the stop, want %d", live, 14*mib)
+	}
+	s.stop()
+	s.p.Close()
+	w.cmd.Process.Kill()
+	w.cmd.Wait()
+
+	s = startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins})
+	s.waitEvent(logs.State, "continued", true)
+	got := processTotals(s.report(), w.pid)
+	if want := (accounting.Counters{AllocBytes: 14 * mib, AllocCount: 5, ImplicitFreeBytes: 14 * mib, ImplicitFreeCount: 5}); got != want {
+		t.Errorf("the process that exited while no agent ran: %+v, want %+v", got, want)
+	}
+}
+
+// TestGapBeyondTheRingCounted: while no agent runs, a process makes more
+// events than the pinned ring buffer holds; the next agent counts the
+// events it lost and the bytes of the allocations among them, exactly:
+// what it saw and what it lost add up to what the process allocated.
+func TestGapBeyondTheRingCounted(t *testing.T) {
+	dir := t.TempDir()
+	driver := filepath.Join(dir, "driver", "libcuda.so.1")
+	copyFile(t, simLib, driver)
+	state, pins := filepath.Join(dir, "state"), filepath.Join(bpffs.Mount(t), "gpu-mem")
+	s := startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins})
+	s.stop()
+	s.p.Close()
+
+	const pairs = 200_000 // 400k events of about 200 bytes: past the 16 MiB ring
+	w := startWorkload(t, []string{"LD_LIBRARY_PATH=" + filepath.Dir(driver)}, simwork, "pairs", strconv.Itoa(pairs))
+	w.run()
+	w.exit()
+
+	s = startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins})
+	s.waitEvent(logs.State, "continued", true)
+	r := s.report()
+	totals, err := s.p.Totals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := processTotals(r, w.pid).AllocCount
+	if lost := r.Losses[schema.RingBufferFull]; lost == 0 || seen == pairs {
+		t.Fatalf("%d events lost, %d of %d allocations seen: the ring held them all", lost, seen, pairs)
+	}
+	if want := (pairs - seen) * 4096; totals.LostBytes != want {
+		t.Errorf("lost bytes %d, want %d: %d of %d allocations of 4 KiB seen", totals.LostBytes, want, seen, pairs)
 	}
 }

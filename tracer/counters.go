@@ -66,6 +66,10 @@ func (t *Tracer) Losses() (schema.Losses, error) {
 	return l, nil
 }
 
+// LostBytes sums the bytes of the driver's allocations whose events the
+// ring buffer could not take (schema.RingBufferFull): never charged.
+func (t *Tracer) LostBytes() (uint64, error) { return sumPerCPU(t.objs.EventsLostBytes, 0) }
+
 func sumPerCPU(m *ebpf.Map, key uint32) (uint64, error) {
 	var values []uint64
 	if err := m.Lookup(key, &values); err != nil {

@@ -403,6 +403,7 @@ const (
 	gpumemMapContextDevices                          = "context_devices"
 	gpumemMapDriverOff                               = "driver_off"
 	gpumemMapEvents                                  = "events"
+	gpumemMapEventsLostBytes                         = "events_lost_bytes"
 	gpumemMapEventsLostSamples                       = "events_lost_samples"
 	gpumemMapFinishAllocations                       = "finish_allocations"
 	gpumemMapFinishing                               = "finishing"
@@ -634,6 +635,7 @@ type gpumemMapSpecs struct {
 	ContextDevices       *ebpf.MapSpec `ebpf:"context_devices"`
 	DriverOff            *ebpf.MapSpec `ebpf:"driver_off"`
 	Events               *ebpf.MapSpec `ebpf:"events"`
+	EventsLostBytes      *ebpf.MapSpec `ebpf:"events_lost_bytes"`
 	EventsLostSamples    *ebpf.MapSpec `ebpf:"events_lost_samples"`
 	FinishAllocations    *ebpf.MapSpec `ebpf:"finish_allocations"`
 	Finishing            *ebpf.MapSpec `ebpf:"finishing"`
@@ -735,6 +737,7 @@ type gpumemMaps struct {
 	ContextDevices       *ebpf.Map `ebpf:"context_devices"`
 	DriverOff            *ebpf.Map `ebpf:"driver_off"`
 	Events               *ebpf.Map `ebpf:"events"`
+	EventsLostBytes      *ebpf.Map `ebpf:"events_lost_bytes"`
 	EventsLostSamples    *ebpf.Map `ebpf:"events_lost_samples"`
 	FinishAllocations    *ebpf.Map `ebpf:"finish_allocations"`
 	Finishing            *ebpf.Map `ebpf:"finishing"`
@@ -774,6 +777,7 @@ func (m *gpumemMaps) Close() error {
 		m.ContextDevices,
 		m.DriverOff,
 		m.Events,
+		m.EventsLostBytes,
 		m.EventsLostSamples,
 		m.FinishAllocations,
 		m.Finishing,

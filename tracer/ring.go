@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -33,10 +34,13 @@ type ring struct {
 	data                []byte
 	mask                uint64
 
-	poll    int // epoll on the map and wake
-	wake    int // eventfd written by Flush and Close
-	flushes atomic.Uint64
-	closed  atomic.Bool
+	poll     int // epoll on the map and wake
+	wake     int // eventfd written by Flush and Close
+	events   []unix.EpollEvent
+	flushes  atomic.Uint64
+	closed   atomic.Bool
+	mu       sync.Mutex // wake's writers against release
+	released bool       // unmapped: set under mu and the reader's lock (Tracer.readMu)
 }
 
 func openRing(m *ebpf.Map) (*ring, error) {
@@ -54,10 +58,11 @@ func openRing(m *ebpf.Map) (*ring, error) {
 	}
 	r := &ring{
 		consPage: consPage, dataPages: dataPages,
-		cons: (*uint64)(unsafe.Pointer(&consPage[0])),
-		prod: (*uint64)(unsafe.Pointer(&dataPages[0])),
-		data: dataPages[page:],
-		mask: size - 1,
+		cons:   (*uint64)(unsafe.Pointer(&consPage[0])),
+		prod:   (*uint64)(unsafe.Pointer(&dataPages[0])),
+		data:   dataPages[page:],
+		mask:   size - 1,
+		events: make([]unix.EpollEvent, 2),
 	}
 	if err := r.openPoll(fd); err != nil {
 		r.unmap()
@@ -140,8 +145,7 @@ func (r *ring) take(each func(pos uint64, raw []byte), keep func() error) (bool,
 // wait blocks until the ring may have records, a flush or close was asked,
 // or timeout passed.
 func (r *ring) wait(timeout time.Duration) error {
-	events := make([]unix.EpollEvent, 2)
-	_, err := unix.EpollWait(r.poll, events, int(timeout.Milliseconds()))
+	_, err := unix.EpollWait(r.poll, r.events, int(timeout.Milliseconds()))
 	if err != nil && err != unix.EINTR {
 		return fmt.Errorf("wait for the ring buffer: %w", err)
 	}
@@ -158,6 +162,11 @@ func (r *ring) flush() error {
 }
 
 func (r *ring) signal() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.released {
+		return os.ErrClosed
+	}
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], 1)
 	if _, err := unix.Write(r.wake, b[:]); err != nil {
@@ -174,6 +183,12 @@ func (r *ring) close() {
 }
 
 func (r *ring) release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.released {
+		return
+	}
+	r.released = true
 	unix.Close(r.poll)
 	unix.Close(r.wake)
 	r.unmap()

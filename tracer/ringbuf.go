@@ -99,7 +99,7 @@ func (t *Tracer) Read(ev *Event) error {
 // refill takes the records written since the last take, journaled first
 // when there is a journal, or waits for some.
 func (t *Tracer) refill() error {
-	if t.ring.poll < 0 {
+	if t.ring.released {
 		return os.ErrClosed
 	}
 	flushes := t.ring.flushes.Load() // asked before the records are looked at

@@ -74,9 +74,15 @@ func pinMaps(spec *ebpf.CollectionSpec) {
 	}
 }
 
-// objectSum names the BPF object in the journal: records are replayed only
-// by the program that wrote them.
-func objectSum(object []byte) [32]byte { return sha256.Sum256(object) }
+// objectSum names the BPF object and the settings it was loaded with in
+// the journal: the pinned probes run the programs that wrote its records,
+// which only a tracer loading the same continues.
+func objectSum(object []byte, opts Options) [32]byte {
+	h := sha256.New()
+	h.Write(object)
+	fmt.Fprintf(h, "filter_pids=%t tensor_native_stacks=%t", len(opts.PIDs) > 0, opts.TensorNativeStacks)
+	return [32]byte(h.Sum(nil))
+}
 
 // bootID names this boot: state of an earlier one is gone with its processes.
 func bootID() (string, error) {
@@ -91,10 +97,10 @@ func bootID() (string, error) {
 // tracer's: its records are replayed before the ring's, and the ring is
 // read from where the journal ends. Otherwise what was found is dropped:
 // the pinned probes detached, the ring's records let go.
-func (t *Tracer) continueState(object []byte) (Continued, error) {
+func (t *Tracer) continueState(object []byte, opts Options) (Continued, error) {
 	var c Continued
 	j := t.state.Journal
-	refusal, err := j.Continue(t.owner(object))
+	refusal, err := j.Continue(t.owner(object, opts))
 	if err != nil {
 		return c, err
 	}

@@ -99,9 +99,9 @@ func NewFromObject(object []byte, opts Options) (*Tracer, error) {
 		return nil, err
 	}
 	if t.continued.Refused != nil {
-		err = opts.State.Journal.Start(t.owner(object))
+		err = opts.State.Journal.Start(t.owner(object, opts))
 	} else {
-		t.continued, err = t.continueState(object)
+		t.continued, err = t.continueState(object, opts)
 	}
 	if err != nil {
 		t.Close()
@@ -138,6 +138,7 @@ type objects struct {
 	Events            *ebpf.Map `ebpf:"events"`
 	DriverOff         *ebpf.Map `ebpf:"driver_off"`
 	EventsLostSamples *ebpf.Map `ebpf:"events_lost_samples"`
+	EventsLostBytes   *ebpf.Map `ebpf:"events_lost_bytes"`
 	Inflight          *ebpf.Map `ebpf:"inflight"`
 	Losses            *ebpf.Map `ebpf:"losses"`
 	PythonProcs       *ebpf.Map `ebpf:"python_procs"`
@@ -269,11 +270,11 @@ func (t *Tracer) setup(opts Options) error {
 }
 
 // owner is what the journal of this tracer's state says of it.
-func (t *Tracer) owner(object []byte) journal.Owner {
+func (t *Tracer) owner(object []byte, opts Options) journal.Owner {
 	boot, _ := bootID()
 	info, _ := t.objs.Events.Info()
 	ring, _ := info.ID()
-	return journal.Owner{Object: objectSum(object), Boot: boot, Ring: uint32(ring)}
+	return journal.Owner{Object: objectSum(object, opts), Boot: boot, Ring: uint32(ring)}
 }
 
 // Close detaches every probe and frees the BPF objects, but those of its
@@ -288,10 +289,7 @@ func (t *Tracer) Close() error {
 	if t.ring != nil {
 		t.ring.close()
 		t.readMu.Lock()
-		if t.ring.poll >= 0 {
-			t.ring.release()
-			t.ring.poll = -1
-		}
+		t.ring.release()
 		t.readMu.Unlock()
 	}
 	t.objs.Close()

@@ -15,6 +15,16 @@ struct {
 	__type(value, __u64);
 } losses SEC(".maps");
 
+/* Bytes of the driver's allocations whose events the ring buffer could not
+ * take: never charged to a stack, but counted (an agent too slow, or
+ * stopped long with its state kept). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} events_lost_bytes SEC(".maps");
+
 /* An event with its stack is too large for the BPF stack. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -101,13 +111,27 @@ static __always_inline __u64 wakeup_flags(void)
 											   : BPF_RB_NO_WAKEUP;
 }
 
+/* count_lost_bytes counts the bytes of a dropped event that is a driver
+ * allocation (not a context, a module or a tensor; a free has none). */
+static __always_inline void count_lost_bytes(const struct gpumem_event *e)
+{
+	if (e->result || !e->op || e->op >= GPUMEM_OP_TENSOR_ALLOC)
+		return;
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&events_lost_bytes, &zero);
+	if (n)
+		__sync_fetch_and_add(n, e->bytes);
+}
+
 /* output sends an event built in the scratch; false when it is dropped,
- * counted in events_lost_samples, as IG's helpers do. */
+ * counted in events_lost_samples, as IG's helpers do, its bytes in
+ * events_lost_bytes. */
 static __always_inline bool output(struct gpumem_event *e, __u64 size)
 {
 	if (!bpf_ringbuf_output(&events, e, size, wakeup_flags()))
 		return true;
 	count_lost_event();
+	count_lost_bytes(e);
 	return false;
 }
 
