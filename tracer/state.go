@@ -105,9 +105,15 @@ func (t *Tracer) continueState(object []byte, opts Options) (Continued, error) {
 		return c, err
 	}
 	if refusal != nil {
+		// The probes found run another's programs: detached, this
+		// tracer's attached instead, the records they sent let go.
 		c.Refused = refusal
+		closeAll(t.exit)
 		if err := os.RemoveAll(t.state.linksDir()); err != nil {
 			return c, fmt.Errorf("unpin the probes found: %w", err)
+		}
+		if err := t.attachExit(); err != nil {
+			return c, err
 		}
 		t.ring.skipAll()
 		return c, nil

@@ -249,6 +249,19 @@ func (t *Tracer) setup(opts Options) error {
 	if err := t.bumpPythonGeneration(); err != nil {
 		return err
 	}
+	if err := t.attachExit(); err != nil {
+		return err
+	}
+	var err error
+	if t.ring, err = openRing(t.objs.Events); err != nil {
+		return fmt.Errorf("open ring buffer: %w", err)
+	}
+	return nil
+}
+
+// attachExit has process exits reported, through a pinned link of a
+// predecessor's if it left one.
+func (t *Tracer) attachExit() error {
 	var err error
 	t.exit, err = t.pinned("exit", func() ([]link.Link, error) {
 		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{
@@ -260,13 +273,7 @@ func (t *Tracer) setup(opts Options) error {
 		}
 		return []link.Link{l}, nil
 	})
-	if err != nil {
-		return err
-	}
-	if t.ring, err = openRing(t.objs.Events); err != nil {
-		return fmt.Errorf("open ring buffer: %w", err)
-	}
-	return nil
+	return err
 }
 
 // owner is what the journal of this tracer's state says of it.
