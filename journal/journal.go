@@ -36,8 +36,6 @@ const (
 	// KindCarried holds the counters of records compaction dropped
 	// (package accounting's, encoded by the caller).
 	KindCarried Kind = 2
-	// KindNote is a note of the caller's own (a driver view switched off).
-	KindNote Kind = 3
 )
 
 // HeaderSize is the size of a journal file's header.
@@ -210,7 +208,7 @@ func validEnd(recs []byte) (int, error) {
 	for at+recordHead <= len(recs) {
 		n := int(binary.LittleEndian.Uint32(recs[at:]))
 		kind := Kind(binary.LittleEndian.Uint32(recs[at+4:]))
-		if kind < KindRing || kind > KindNote {
+		if kind != KindRing && kind != KindCarried {
 			return 0, fmt.Errorf("a record of unknown kind %d at byte %d", kind, HeaderSize+at)
 		}
 		next := at + recordHead + padded(n)

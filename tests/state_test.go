@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/journal"
 	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/metrics/metricstest"
@@ -100,11 +101,14 @@ func TestStateContinuesAcrossRestarts(t *testing.T) {
 		s.stop()
 		s.p.Close()
 	}
-	journal, err := os.Stat(filepath.Join(state, "journal"))
+	compacted, err := os.Stat(filepath.Join(state, "journal"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("the compacted journal: %d bytes", journal.Size())
+	// Five live allocations, the context, the carried counters: a page.
+	if compacted.Size() > 4096 {
+		t.Errorf("the compacted journal: %d bytes", compacted.Size())
+	}
 	w.exit()
 }
 
@@ -138,13 +142,13 @@ func TestStateOfAnotherGPUMem(t *testing.T) {
 	s.waitEvent(logs.State, "continued", true)
 	s.stop()
 	s.p.Close()
-	journal := filepath.Join(state, "journal")
-	data, err := os.ReadFile(journal)
+	file := filepath.Join(state, "journal")
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	data[16] ^= 0xff // the BPF object's sum
-	if err := os.WriteFile(journal, data, 0o600); err != nil {
+	if err := os.WriteFile(file, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s = startProfiler(t, profiler.Config{Library: simLib, StateDir: state, PinPath: pins})
@@ -152,7 +156,15 @@ func TestStateOfAnotherGPUMem(t *testing.T) {
 	if detail := said["detail"].(string); !strings.Contains(detail, "whose BPF program") {
 		t.Errorf("refused with %q", detail)
 	}
+	totals, err := s.p.Totals() // gpumem_state_refused_total{reason="object"}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := totals.State; st == nil || st.Refused != "object" || st.JournalBytes != journal.HeaderSize {
+		t.Errorf("the state's totals %+v, want refused for object, a journal started afresh", st)
+	}
 }
+
 
 // TestExitWhileNoAgent: a process that exits while no agent runs has what
 // it held released by the next agent, from the exit the pinned probe saw:
