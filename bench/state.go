@@ -79,8 +79,8 @@ func stateCost() string {
 	b.WriteString("The kernel's side is the same BPF object, its programs unchanged: what the state adds to a traced call is nothing\n")
 	fmt.Fprintf(&b, "but noise here (the pairs' spreads %s); on the agent's side, %.0f ns of CPU per event (the journal's copy and one\n",
 		overlap(without, with, pair), medianOf(with, agent)-medianOf(without, agent))
-	b.WriteString("write(2) a batch), on the agent's CPUs, not the model's. Target: a real model within 1% of the default agent without\n")
-	b.WriteString("state, measured on the GPU (\"What does the agent cost a real model?\").\n")
+	b.WriteString("write(2) a batch), on the agent's CPUs, not the model's threads. Target: a real model within 1% of the default agent\n")
+	b.WriteString("without state; on the GPU machine, `MODES=\"none default state\" bench/gpu/model.sh GPUMEM - OUT` measures it side by side.\n")
 	return b.String()
 }
 
