@@ -99,7 +99,7 @@ type Config struct {
 	// this one leaves (Continued).
 	StateDir, PinPath string
 	// CompactJournalAt is the journal's size, in bytes, from which it is
-	// compacted to what the books still need; 64 MiB by default.
+	// compacted to what the books still need; 16 MiB by default.
 	CompactJournalAt int64
 	// Timeline keeps each process's live bytes per GPU and view over time,
 	// for Snapshot.Timeline (gpumem record's HTML report): bounded memory

@@ -17,10 +17,13 @@ import (
 )
 
 // compactJournalAt is the journal's size from which it is compacted by
-// default: a week of a server's driver calls is a few MiB; a process whose
-// every tensor reaches the driver fills it in minutes, until its driver
-// view's budget switches it off.
-const compactJournalAt = 64 << 20
+// default: what a replay or a compaction reads into the agent's heap at
+// once, small beside the chart's memory limit (256 MiB). A server that
+// allocates its weights and KV cache once journals a few hundred records
+// (240 bytes each with a 10-frame native stack); a process whose every
+// tensor reaches the driver fills it in seconds, until its driver view's
+// budget switches it off.
+const compactJournalAt = 16 << 20
 
 // carried is a journal's record of the counters its compaction dropped
 // the events of, per process, kind and GPU, and its failures.
