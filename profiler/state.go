@@ -90,7 +90,7 @@ func (p *Profiler) stateKept() *snapshot.State {
 	if p.journal == nil {
 		return nil
 	}
-	s := &snapshot.State{JournalBytes: p.journal.Size()}
+	s := &snapshot.State{JournalBytes: p.tr.JournalBytes()}
 	if r := p.continued.Refused; r != nil {
 		s.Refused = r.Reason
 	}
@@ -139,29 +139,20 @@ func (b *books) needsLocked(ev *tracer.Event) bool {
 // Carried sums, per process that did not exit, kind and GPU, the books'
 // counters less the kept events', and every failure.
 func (c *compaction) Carried() []byte {
-	type rowKey struct {
-		pid    uint32
-		kind   memory.Kind
-		device int32
-	}
-	sums := map[rowKey]*accounting.Counters{}
-	add := func(k accounting.Key, n accounting.Counters, sign int) {
-		rk := rowKey{k.PID, k.Kind, k.Device}
+	sums := map[snapshot.SeriesKey]*accounting.Counters{}
+	sum := func(k accounting.Key) *accounting.Counters {
+		rk := snapshot.SeriesOf(k)
 		if sums[rk] == nil {
 			sums[rk] = &accounting.Counters{}
 		}
-		if sign > 0 {
-			sums[rk].Add(n)
-		} else {
-			sums[rk].Subtract(n)
-		}
+		return sums[rk]
 	}
-	c.kept.Rows(func(k accounting.Key, n accounting.Counters) { add(k, n, -1) })
+	c.kept.Rows(func(k accounting.Key, n accounting.Counters) { sum(k).Subtract(n) })
 	var out carried
 	c.b.mu.Lock()
 	c.b.ledger.Rows(func(k accounting.Key, n accounting.Counters) {
 		if _, exited := c.b.exitedAt[k.PID]; !exited {
-			add(k, n, 1)
+			sum(k).Add(n)
 		}
 	})
 	c.b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {
@@ -173,7 +164,7 @@ func (c *compaction) Carried() []byte {
 	c.b.mu.Unlock()
 	for k, n := range sums {
 		if *n != (accounting.Counters{}) {
-			out.Rows = append(out.Rows, carriedRow{PID: k.pid, Kind: k.kind, Device: k.device, Counters: *n})
+			out.Rows = append(out.Rows, carriedRow{PID: k.PID, Kind: k.Kind, Device: k.Device, Counters: *n})
 		}
 	}
 	record, _ := json.Marshal(out) // of plain fields: no error

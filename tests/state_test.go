@@ -24,6 +24,16 @@ import (
 
 const mib = 1 << 20
 
+// stateFixture is a private copy of the simulated driver, which only the
+// test's workloads load, and a state directory and pin path of the test's.
+func stateFixture(t *testing.T) (driver, state, pins string) {
+	t.Helper()
+	dir := t.TempDir()
+	driver = filepath.Join(dir, "driver", "libcuda.so.1")
+	copyFile(t, simLib, driver)
+	return driver, filepath.Join(dir, "state"), filepath.Join(bpffs.Mount(t), "gpu-mem")
+}
+
 // liveBytes is a process's live bytes on the GPUs, in the agent's metrics.
 func liveBytes(families map[string]*dto.MetricFamily, pid int) float64 {
 	var sum float64
@@ -41,12 +51,8 @@ func liveBytes(families map[string]*dto.MetricFamily, pid int) float64 {
 // gaps too, and the counters go on from where the last one left them.
 // A second agent on the same state is refused while one owns it.
 func TestStateContinuesAcrossRestarts(t *testing.T) {
-	python := pythons(t)[2]
-	dir := t.TempDir()
-	driver := filepath.Join(dir, "driver", "libcuda.so.1")
-	copyFile(t, simLib, driver)
-	state, pins := filepath.Join(dir, "state"), filepath.Join(bpffs.Mount(t), "gpu-mem")
-	w := startWorkload(t, []string{"SIMCUDA_LIB=" + driver}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "restart")
+	driver, state, pins := stateFixture(t)
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + driver}, pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "restart")
 	pid := strconv.Itoa(w.pid)
 
 	agent := func() (*cli, string) {
@@ -170,12 +176,8 @@ func TestStateOfAnotherGPUMem(t *testing.T) {
 // it held released by the next agent, from the exit the pinned probe saw:
 // its live bytes 0, freed implicitly.
 func TestExitWhileNoAgent(t *testing.T) {
-	python := pythons(t)[2]
-	dir := t.TempDir()
-	driver := filepath.Join(dir, "driver", "libcuda.so.1")
-	copyFile(t, simLib, driver)
-	state, pins := filepath.Join(dir, "state"), filepath.Join(bpffs.Mount(t), "gpu-mem")
-	w := startWorkload(t, []string{"SIMCUDA_LIB=" + driver}, python, filepath.Join(repoRoot, "tests/workloads/simwork.py"), "restart")
+	driver, state, pins := stateFixture(t)
+	w := startWorkload(t, []string{"SIMCUDA_LIB=" + driver}, pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "restart")
 	// No --pid: the next profiler could not name the exited process; the
 	// driver's private copy is this workload's alone.
 	s := startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins})
@@ -204,10 +206,7 @@ func TestExitWhileNoAgent(t *testing.T) {
 // events it lost and the bytes of the allocations among them, exactly:
 // what it saw and what it lost add up to what the process allocated.
 func TestGapBeyondTheRingCounted(t *testing.T) {
-	dir := t.TempDir()
-	driver := filepath.Join(dir, "driver", "libcuda.so.1")
-	copyFile(t, simLib, driver)
-	state, pins := filepath.Join(dir, "state"), filepath.Join(bpffs.Mount(t), "gpu-mem")
+	driver, state, pins := stateFixture(t)
 	s := startProfiler(t, profiler.Config{Library: driver, StateDir: state, PinPath: pins})
 	s.stop()
 	s.p.Close()

@@ -35,6 +35,11 @@ func (t *Tracer) Compact(c Compaction) error {
 	if t.state == nil || t.batch.next != len(t.batch.ends) {
 		return nil
 	}
+	t.readMu.Lock() // the ring's position, in its mapping, which Close releases
+	defer t.readMu.Unlock()
+	if t.ring.released {
+		return nil
+	}
 	j := t.state.Journal
 	old, err := j.Records()
 	if err != nil {

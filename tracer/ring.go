@@ -15,7 +15,6 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 )
 
@@ -130,7 +129,7 @@ func (r *ring) take(each func(pos uint64, raw []byte), keep func() error) (bool,
 		if head&ringDrop == 0 {
 			each(cons, r.data[at+ringHeader:at+ringHeader+n])
 		}
-		cons += (n + ringHeader + 7) &^ 7
+		cons += recordSpan(int(n))
 	}
 	if cons == start {
 		return false, nil
@@ -193,5 +192,3 @@ func (r *ring) release() {
 	unix.Close(r.wake)
 	r.unmap()
 }
-
-var errFlushed = ringbuf.ErrFlushed

@@ -6,6 +6,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/cilium/ebpf/ringbuf"
+
 	"github.com/gpu-mem/gpu-mem/journal"
 	"github.com/gpu-mem/gpu-mem/memory"
 )
@@ -71,8 +73,6 @@ func journaled(raw []byte) bool {
 // os.ErrClosed; after Flush, once every event sent before it has been read,
 // ringbuf.ErrFlushed.
 func (t *Tracer) Read(ev *Event) error {
-	t.readMu.Lock()
-	defer t.readMu.Unlock()
 	if t.carried != nil {
 		*ev = Event{Carried: t.carried, Stack: ev.Stack[:0], PyFrames: ev.PyFrames[:0]}
 		t.carried = nil
@@ -88,7 +88,7 @@ func (t *Tracer) Read(ev *Event) error {
 		}
 		if t.batch.flushed {
 			t.batch.flushed = false
-			return errFlushed
+			return ringbuf.ErrFlushed
 		}
 		if err := t.refill(); err != nil {
 			return err
@@ -97,8 +97,11 @@ func (t *Tracer) Read(ev *Event) error {
 }
 
 // refill takes the records written since the last take, journaled first
-// when there is a journal, or waits for some.
+// when there is a journal, or waits for some: the batch is read past it
+// without the lock, in memory of its own.
 func (t *Tracer) refill() error {
+	t.readMu.Lock() // the ring's mappings, which Close releases
+	defer t.readMu.Unlock()
 	if t.ring.released {
 		return os.ErrClosed
 	}
