@@ -171,7 +171,6 @@ func TestStateOfAnotherGPUMem(t *testing.T) {
 	}
 }
 
-
 // TestExitWhileNoAgent: a process that exits while no agent runs has what
 // it held released by the next agent, from the exit the pinned probe saw:
 // its live bytes 0, freed implicitly.
