@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The agent restarted twice under a transformers Llama (torch_restart.py),
 # its state kept (--state-dir, --pin-path on a BPF file system of its own),
-# pushing to a real Grafana Pyroscope (v2.2.1, a test peer built outside the
-# repository): agent 1 sees the model built; SIGTERM; the Llama trains while
+# pushing to a real Grafana Pyroscope (v1.15.0 or v2.2.1, a test peer built
+# outside the repository): agent 1 sees the model built; SIGTERM; the Llama trains while
 # no agent runs; agent 2 continues, its last push read from the server;
 # SIGKILL; the Llama trains again; agent 3 continues, its last push read;
 # then gpumem record continues the state and writes its JSON. Each time the
