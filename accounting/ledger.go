@@ -329,6 +329,15 @@ func (l *Ledger) EndReplay() {
 // were replayed (EndReplay): what was pushed before this agent began.
 func (l *Ledger) Before(k Key) Amount { return l.before[k] }
 
+// IntervalLow is the least live bytes row k held since the interval began
+// (TakeIntervalPeaks): 0 for a row made during it.
+func (l *Ledger) IntervalLow(k Key) uint64 {
+	if r, ok := l.rows[k]; ok {
+		return r.low
+	}
+	return 0
+}
+
 // Fail records an allocation call that returned an error.
 func (l *Ledger) Fail(k Key, op memory.Op, result int32, bytes uint64) {
 	f := l.failure(FailureKey{Key: k, Op: op, Result: result})

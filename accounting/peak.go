@@ -32,7 +32,8 @@ import (
 //
 // Memory. A row holds what every row needs, since the books hold one per
 // stack: its counters, its key less the PID (its group's), its group, its
-// held memory and the count of seals: 96 bytes. Shares are kept only while
+// held memory, the count of seals and the interval's low-water mark: 104
+// bytes. Shares are kept only while
 // a peak is sealed, and only for the rows changed since: 24 bytes each, one
 // per row and seal at most; the most when a process exits (all its rows at
 // once, in one table the run's and the interval's peaks share). They are
@@ -106,6 +107,11 @@ type row struct {
 	// seal's peak in the seal's table, if it held anything then. A new row
 	// starts at the count: it held nothing at earlier seals.
 	changed uint64
+	// low is the least held bytes since the interval began: what the row
+	// kept all interval, whose rise interval after interval is a leak
+	// (package growth). A row made during the interval held nothing at its
+	// start.
+	low uint64
 }
 
 // key is the row's Key.
@@ -199,6 +205,7 @@ func (r *row) unhold(bytes, ts uint64) {
 	g.keep(r)
 	r.held.Bytes -= bytes
 	r.held.Count--
+	r.low = min(r.low, r.held.Bytes)
 	g.live.Bytes -= bytes
 	g.live.Count--
 	g.note(at)
@@ -363,7 +370,8 @@ func (l *Ledger) Peaks() []Peak {
 // TakeIntervalPeaks returns each group's highest live total since the
 // previous call (since the books began, at the first), with the rows that
 // held it, in no order, and starts the next interval at now (a BPF
-// timestamp): the agent calls it once per interval. An interval's peak is
+// timestamp), each row's low-water mark (IntervalLow) at what it holds:
+// the agent calls it once per interval. An interval's peak is
 // at least the level the interval began with, so a group holding memory
 // has one every interval; a group that held none is left out. The peaks'
 // Rows are read into a buffer that the next call reuses: they are valid
@@ -383,6 +391,9 @@ func (l *Ledger) TakeIntervalPeaks(now uint64) []Peak {
 			peaks = append(peaks, p)
 		}
 		g.trackers[interval].restart(g.live, now)
+		for _, r := range g.rows {
+			r.low = r.held.Bytes
+		}
 	}
 	l.intervalRows = buf
 	return peaks

@@ -311,8 +311,8 @@ func TestIntervalPeaksReuseTheirRows(t *testing.T) {
 // 100,000 stacks counts every byte of it twice (Go's heap grows to twice
 // what is live). Peaks keep their shares elsewhere.
 func TestRowSize(t *testing.T) {
-	if size := unsafe.Sizeof(row{}); size > 96 {
-		t.Errorf("a row is %d bytes, more than 96", size)
+	if size := unsafe.Sizeof(row{}); size > 104 {
+		t.Errorf("a row is %d bytes, more than 104", size)
 	}
 }
 
@@ -434,5 +434,36 @@ func BenchmarkTakeIntervalPeaks(b *testing.B) {
 		if p := l.TakeIntervalPeaks(now); len(p) != 1 || len(p[0].Rows) < 99999 {
 			b.Fatalf("%d peaks", len(p))
 		}
+	}
+}
+
+// TestIntervalLow: a row's low-water mark is the least it held since the
+// interval began, 0 for a row made during it; the next interval starts it
+// at what the row holds, and an interval without events keeps it there.
+func TestIntervalLow(t *testing.T) {
+	l := New()
+	l.Alloc(weights, 0x1000, memory.SpacePointer, 100, 1)
+	l.Alloc(weights, 0x2000, memory.SpacePointer, 50, 2)
+	l.Free(10, cuMemFree, 0x2000, 3)
+	if low := l.IntervalLow(weights); low != 0 {
+		t.Errorf("a row made during the interval: low %d, want 0", low)
+	}
+	l.TakeIntervalPeaks(4)
+	l.Alloc(weights, 0x3000, memory.SpacePointer, 30, 5)
+	l.Free(10, cuMemFree, 0x1000, 6)
+	l.Alloc(weights, 0x4000, memory.SpacePointer, 70, 7)
+	if low := l.IntervalLow(weights); low != 30 {
+		t.Errorf("low %d, want 30 (100 at the start, 130, then 30, then 100)", low)
+	}
+	l.TakeIntervalPeaks(8)
+	if low := l.IntervalLow(weights); low != 100 {
+		t.Errorf("an interval without events: low %d, want what the row holds, 100", low)
+	}
+	l.Alloc(weights, 0x4000, memory.SpacePointer, 20, 9) // the driver handed 0x4000 out again: its 70 bytes freed
+	if low := l.IntervalLow(weights); low != 30 {
+		t.Errorf("after a reuse of an address: low %d, want 30", low)
+	}
+	if low := l.IntervalLow(cache); low != 0 {
+		t.Errorf("a row not in the books: low %d, want 0", low)
 	}
 }

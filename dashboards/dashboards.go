@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -98,12 +99,24 @@ type flameGraph struct {
 	title       string
 	description string
 	view        memory.View
-	sampleType  int // where in pprof.SampleTypes(view)
+	sampleType  int // where in pprof.SampleTypes(view); growthSpace: pprof.GrowthSampleType(view)
 }
 
+// growthSpace is a flameGraph's sampleType for the view's growth profile.
+const growthSpace = -1
+
 // atAMoment says whether the panel's profiles are states (held bytes,
-// peaks), read over the last interval, rather than amounts over the range.
+// peaks, growth), read over the last interval, rather than amounts over
+// the range.
 func (f flameGraph) atAMoment() bool { return f.sampleType != pprof.AllocSpace }
+
+// profileTypeID is the Pyroscope profile type the panel reads.
+func (f flameGraph) profileTypeID() string {
+	if f.sampleType == growthSpace {
+		return pyroscope.ProfileTypeID(pprof.GrowthSampleType(f.view))
+	}
+	return profileTypeID(f.view, f.sampleType)
+}
 
 // flameGraphs are the Pyroscope panels, row by row: live bytes, allocated
 // bytes and each interval's peak, the driver view left, the tensor view
@@ -137,6 +150,15 @@ var flameGraphs = []flameGraph{
 		"What PyTorch's tensors held at each process's peak of tensors on a GPU during the last interval, by the " +
 			"code that made them. " + atAMoment + " " + neverAdd,
 		memory.ViewTensor, pprof.PeakSpace},
+	{14, "Growing GPU memory by function (driver view)",
+		"What grows: for each stack whose low-water mark (the least it held in an interval) rose in each of the last " +
+			"intervals (the agent's --growth-intervals), how much it rose over them, by the code that keeps the memory: a leak, " +
+			"or a cache still filling. Empty while nothing grows (docs/leaks.md). " + atAMoment + " " + neverAdd,
+		memory.ViewDriver, growthSpace},
+	{15, "Growing tensors by function (tensor view)",
+		"What grows among PyTorch's tensors, by the Python line that keeps them: each growing stack's rise over the " +
+			"last intervals (docs/leaks.md). " + atAMoment + " " + neverAdd,
+		memory.ViewTensor, growthSpace},
 }
 
 // series is one Prometheus time series panel.
@@ -200,6 +222,16 @@ var seriesPanels = []series{
 			"need the tensor view; without it, PyTorch's segments are one part, allocator_segments.",
 		peakWidth, units.BytesIEC, sumBy([]string{schema.Namespace, schema.Pod, metrics.LabelCategory, metrics.LabelLibrary},
 			selector(metrics.BreakdownName)), legend(metrics.LabelCategory) + " " + legend(metrics.LabelLibrary), true},
+	{16, "Growing GPU memory per process and GPU",
+		"How fast each process's memory grows on each GPU, per view: the sum over its stacks whose low-water mark rose in " +
+			"each of the last intervals, named by the fastest's function (docs/leaks.md). Nothing while nothing grows.",
+		peakWidth, units.BytesPerSecondIEC, maxBy(append(slices.Clone(perGPU), metrics.LabelView, metrics.LabelFunction),
+			selector(metrics.GrowingBytesPerSecondName)), perGPULegend + " " + legend(metrics.LabelView) + ": " + legend(metrics.LabelFunction), false},
+	{17, "Time to GPU memory exhaustion, the pods' GPUs",
+		"When each GPU the pods grow on runs out of memory at the rate its processes grow: NVML's free memory over the sum " +
+			"of their rates (docs/leaks.md). Nothing while nothing grows.",
+		peakWidth, units.Seconds, metrics.ExhaustionSecondsName + " and on (" + metrics.LabelNode + ", " + schema.GPU + ") " +
+			selector(metrics.ExhaustionShareName), legend(metrics.LabelNode) + " gpu " + legend(schema.GPU), false},
 }
 
 // GPUMem builds the dashboard, in Grafana's classic JSON model (package
@@ -312,7 +344,7 @@ func (f flameGraph) panel() cog.Builder[dashboard.Panel] {
 			RefId("A").
 			Datasource(pyroscopeSource()).
 			QueryType(string(grafanapyroscope.PyroscopeQueryTypeProfile)).
-			ProfileTypeId(profileTypeID(f.view, f.sampleType)).
+			ProfileTypeId(f.profileTypeID()).
 			LabelSelector(labelSelector(f.view)).
 			GroupBy([]string{}))
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/container"
 	"github.com/gpu-mem/gpu-mem/memory"
+	"github.com/gpu-mem/gpu-mem/report"
 	"github.com/gpu-mem/gpu-mem/schema"
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
@@ -37,6 +38,13 @@ type PeakSource interface {
 // breakdown at the end of the agent's last interval.
 type BreakdownSource interface {
 	Breakdown() []snapshot.Breakdown
+}
+
+// GrowthSource is what the growth gauges read: the rows growing at the end
+// of the agent's last interval, and each GPU's time to exhaustion.
+type GrowthSource interface {
+	Growing() []snapshot.Growing
+	Exhaustion() []snapshot.Exhaustion
 }
 
 // Labels of the metrics besides a row's (package schema's), for queries
@@ -90,12 +98,24 @@ const (
 	GPUTotalName = "gpumem_gpu_total_bytes"
 	// The breakdown's, per process, GPU and category.
 	BreakdownName = "gpumem_breakdown_bytes"
+	// The growth's (package growth), per process, GPU and view, and per
+	// GPU.
+	GrowingBytesPerSecondName = "gpumem_growing_bytes_per_second"
+	GrowingStacksName         = "gpumem_growing_stacks"
+	GrowingSecondsName        = "gpumem_growing_seconds"
+	ExhaustionSecondsName     = "gpumem_exhaustion_seconds"
+	ExhaustionShareName       = "gpumem_exhaustion_share"
 )
 
 // Labels of the breakdown gauges.
 const (
 	LabelCategory = "category" // parameters, kv_cache, ... (package snapshot's names)
 	LabelLibrary  = "library"  // library_workspaces' library; empty for the others
+	// The growth gauges': the view (driver, tensor), the function that
+	// called on the stack growing fastest, and the agent's node.
+	LabelView     = "view"
+	LabelFunction = "function"
+	LabelNode     = "node"
 )
 
 // Metric is one metric gpu-mem exports. The collectors describe and send
@@ -239,11 +259,35 @@ var breakdownBytes = newMetric(BreakdownName, prometheus.GaugeValue, append(slic
 	"Where the process's memory on the GPU went, by category (docs/breakdown.md), at the end of the agent's last interval: "+
 		"the categories sum to what nvidia-smi says the process uses there (to its driver view without NVML).")
 
+// growingLabels are the growing gauges': a process's on a GPU in a view.
+var growingLabels = append(slices.Clone(peakLabels), LabelView, LabelFunction)
+
+var (
+	growingBytesPerSecond = newMetric(GrowingBytesPerSecondName, prometheus.GaugeValue, growingLabels,
+		"How fast the process's memory on the GPU grows, in bytes per second: the sum over its growing stacks, those whose "+
+			"low-water mark (the least they held in an interval) rose in each of the last --growth-intervals intervals; "+
+			"function names the fastest's caller. Absent while none grows.")
+	growingStacks = newMetric(GrowingStacksName, prometheus.GaugeValue, growingLabels,
+		"How many of the process's stacks grow on the GPU (gpumem_growing_bytes_per_second's). Absent while none grows.")
+	growingSeconds = newMetric(GrowingSecondsName, prometheus.GaugeValue, growingLabels,
+		"How long the longest growing of the process's stacks on the GPU has grown, in seconds: since the end of the "+
+			"last interval whose low-water mark did not rise. Absent while none grows.")
+	exhaustionSeconds = newMetric(ExhaustionSecondsName, prometheus.GaugeValue, []string{schema.GPU, schema.GPUUUID, LabelNode},
+		"When the GPU's memory runs out at the rate its processes' memory grows, in seconds from the agent's last interval: "+
+			"its free memory (NVML's) and, for processes growing in their tensor view alone, the free space in their "+
+			"allocators' segments, over the sum of the rates. Absent while nothing grows on it, or without NVML.")
+	exhaustionShare = newMetric(ExhaustionShareName, prometheus.GaugeValue, append(slices.Clone(peakLabels), LabelNode),
+		"The process's share of its GPU's growth (gpumem_exhaustion_seconds): its rate over the GPU's.")
+)
+
+// growthMetrics are the growth gauges, sent with a GrowthSource.
+var growthMetrics = []*Metric{growingBytesPerSecond, growingStacks, growingSeconds, exhaustionSeconds, exhaustionShare}
+
 // Reference is every metric gpu-mem's collectors send: Collector's (the
 // books, read at each scrape, and the peak gauges) and PushCollector's.
 // The caller must not change them.
 func Reference() (books, pushes []*Metric) {
-	return slices.Concat(bookMetrics, peakMetrics, []*Metric{breakdownBytes}, igMetrics), pushMetrics
+	return slices.Concat(bookMetrics, peakMetrics, []*Metric{breakdownBytes}, growthMetrics, igMetrics), pushMetrics
 }
 
 // Collector is a prometheus.Collector over a Source and, if any, a
@@ -252,6 +296,9 @@ type Collector struct {
 	Source    Source
 	Peaks     PeakSource
 	Breakdown BreakdownSource
+	Growth    GrowthSource
+	// Node is the growth gauges' node label.
+	Node string
 	// GPUObservability adds the metrics Inspektor Gadget's GPU
 	// observability dashboard queries (mem_alloc_bytes_total and its two
 	// companions).
@@ -266,6 +313,9 @@ func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	if c.Breakdown != nil {
 		ch <- breakdownBytes.desc
+	}
+	if c.Growth != nil {
+		describe(ch, growthMetrics)
 	}
 	if c.GPUObservability {
 		describe(ch, igMetrics)
@@ -333,6 +383,9 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.Breakdown != nil {
 		collectBreakdown(ch, c.Breakdown.Breakdown())
+	}
+	if c.Growth != nil {
+		collectGrowth(ch, c.Growth.Growing(), c.Growth.Exhaustion(), c.Node)
 	}
 	if c.GPUObservability {
 		collectIG(ch, t.Series)
@@ -416,24 +469,81 @@ func collectBreakdown(ch chan<- prometheus.Metric, bs []snapshot.Breakdown) {
 	}
 }
 
-// LastInterval keeps what the interval that ended last says for the
-// gauges, totals only (no rows, no stacks): the agent sets it once per
-// interval, and scrapes read it meanwhile. Safe for concurrent use.
-type LastInterval struct {
-	mu        sync.Mutex
-	peaks     []snapshot.Peak
-	breakdown []snapshot.Breakdown
+// growingSum is a process's growing stacks on one GPU in one view.
+type growingSum struct {
+	first          snapshot.Growing // the fastest: growing is by rate
+	bytesPerSecond float64
+	stacks         int
+	since          time.Time // the longest growing's start
 }
 
-// Set keeps an interval's (Profiler.EndInterval's) peaks and breakdown.
-func (l *LastInterval) Set(peaks []snapshot.Peak, breakdown []snapshot.Breakdown) {
-	keptPeaks := make([]snapshot.Peak, len(peaks))
-	for i, pk := range peaks {
+// collectGrowth sends, per process, GPU and view, the sum of its growing
+// stacks' rates, their count and the longest's time, labelled with the
+// fastest's function; per GPU, the time to exhaustion and each process's
+// share of it.
+func collectGrowth(ch chan<- prometheus.Metric, growing []snapshot.Growing, exhaustion []snapshot.Exhaustion, node string) {
+	type key struct {
+		pid  uint32
+		gpu  string
+		view string
+	}
+	sums := map[key]*growingSum{}
+	var order []key
+	for _, g := range growing {
+		k := key{g.PID, g.GPU(), g.Kind.View().String()}
+		sum := sums[k]
+		if sum == nil {
+			sum = &growingSum{first: g, since: g.Since}
+			sums[k] = sum
+			order = append(order, k)
+		}
+		sum.bytesPerSecond += g.BytesPerSecond
+		sum.stacks++
+		if g.Since.Before(sum.since) {
+			sum.since = g.Since
+		}
+	}
+	for _, k := range order {
+		sum := sums[k]
+		g := sum.first
+		values := append([]string{strconv.FormatUint(uint64(g.PID), 10), g.Comm, k.gpu}, containerLabels(g.Container)...)
+		values = append(values, k.view, report.HottestFrame(g.Frames))
+		ch <- growingBytesPerSecond.sample(sum.bytesPerSecond, values...)
+		ch <- growingStacks.sample(float64(sum.stacks), values...)
+		ch <- growingSeconds.sample(g.At.Sub(sum.since).Seconds(), values...)
+	}
+	for _, e := range exhaustion {
+		gpu := strconv.Itoa(e.GPU)
+		ch <- exhaustionSeconds.sample(e.Seconds, gpu, e.UUID, node)
+		for _, p := range e.Processes {
+			values := append([]string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, gpu}, containerLabels(p.Container)...)
+			ch <- exhaustionShare.sample(p.Share, append(values, node)...)
+		}
+	}
+}
+
+// LastInterval keeps what the interval that ended last says for the
+// gauges, totals and the growing rows only (no other rows): the agent sets
+// it once per interval, and scrapes read it meanwhile. Safe for concurrent
+// use.
+type LastInterval struct {
+	mu         sync.Mutex
+	peaks      []snapshot.Peak
+	breakdown  []snapshot.Breakdown
+	growing    []snapshot.Growing
+	exhaustion []snapshot.Exhaustion
+}
+
+// Set keeps an interval's (Profiler.EndInterval's) peaks, breakdown,
+// growing rows and exhaustion.
+func (l *LastInterval) Set(s *snapshot.Snapshot) {
+	keptPeaks := make([]snapshot.Peak, len(s.Peaks))
+	for i, pk := range s.Peaks {
 		keptPeaks[i] = pk
 		keptPeaks[i].Shares, keptPeaks[i].Rows = nil, nil
 	}
-	keptBreakdown := make([]snapshot.Breakdown, len(breakdown))
-	for i, b := range breakdown {
+	keptBreakdown := make([]snapshot.Breakdown, len(s.Breakdown))
+	for i, b := range s.Breakdown {
 		keptBreakdown[i] = b
 		keptBreakdown[i].Parts = make([]snapshot.Part, len(b.Parts))
 		for j, p := range b.Parts {
@@ -442,7 +552,23 @@ func (l *LastInterval) Set(peaks []snapshot.Peak, breakdown []snapshot.Breakdown
 	}
 	l.mu.Lock()
 	l.peaks, l.breakdown = keptPeaks, keptBreakdown
+	l.growing, l.exhaustion = slices.Clone(s.Growing), slices.Clone(s.Exhaustion)
 	l.mu.Unlock()
+}
+
+// Growing are the growing rows kept; the caller must not change them.
+func (l *LastInterval) Growing() []snapshot.Growing {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.growing
+}
+
+// Exhaustion is each GPU's time to exhaustion kept; the caller must not
+// change it.
+func (l *LastInterval) Exhaustion() []snapshot.Exhaustion {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.exhaustion
 }
 
 // Peaks are the peaks kept; the caller must not change them.

@@ -25,11 +25,11 @@ func TestPeakGauges(t *testing.T) {
 	pod := container.Identity{Namespace: "ml", Pod: "trainer-1", Name: "trainer", PodUID: "uid", ContainerID: "cid"}
 	held := snapshot.Row{Frames: []*symbolize.Frame{{Function: "forward"}}}
 	var last LastInterval
-	last.Set([]snapshot.Peak{
+	last.Set(&snapshot.Snapshot{Peaks: []snapshot.Peak{
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 50 << 20, Count: 4}, Rows: []snapshot.Row{held}},
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Container: pod, Amount: accounting.Amount{Bytes: 16 << 20, Count: 2}},
 		{PID: 7, Comm: "python3", GPU: "1", View: memory.ViewDriver, Container: pod, Amount: accounting.Amount{Bytes: 2 << 20, Count: 1}},
-	}, nil)
+	}})
 	if rows := last.Peaks()[0].Rows; rows != nil {
 		t.Errorf("rows kept: %v", rows)
 	}
@@ -75,10 +75,10 @@ func labelMap(m *dto.Metric) map[string]string {
 func TestBreakdownGauges(t *testing.T) {
 	pod := container.Identity{Namespace: "ml", Pod: "trainer-1", Name: "trainer", PodUID: "uid", ContainerID: "cid"}
 	var last LastInterval
-	last.Set(nil, []snapshot.Breakdown{{PID: 7, Comm: "python3", GPU: "0", Container: pod, Parts: []snapshot.Part{
+	last.Set(&snapshot.Snapshot{Breakdown: []snapshot.Breakdown{{PID: 7, Comm: "python3", GPU: "0", Container: pod, Parts: []snapshot.Part{
 		{Category: snapshot.Parameters, Bytes: 100 << 20, Top: []snapshot.Holding{{Bytes: 100 << 20}}},
 		{Category: snapshot.LibraryWorkspaces, Library: "cublas", Bytes: 8 << 20},
-	}}})
+	}}}})
 	if top := last.Breakdown()[0].Parts[0].Top; top != nil {
 		t.Errorf("stacks kept: %v", top)
 	}

@@ -46,12 +46,16 @@ func (someStats) Stats() pyroscope.Stats {
 // what was described.
 func TestReferenceIsWhatIsSent(t *testing.T) {
 	var last LastInterval
-	last.Set([]snapshot.Peak{
+	last.Set(&snapshot.Snapshot{Peaks: []snapshot.Peak{
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewDriver, Amount: accounting.Amount{Bytes: 1}},
 		{PID: 7, Comm: "python3", GPU: "0", View: memory.ViewTensor, Amount: accounting.Amount{Bytes: 1}},
-	}, []snapshot.Breakdown{{PID: 7, Comm: "python3", GPU: "0", Parts: []snapshot.Part{{Category: snapshot.Parameters, Bytes: 1}}}})
+	}, Breakdown: []snapshot.Breakdown{{PID: 7, Comm: "python3", GPU: "0", Parts: []snapshot.Part{{Category: snapshot.Parameters, Bytes: 1}}}},
+		Growing:    []snapshot.Growing{{Key: accounting.Key{PID: 7, Stack: 1, Kind: memory.KindDevice}, Comm: "python3", BytesPerSecond: 1}},
+		Exhaustion: []snapshot.Exhaustion{{GPU: 0, UUID: "GPU-0", Seconds: 1, Processes: []snapshot.ExhaustionShare{{PID: 7, Comm: "python3", Share: 1}}}},
+	})
 	registry := prometheus.NewPedanticRegistry()
-	registry.MustRegister(Collector{Source: everyTotal{}, Peaks: &last, Breakdown: &last, GPUObservability: true}, PushCollector{Source: someStats{}})
+	registry.MustRegister(Collector{Source: everyTotal{}, Peaks: &last, Breakdown: &last, Growth: &last, GPUObservability: true},
+		PushCollector{Source: someStats{}})
 	families, err := registry.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -340,7 +340,6 @@ func (e *Encoder) Add(row *snapshot.Row, peak accounting.Amount) {
 	if v == (Values{}) {
 		return
 	}
-	e.n++
 	var buf [2 * len(v) * binary.MaxVarintLen64]byte // both views
 	packed := buf[:0]
 	for i := range e.types {
@@ -350,6 +349,12 @@ func (e *Encoder) Add(row *snapshot.Row, peak accounting.Amount) {
 		}
 		packed = protowire.AppendVarint(packed, uint64(x))
 	}
+	e.write(row, rs, packed)
+}
+
+// write writes a sample of row, its values packed.
+func (e *Encoder) write(row *snapshot.Row, rs *rowSample, packed []byte) {
+	e.n++
 	labels := e.sampleLabels(row)
 	size := protowire.SizeTag(sampleLocationID) + protowire.SizeBytes(len(rs.locations)) +
 		protowire.SizeTag(sampleValue) + protowire.SizeBytes(len(packed)) + len(labels)
@@ -358,6 +363,35 @@ func (e *Encoder) Add(row *snapshot.Row, peak accounting.Amount) {
 	b = bytesField(b, sampleLocationID, rs.locations)
 	b = bytesField(b, sampleValue, packed)
 	e.samples = append(b, labels...)
+}
+
+// GrowthSampleType is the sample type of view v's growth profiles: the
+// bytes each growing stack's low-water mark rose over the detection window
+// (snapshot.Growing.Grew), growth_space (tensor_growth_space).
+func GrowthSampleType(v memory.View) *profile.ValueType {
+	if v == memory.ViewTensor {
+		return &profile.ValueType{Type: "tensor_growth_space", Unit: "bytes"}
+	}
+	return &profile.ValueType{Type: "growth_space", Unit: "bytes"}
+}
+
+// NewGrowthEncoder makes an encoder of view v's growth profiles, of one
+// sample type (GrowthSampleType), added with AddGrowth.
+func NewGrowthEncoder(v memory.View) *Encoder {
+	e := newEncoder(false)
+	e.column[v] = 0
+	e.types = []*profile.ValueType{GrowthSampleType(v)}
+	e.defaultType = e.types[0].Type
+	return e
+}
+
+// AddGrowth adds a growing row's sample to a growth profile: the bytes it
+// grew over the detection window.
+func (e *Encoder) AddGrowth(g *snapshot.Growing) {
+	row := &snapshot.Row{Key: g.Key, Comm: g.Comm, Device: g.Device, Container: g.Container, Frames: g.Frames}
+	rs := e.sample(row)
+	rs.profile = e.profile
+	e.write(row, rs, protowire.AppendVarint(nil, g.Grew))
 }
 
 // picked are the values of the encoder's sample types, in order, from v.

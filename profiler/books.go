@@ -249,7 +249,7 @@ func (b *books) copyLocked(s *snapshot.Snapshot, procs map[uint32]*process, keep
 		tensors := map[uint32]bool{}
 		b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
 			if keep(k) {
-				s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c, Before: b.ledger.Before(k)})
+				s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c, Before: b.ledger.Before(k), Low: b.ledger.IntervalLow(k)})
 				procs[k.PID] = nil
 				tensors[k.PID] = tensors[k.PID] || k.Kind == memory.KindTensor
 			}

@@ -53,7 +53,8 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 	labels := map[string]bool{LabelService: true, schema.PID: true, schema.Comm: true, schema.Kind: true, LabelNode: true, schema.GPU: true,
 		schema.Namespace: true, schema.Pod: true}
 	matcher := regexp.MustCompile("([a-z_]+)(=~|!=|=)[\"`]")
-	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|peak_bytes|allocated_bytes_total|failures_total|breakdown_bytes)\{`)
+	metric := regexp.MustCompile(`\bgpumem_(tensor_)?(live_bytes|peak_bytes|allocated_bytes_total|failures_total|breakdown_bytes|` +
+		`growing_bytes_per_second|exhaustion_seconds|exhaustion_share)\b`)
 	flames := map[string]int{}   // by profile type
 	queried := map[string]bool{} // live bytes and peak metrics queried
 	for _, p := range d.Panels {
@@ -61,12 +62,12 @@ func TestDashboardQueriesWhatIsPushed(t *testing.T) {
 			if p.Type != "flamegraph" {
 				// Prometheus panels: gpu-mem's metrics, by namespace and pod.
 				names := metric.FindAllStringSubmatch(target.Expr, -1)
-				if len(names) != 1 || !strings.Contains(target.Expr, "pod=~`${pod:regex}`") {
-					t.Errorf("query %q: want one of gpu-mem's metrics, by pod", target.Expr)
+				if len(names) == 0 || !strings.Contains(target.Expr, "pod=~`${pod:regex}`") {
+					t.Errorf("query %q: want gpu-mem's metrics, by pod", target.Expr)
 				}
 				for _, m := range names {
 					if m[2] == "live_bytes" || m[2] == "peak_bytes" {
-						queried[m[0]] = true
+						queried[m[0]+"{"] = true
 					}
 				}
 				continue
@@ -109,10 +110,10 @@ func pushedProfileTypes(t *testing.T) map[string]bool {
 	types := map[string]bool{}
 	for _, kind := range []memory.Kind{memory.KindDevice, memory.KindTensor} {
 		e := &Exporter{series: map[seriesKey]*series{}}
+		key, frames := accounting.Key{PID: 1, Stack: 1, Kind: kind}, []*symbolize.Frame{{Function: "f"}}
 		req := e.request(time.Now(), func(add func(*snapshot.Row)) {
-			add(&snapshot.Row{Key: accounting.Key{PID: 1, Stack: 1, Kind: kind}, Comm: "python3",
-				Frames: []*symbolize.Frame{{Function: "f"}}, Counters: accounting.Counters{AllocBytes: 1, AllocCount: 1}})
-		}, nil, views{})
+			add(&snapshot.Row{Key: key, Comm: "python3", Frames: frames, Counters: accounting.Counters{AllocBytes: 1, AllocCount: 1}})
+		}, nil, []snapshot.Growing{{Key: key, Comm: "python3", Frames: frames, Grew: 1}}, views{})
 		for _, s := range req.Series {
 			p, err := profile.ParseData(s.Samples[0].RawProfile)
 			if err != nil {
@@ -127,7 +128,7 @@ func pushedProfileTypes(t *testing.T) map[string]bool {
 			}
 		}
 	}
-	if len(types) != 12 {
+	if len(types) != 14 {
 		t.Fatalf("profile types pushed: %v", types)
 	}
 	return types

@@ -280,14 +280,14 @@ func authInterceptor(cfg Config) grpc.UnaryClientInterceptor {
 // (no process held or allocated memory) is not queued: Pyroscope refuses a
 // push without series. It keeps nothing of the snapshot.
 func (e *Exporter) Export(s *snapshot.Snapshot) {
-	e.export(s.Time, s.EachRow, s.Peaks, views{tensors: s.TensorViews, driverOff: s.DriverViewsOff})
+	e.export(s.Time, s.EachRow, s.Peaks, s.Growing, views{tensors: s.TensorViews, driverOff: s.DriverViewsOff})
 }
 
 // export queues the interval ending at end, whose rows each hands to its
-// argument one at a time, whose peaks are peaks and whose processes' views
-// are v.
-func (e *Exporter) export(end time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak, v views) {
-	req := e.request(end, each, peaks, v)
+// argument one at a time, whose peaks are peaks, whose growing rows are
+// growing and whose processes' views are v.
+func (e *Exporter) export(end time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak, growing []snapshot.Growing, v views) {
+	req := e.request(end, each, peaks, growing, v)
 	if len(req.Series) == 0 {
 		// Pyroscope answers InvalidArgument "no profiles received"
 		// (Distributor.PushBatch): nothing to send.
@@ -310,17 +310,18 @@ func (e *Exporter) export(end time.Time, each func(func(*snapshot.Row)), peaks [
 }
 
 // seriesKey names a series: a process's memory of one kind on one GPU,
-// or (malloc) its Malloc series.
+// its growth there (growth: growth_space), or (malloc) its Malloc series.
 type seriesKey struct {
 	pid               uint32
 	kind              memory.Kind
 	gpu               string
 	category, library string // the breakdown's, with Config.Categories
-	malloc            bool
+	malloc, growth    bool
 }
 
 // request builds the push of the interval ending at t.
-func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak, v views) *pushv1.PushRequest {
+func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []snapshot.Peak, growing []snapshot.Growing,
+	v views) *pushv1.PushRequest {
 	e.interval++
 	shares := pprof.PeakShares(peaks)
 	var categories *breakdown.Categorizer
@@ -337,6 +338,11 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 			e.add(seriesKey{pid: row.PID, malloc: true}, row, v).Add(row, accounting.Amount{})
 		}
 	})
+	for i := range growing {
+		g := &growing[i]
+		row := snapshot.Row{Key: g.Key, Comm: g.Comm, Device: g.Device, Container: g.Container}
+		e.add(seriesKey{pid: g.PID, kind: g.Kind, gpu: g.GPU(), growth: true}, &row, v).AddGrowth(g)
+	}
 	start := e.last
 	e.last = t
 	keys := make([]seriesKey, 0, len(e.series))
@@ -354,6 +360,9 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 		}
 		if a.malloc != b.malloc {
 			return b.malloc
+		}
+		if a.growth != b.growth {
+			return b.growth
 		}
 		if a.kind != b.kind {
 			return a.kind < b.kind
@@ -386,8 +395,13 @@ func (e *Exporter) request(t time.Time, each func(func(*snapshot.Row)), peaks []
 func (e *Exporter) add(k seriesKey, row *snapshot.Row, v views) *pprof.Encoder {
 	s := e.series[k]
 	if s == nil {
-		enc := pprof.NewMallocEncoder()
-		if !k.malloc {
+		var enc *pprof.Encoder
+		switch {
+		case k.malloc:
+			enc = pprof.NewMallocEncoder()
+		case k.growth:
+			enc = pprof.NewGrowthEncoder(row.Kind.View())
+		default:
 			enc = pprof.NewEncoder(true, row.Kind.View())
 		}
 		s = &series{enc: enc}

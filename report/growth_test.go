@@ -1,65 +1,51 @@
 package report
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/gpu-mem/gpu-mem/accounting"
+	"github.com/gpu-mem/gpu-mem/memory"
 	"github.com/gpu-mem/gpu-mem/snapshot"
+	"github.com/gpu-mem/gpu-mem/symbolize"
 )
 
-func reportAt(at time.Time, live map[accounting.StackID]uint64) *snapshot.Snapshot {
-	r := &snapshot.Snapshot{Time: at}
-	for stack, bytes := range live {
-		r.Add(snapshot.Row{Key: accounting.Key{PID: 7, Stack: stack}, Counters: accounting.Counters{AllocBytes: bytes}})
+func TestGrowthLines(t *testing.T) {
+	at := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	frames := []*symbolize.Frame{{Function: "cuMemAlloc_v2"}, {Function: "Trainer.training_step", File: "train.py"},
+		{Function: "train", File: "train.py"}, {Function: "<module>", File: "train.py"}, {Function: "main", File: "runpy.py"}}
+	var growing []snapshot.Growing
+	for i := range 6 {
+		growing = append(growing, snapshot.Growing{Key: accounting.Key{PID: 4242, Stack: accounting.StackID(i), Kind: memory.KindTensor},
+			Comm: "train.py", Frames: frames, BytesPerSecond: 3.1 * (1 << 20) / 60, Since: at.Add(-12 * time.Minute), At: at})
 	}
-	return r
-}
-
-func TestGrowthOverWindow(t *testing.T) {
-	t0 := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	g := &Growth{Window: time.Minute}
-	a, b := accounting.Key{PID: 7, Stack: 1}, accounting.Key{PID: 7, Stack: 2}
-	for _, step := range []struct {
-		after time.Duration
-		live  map[accounting.StackID]uint64
-		want  map[accounting.Key]int64
-	}{
-		{0, map[accounting.StackID]uint64{1: 100}, map[accounting.Key]int64{a: 0}},
-		// Shorter than the window: since the first sample; b is new.
-		{30 * time.Second, map[accounting.StackID]uint64{1: 150, 2: 10}, map[accounting.Key]int64{a: 50, b: 10}},
-		{61 * time.Second, map[accounting.StackID]uint64{1: 300, 2: 10}, map[accounting.Key]int64{a: 200, b: 10}},
-		// The window now starts at 30s: the baseline is that sample.
-		{90 * time.Second, map[accounting.StackID]uint64{1: 310, 2: 4}, map[accounting.Key]int64{a: 160, b: -6}},
-	} {
-		r := reportAt(t0.Add(step.after), step.live)
-		got := g.Observe(r)
-		if len(got) != len(step.want) {
-			t.Errorf("at %v: %v, want %v", step.after, got, step.want)
-		}
-		for k, v := range step.want {
-			if got[k] != v {
-				t.Errorf("at %v: stack %d grew %d, want %d", step.after, k.Stack, got[k], v)
-			}
-		}
-		if step.after == 90*time.Second {
-			growers := Growers(r, got, 3)
-			if len(growers) != 1 || growers[0].Key != a || growers[0].Growth != 160 {
-				t.Errorf("growers %+v", growers)
-			}
-		}
+	exhaustion := []snapshot.Exhaustion{
+		{GPU: 0, Free: 16 << 30, BytesPerSecond: 116 << 20, Seconds: 840,
+			Processes: []snapshot.ExhaustionShare{{PID: 4242, Comm: "train.py", Share: 1}}},
+		{GPU: 1, Free: 60 << 30, BytesPerSecond: 1 << 20, Seconds: 61440},
+	}
+	want := []string{}
+	for range 5 {
+		want = append(want, "growing: pid 4242 (train.py): +3.1 MiB/min under Trainer.training_step <- train <- <module> for 12 min (tensor view, gpu 0)")
+	}
+	want = append(want, "growing: 1 more stacks",
+		"exhaustion: gpu 0 runs out in 14 min at +116.0 MiB/s (16.0 GiB free): pid 4242 (train.py) 100%")
+	if got := GrowthLines(growing, exhaustion); !slices.Equal(got, want) {
+		t.Errorf("got\n%s\nwant\n%s", fmt.Sprintln(got), fmt.Sprintln(want))
 	}
 }
 
-func TestSignedBytes(t *testing.T) {
-	for n, want := range map[int64]string{0: "0", 512: "+512 B", -1536: "-1.5 KiB", 3 << 20: "+3.0 MiB"} {
-		if got := SignedBytes(n); got != want {
-			t.Errorf("%d: %q, want %q", n, got, want)
+func TestSpanAndRate(t *testing.T) {
+	for d, want := range map[time.Duration]string{45 * time.Second: "45 s", 12*time.Minute + 5*time.Second: "12 min", 185 * time.Minute: "3 h 5 min"} {
+		if got := Span(d); got != want {
+			t.Errorf("Span(%v) = %q, want %q", d, got, want)
 		}
 	}
-	for d, want := range map[time.Duration]string{time.Minute: "1m", 30 * time.Second: "30s", 90 * time.Second: "1m30s"} {
-		if got := windowName(d); got != want {
-			t.Errorf("%v: %q, want %q", d, got, want)
+	for rate, want := range map[float64]string{512: "+30.0 KiB/min", 116 << 20: "+116.0 MiB/s"} {
+		if got := Rate(rate); got != want {
+			t.Errorf("Rate(%v) = %q, want %q", rate, got, want)
 		}
 	}
 }

@@ -253,7 +253,7 @@ func FuzzTop(f *testing.F) {
 			write func(*bytes.Buffer, *snapshot.Snapshot) error
 		}{
 			{"top", func(b *bytes.Buffer, r *snapshot.Snapshot) error {
-				return WriteTop(b, r, 0, &Growth{Window: time.Minute})
+				return WriteTop(b, r, 0, nil)
 			}},
 			{"stacks", func(b *bytes.Buffer, r *snapshot.Snapshot) error { return WriteStacks(b, r, 5) }},
 			{"oom", func(b *bytes.Buffer, r *snapshot.Snapshot) error {

@@ -66,6 +66,9 @@ type flamePage struct {
 	// flame graph of each of its parts, by "PID/GPU/part".
 	Breakdown []htmlBreakdown       `json:"breakdown"`
 	Parts     map[string]*flameNode `json:"parts"`
+	// Growing says what grew interval after interval, and when each GPU
+	// runs out at that rate, a line each (GrowingLine, ExhaustionLine).
+	Growing []string `json:"growing"`
 }
 
 // htmlBreakdown is one process's breakdown on one GPU, as the page's
@@ -134,6 +137,13 @@ func WriteHTML(w io.Writer, r *snapshot.Snapshot) error {
 		page.Summary = append(page.Summary, row)
 	}
 	page.Breakdown, page.Parts = breakdownPage(r.Breakdown, rows)
+	page.Growing = []string{}
+	for _, g := range r.Growing {
+		page.Growing = append(page.Growing, GrowingLine(g))
+	}
+	for _, e := range r.Exhaustion {
+		page.Growing = append(page.Growing, ExhaustionLine(e))
+	}
 	data, err := json.Marshal(page) // escapes <, > and &: safe inside <script>
 	if err != nil {
 		return err

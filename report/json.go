@@ -20,10 +20,14 @@ type jsonReport struct {
 	OOMs     []jsonOOM     `json:"out_of_memory"`
 	Peaks    []jsonPeak    `json:"peaks"`
 	// Where each process's memory went on each GPU, by category.
-	Breakdown []jsonBreakdown      `json:"breakdown"`
-	Losses    schema.Losses        `json:"losses"`
-	Ledger    accounting.Stats     `json:"ledger"`
-	Python    snapshot.PythonStats `json:"python"`
+	Breakdown []jsonBreakdown `json:"breakdown"`
+	// The stacks that grew interval after interval (package growth),
+	// fastest first, and when each GPU runs out at their rates.
+	Growing    []jsonGrowing        `json:"growing"`
+	Exhaustion []jsonExhaustion     `json:"exhaustion"`
+	Losses     schema.Losses        `json:"losses"`
+	Ledger     accounting.Stats     `json:"ledger"`
+	Python     snapshot.PythonStats `json:"python"`
 	// allocations whose native stack was deeper than the frames kept
 	NativeTruncated uint64   `json:"native_truncated"`
 	Events          uint64   `json:"events"`
@@ -173,6 +177,14 @@ func WriteJSON(w io.Writer, r *snapshot.Snapshot) error {
 	for _, b := range r.Breakdown {
 		out.Breakdown = append(out.Breakdown, newJSONBreakdown(b))
 	}
+	out.Growing = make([]jsonGrowing, 0, len(r.Growing))
+	for _, g := range r.Growing {
+		out.Growing = append(out.Growing, newJSONGrowing(g))
+	}
+	out.Exhaustion = make([]jsonExhaustion, 0, len(r.Exhaustion))
+	for _, e := range r.Exhaustion {
+		out.Exhaustion = append(out.Exhaustion, newJSONExhaustion(e))
+	}
 	out.Peaks = make([]jsonPeak, 0, len(r.Peaks))
 	for _, pk := range r.Peaks {
 		out.Peaks = append(out.Peaks, newJSONPeak(pk))
@@ -191,6 +203,55 @@ func newJSONStack(row snapshot.Row) jsonStack {
 		ImplicitFreedBytes: row.ImplicitFreeBytes, ImplicitFrees: row.ImplicitFreeCount,
 		LiveBytes: row.LiveBytes(), LiveAllocations: row.LiveCount(),
 	}
+}
+
+type jsonGrowing struct {
+	PID  uint32 `json:"pid"`
+	Comm string `json:"comm"`
+	Kind string `json:"kind"`
+	GPU  string `json:"gpu"`
+	View string `json:"view"`
+	jsonWhere
+	Frames []jsonFrame `json:"frames"` // innermost first
+	// LowBytes is the least the stack held in the last interval;
+	// GrewBytes how much that rose over WindowSeconds.
+	LowBytes       uint64    `json:"low_bytes"`
+	GrewBytes      uint64    `json:"grew_bytes"`
+	WindowSeconds  float64   `json:"window_seconds"`
+	BytesPerSecond float64   `json:"bytes_per_second"`
+	Since          time.Time `json:"since"` // growing since
+}
+
+func newJSONGrowing(g snapshot.Growing) jsonGrowing {
+	return jsonGrowing{PID: g.PID, Comm: g.Comm, Kind: g.Kind.String(), GPU: g.GPU(), View: g.Kind.View().String(),
+		jsonWhere: newJSONWhere(g.Device, g.Container), Frames: jsonFrames(g.Frames), LowBytes: g.Low, GrewBytes: g.Grew,
+		WindowSeconds: g.Window.Seconds(), BytesPerSecond: g.BytesPerSecond, Since: g.Since}
+}
+
+type jsonExhaustion struct {
+	GPU            int                   `json:"gpu"` // NVML's index
+	GPUUUID        string                `json:"gpu_uuid"`
+	FreeBytes      uint64                `json:"free_bytes"`
+	SlackBytes     uint64                `json:"slack_bytes"` // in allocators' caches, filled first
+	BytesPerSecond float64               `json:"bytes_per_second"`
+	Seconds        float64               `json:"seconds"`
+	Processes      []jsonExhaustionShare `json:"processes"`
+}
+
+type jsonExhaustionShare struct {
+	PID            uint32  `json:"pid"`
+	Comm           string  `json:"comm"`
+	BytesPerSecond float64 `json:"bytes_per_second"`
+	Share          float64 `json:"share"` // of the GPU's rate
+}
+
+func newJSONExhaustion(e snapshot.Exhaustion) jsonExhaustion {
+	j := jsonExhaustion{GPU: e.GPU, GPUUUID: e.UUID, FreeBytes: e.Free, SlackBytes: e.Slack, BytesPerSecond: e.BytesPerSecond, Seconds: e.Seconds}
+	j.Processes = make([]jsonExhaustionShare, len(e.Processes))
+	for i, p := range e.Processes {
+		j.Processes[i] = jsonExhaustionShare{PID: p.PID, Comm: p.Comm, BytesPerSecond: p.BytesPerSecond, Share: p.Share}
+	}
+	return j
 }
 
 func newJSONFailure(f snapshot.Failure) jsonFailure {

@@ -129,7 +129,7 @@ func TestTopShowsPeaks(t *testing.T) {
 	var buf bytes.Buffer
 	r := peakReport()
 	r.Time = time.Now()
-	if err := WriteTop(&buf, r, 10, &Growth{Window: time.Minute}); err != nil {
+	if err := WriteTop(&buf, r, 10, nil); err != nil {
 		t.Fatal(err)
 	}
 	_, table, ok := strings.Cut(buf.String(), "peaks since start (the most each process held at once, per GPU and view; never added):\n")

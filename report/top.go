@@ -25,14 +25,18 @@ type TopRow struct {
 	Allocs    uint64
 	Frees     uint64 // explicit and at exit
 	Failures  uint64
-	Growth    int64  // change of live bytes over the growth window
+	Growth    uint64 // what its growing stacks grew over the detection window (package growth)
 	Hottest   string // the caller of the driver on the stack holding most
 	hottest   uint64
 }
 
 // Top folds a report's stacks into one row per process, kind and device,
-// sorted by live bytes; grew is each stack's growth (Growth.Observe).
-func Top(r *snapshot.Snapshot, grew map[accounting.Key]int64) []TopRow {
+// sorted by live bytes; growing are the stacks growing (growth.Detector).
+func Top(r *snapshot.Snapshot, growing []snapshot.Growing) []TopRow {
+	grew := map[accounting.Key]uint64{}
+	for _, g := range growing {
+		grew[g.Key] = g.Grew
+	}
 	type key struct {
 		pid  uint32
 		kind memory.Kind
@@ -100,10 +104,10 @@ func HottestFrame(frames []*symbolize.Frame) string {
 
 // WriteTop writes a status line, each view's total, what NVML says, a
 // line per process and GPU with its breakdown, the table of Top, at
-// most limit rows (all when limit <= 0), the three stacks that grew most
-// over the window g follows, the table of peaks (at most limit rows a
-// view), and the latest out-of-memory.
-func WriteTop(w io.Writer, r *snapshot.Snapshot, limit int, g *Growth) error {
+// most limit rows (all when limit <= 0), the three stacks growing fastest
+// (growing, the last detection's, package growth), the table of peaks (at
+// most limit rows a view), and the latest out-of-memory.
+func WriteTop(w io.Writer, r *snapshot.Snapshot, limit int, growing []snapshot.Growing) error {
 	fmt.Fprintf(w, "gpumem %s  events %d  losses %d  unknown frees %d  libraries %d\n",
 		r.Time.Format("15:04:05"), r.Events, r.Losses.Total(), r.Ledger.UnknownFrees, len(r.Libraries))
 	for _, v := range r.TensorViews {
@@ -116,24 +120,21 @@ func WriteTop(w io.Writer, r *snapshot.Snapshot, limit int, g *Growth) error {
 	writeViewTotals(w, named)
 	writeGPUMemory(w, r.GPUMemory)
 	writeBreakdowns(w, r.Breakdown)
-	grew := g.Observe(r)
-	window := windowName(g.Window)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "PID\tCOMM\tPOD\tKIND\tGPU\tLIVE\tGROWTH/%s\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME\n", window)
-	rows := Top(r, grew)
+	fmt.Fprintf(tw, "PID\tCOMM\tPOD\tKIND\tGPU\tLIVE\tGROWING\tALLOCATED\tALLOCS\tFREES\tFAILURES\t HOTTEST FRAME\n")
+	rows := Top(r, growing)
 	if limit > 0 && len(rows) > limit {
 		rows = rows[:limit]
 	}
 	for _, t := range rows {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t %s\n", t.PID, Printable(t.Comm), Printable(t.Pod), t.Kind, t.GPU,
-			HumanBytes(t.Live), SignedBytes(t.Growth), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, Printable(t.Hottest))
+			HumanBytes(t.Live), growingBytes(t.Growth), HumanBytes(t.Allocated), t.Allocs, t.Frees, t.Failures, Printable(t.Hottest))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	for _, gr := range Growers(r, grew, 3) {
-		fmt.Fprintf(w, "growing: %s in %s to %s, pid %d (%s), %s, at %s\n", SignedBytes(gr.Growth), window,
-			HumanBytes(gr.LiveBytes()), gr.PID, Printable(gr.Comm), gr.Kind, Printable(HottestFrame(gr.Frames)))
+	for _, g := range growing[:min(3, len(growing))] {
+		fmt.Fprintf(w, "growing: %s\n", GrowingLine(g))
 	}
 	if err := writePeakTable(w, r, named, limit); err != nil {
 		return err
@@ -164,6 +165,15 @@ func viewNote(v memory.View) string {
 		return " (inside the driver view's segments: not added to it)"
 	}
 	return ""
+}
+
+// growingBytes is the GROWING column: what a row's growing stacks grew,
+// "-" if none grows.
+func growingBytes(n uint64) string {
+	if n == 0 {
+		return "-"
+	}
+	return "+" + HumanBytes(n)
 }
 
 // HumanBytes formats a byte count with binary units: 1.5 MiB.

@@ -151,7 +151,7 @@ func TestStacksAndTopNameTheViews(t *testing.T) {
 	}
 
 	buf.Reset()
-	if err := WriteTop(&buf, r, 0, &Growth{Window: time.Minute}); err != nil {
+	if err := WriteTop(&buf, r, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range want[5:] {

@@ -44,6 +44,11 @@ type Snapshot struct {
 	// Breakdown is where each process's memory went on each GPU, by
 	// category: set by its reader (breakdown.Fill), nil until.
 	Breakdown []Breakdown
+	// Growing are the rows that grew interval after interval, by rate,
+	// descending, and Exhaustion when each GPU they are on runs out at
+	// their rates: set by their reader (growth.Detector), nil until.
+	Growing    []Growing
+	Exhaustion []Exhaustion
 	// Layout is where the segments and tensors of the processes with
 	// the tensor view lie, with the rows: what the breakdown measures
 	// PyTorch's fragmentation by.
@@ -109,9 +114,13 @@ type PythonStats struct {
 type Entry struct {
 	accounting.Key
 	accounting.Counters
-	Before  accounting.Amount // allocated before this agent began (accounting.Ledger.Before)
-	Frames  []uint32          // indices in Snapshot.Frames, innermost first: read-only
-	Process *Process          // shared with other entries: read-only
+	Before accounting.Amount // allocated before this agent began (accounting.Ledger.Before)
+	// Low is the least live bytes the row held since its interval began
+	// (accounting.Ledger.IntervalLow): an interval's (Profiler.EndInterval)
+	// or, in a snapshot, the current interval's so far.
+	Low     uint64
+	Frames  []uint32 // indices in Snapshot.Frames, innermost first: read-only
+	Process *Process // shared with other entries: read-only
 }
 
 // Process is what a snapshot knows of one process.
@@ -207,6 +216,17 @@ func (s *Snapshot) EachRow(fn func(*Row)) {
 		row.Before = e.Before
 		fn(&row)
 	}
+}
+
+// RowOf is entry e of s as a Row, its frames its own.
+func (s *Snapshot) RowOf(e *Entry) Row {
+	frames := make([]*symbolize.Frame, len(e.Frames))
+	for i, f := range e.Frames {
+		frames[i] = s.Frames[f]
+	}
+	row := e.Process.Row(e.Key, e.Counters, frames)
+	row.Before = e.Before
+	return row
 }
 
 // Rows are the snapshot's rows, by live bytes, then allocated bytes,

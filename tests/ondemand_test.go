@@ -208,7 +208,7 @@ func checkOutputsSay[V fmt.Stringer](t *testing.T, r *snapshot.Snapshot, say, js
 		t.Errorf("JSON %s %+v (%v), want %s", jsonKey, listed, err, say)
 	}
 	out.Reset()
-	if err := report.WriteTop(&out, r, 5, &report.Growth{Window: time.Minute}); err != nil || !strings.Contains(out.String(), say) {
+	if err := report.WriteTop(&out, r, 5, nil); err != nil || !strings.Contains(out.String(), say) {
 		t.Errorf("top: %v\n%s", err, out.String())
 	}
 	out.Reset()

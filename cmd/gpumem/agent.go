@@ -21,6 +21,7 @@ import (
 	"github.com/gpu-mem/gpu-mem/breakdown"
 	"github.com/gpu-mem/gpu-mem/budget"
 	"github.com/gpu-mem/gpu-mem/control"
+	"github.com/gpu-mem/gpu-mem/growth"
 	"github.com/gpu-mem/gpu-mem/kube"
 	"github.com/gpu-mem/gpu-mem/logs"
 	"github.com/gpu-mem/gpu-mem/memory"
@@ -65,7 +66,8 @@ type agentOptions struct {
 	tensorBudget   budget.Budget
 	driverBudget   budget.Budget
 	control        string               // the control socket's path
-	last           metrics.LastInterval // the last interval's peaks and breakdown, for the gauges
+	growth         growth.Detector      // the rows growing, interval after interval
+	last           metrics.LastInterval // the last interval's peaks, breakdown and growth, for the gauges
 	snapshot       snapshot.Snapshot    // the last interval's, its memory reused
 	exitsBefore    uint64               // the interval before's Exits: dropped at this one's end
 	pushes         pyroscope.StatusLine
@@ -145,6 +147,9 @@ switched off past it.`,
 		"as where every tensor reaches the driver (PyTorch without its cache, JAX's platform allocator) (0: never)")
 	fs.DurationVar(&o.budgetWindow, "budget-window", budget.DefaultWindow, "measure each view's cost over windows this long: a view over its budget is switched off at the end of one")
 	groupFlags(fs, "Budget", "tensor-budget", "driver-budget", "budget-window")
+	fs.IntVar(&o.growth.Intervals, "growth-intervals", growth.DefaultIntervals, "a stack is growing when the least it held in an interval (--pyroscope-interval) "+
+		"rose in each of this many intervals in a row: a leak, said on the status line, in gpumem_growing_* and memory:growth_space")
+	groupFlags(fs, "Growth", "growth-intervals")
 	// What a view costs a pair of calls is the budgets' calibration,
 	// measured on an H200 (BENCHMARKS.md), not a choice: hidden, kept for
 	// measuring another machine.
@@ -237,6 +242,9 @@ func (o *agentOptions) run(ctx context.Context) error {
 			return usageError{fmt.Errorf("%s must be positive", d.flag)}
 		}
 	}
+	if o.growth.Intervals < 1 {
+		return usageError{fmt.Errorf("--growth-intervals must be at least 1")}
+	}
 	o.defaultNode()
 	exp, err := o.exporter()
 	if err != nil {
@@ -285,7 +293,8 @@ func (o *agentOptions) run(ctx context.Context) error {
 		logf("exporting to %s every %v", o.pyroscope.URL, o.interval)
 	}
 	if o.metricsAddr != "" {
-		if err := serveMetrics(ctx, o.metricsAddr, metrics.Collector{Source: p, Peaks: &o.last, Breakdown: &o.last, GPUObservability: o.igMetrics}, exp); err != nil {
+		if err := serveMetrics(ctx, o.metricsAddr, metrics.Collector{Source: p, Peaks: &o.last, Breakdown: &o.last, Growth: &o.last,
+			Node: o.nodeName, GPUObservability: o.igMetrics}, exp); err != nil {
 			return err
 		}
 	}
@@ -349,24 +358,22 @@ func (o *agentOptions) status(p *profiler.Profiler, exp *pyroscope.Exporter) {
 		line += o.pushes.Say(exp.Stats())
 	}
 	logf("%s", line)
+	for _, l := range report.GrowthLines(o.last.Growing(), o.last.Exhaustion()) {
+		logf("%s", l)
+	}
 }
 
 // export ends one interval. Its snapshot, taken as it ends, goes to the
-// gauges (its peaks and breakdown) and the push, which keeps only what
-// changes in its profiles; its memory is reused the next interval. The
-// processes that exited before the interval before it are dropped then:
-// each stays on /metrics one whole interval after the one that read its
-// exit.
+// breakdown and the growth, then to the gauges (its peaks, breakdown and
+// growth) and the push, which keeps only what changes in its profiles; its
+// memory is reused the next interval. The processes that exited before the
+// interval before it are dropped then: each stays on /metrics one whole
+// interval after the one that read its exit.
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
-	parts := profiler.PeaksOnly // for the peak gauges alone: no row copied
-	if exp != nil || o.metricsAddr != "" {
-		parts = profiler.RowsAndPeaks // the breakdown reads the rows
-	}
-	_ = p.EndInterval(&o.snapshot, parts) // a loss counter's read error: said by the status line
-	if parts == profiler.RowsAndPeaks {
-		breakdown.Fill(&o.snapshot, o.target.rules.get())
-	}
-	o.last.Set(o.snapshot.Peaks, o.snapshot.Breakdown)
+	_ = p.EndInterval(&o.snapshot, profiler.RowsAndPeaks) // a loss counter's read error: said by the status line
+	breakdown.Fill(&o.snapshot, o.target.rules.get())
+	o.growth.Observe(&o.snapshot)
+	o.last.Set(&o.snapshot)
 	if exp != nil {
 		exp.Export(&o.snapshot)
 	}

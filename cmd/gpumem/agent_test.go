@@ -68,7 +68,7 @@ func TestAgentFlagsByGroup(t *testing.T) {
 			t.Errorf("%s lists the pair costs:\n%s", s.Heading, s.Usages)
 		}
 	}
-	want := []string{"Flags", "Budget flags", "Kubernetes flags", "Prometheus metrics flags", "Pyroscope flags"}
+	want := []string{"Flags", "Budget flags", "Growth flags", "Kubernetes flags", "Prometheus metrics flags", "Pyroscope flags"}
 	if !slices.Equal(headings, want) {
 		t.Errorf("headings %q, want %q", headings, want)
 	}

@@ -31,6 +31,7 @@ type recordOptions struct {
 	top      int
 	onOOM    string
 	oom      *oomWriter // the --on-oom snapshots' writer, once configured
+	growth   growthFlags
 }
 
 var defaultOutputs = map[string]string{"pprof": "gpumem.pb.gz", "folded": "gpumem.folded", "json": "gpumem.json", "html": "gpumem.html"}
@@ -72,6 +73,7 @@ func (o *recordOptions) register(fs *pflag.FlagSet) {
 	fs.StringVarP(&o.output, "output", "o", "", "output file, - for stdout (default gpumem.pb.gz, .folded, .json or .html)")
 	fs.IntVar(&o.top, "top", 5, "print the N stacks holding the most to stderr when done (0: none)")
 	fs.StringVar(&o.onOOM, "on-oom", "", "at each out-of-memory failure, write what the process held (pprof and folded) into this directory")
+	o.growth.register(fs)
 }
 
 func (o *recordOptions) validate() error {
@@ -86,6 +88,9 @@ func (o *recordOptions) validate() error {
 	}
 	if o.duration < 0 {
 		return usageError{fmt.Errorf("--duration must be positive")}
+	}
+	if err := o.growth.validate(); err != nil {
+		return usageError{err}
 	}
 	if o.output == "" {
 		o.output = defaultOutputs[o.format]
@@ -152,7 +157,16 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 	}
 
 	logs.Event(log, logs.Recording, "recording; Ctrl-C to stop")
-	if err := p.Run(ctx); err != nil {
+	following := make(chan struct{})
+	followCtx, stopFollowing := context.WithCancel(ctx)
+	go func() {
+		o.growth.follow(followCtx, p, o.target.rules.get())
+		close(following)
+	}()
+	err = p.Run(ctx)
+	stopFollowing()
+	<-following
+	if err != nil {
 		return err
 	}
 	if o.oom != nil {
@@ -163,6 +177,7 @@ func (o *recordOptions) run(ctx context.Context, command []string) error {
 		logf("reading loss counters: %v", err)
 	}
 	breakdown.Fill(r, o.target.rules.get())
+	r.Growing, r.Exhaustion = o.growth.last.Growing, o.growth.last.Exhaustion // the last interval's
 	if child != nil && child.ProcessState == nil {
 		child.Process.Signal(syscall.SIGTERM)
 	}

@@ -19,7 +19,7 @@ type topOptions struct {
 	interval time.Duration
 	duration time.Duration
 	limit    int
-	growth   report.Growth
+	growth   growthFlags
 }
 
 func newTopCommand() *cobra.Command {
@@ -32,9 +32,10 @@ vmm, and tensor for PyTorch's allocator), sorted by live bytes, under each
 view's total: GPU memory (the driver view, every kind but tensor) and
 tensors (the tensor view, inside the driver's segments: never added to it),
 with the function that called the driver on the
-stack holding the most, and how much its live bytes grew over the last
-minute (--growth-window), with the three stacks that grew most below: a leak
-grows window after window. Below them, each process's peak per GPU and view
+stack holding the most, and what its growing stacks grew: a stack grows when
+the least it held in an interval (--growth-interval) rose in each of the last
+--growth-intervals intervals, as the agent finds them; the three growing
+fastest are below, with their rate and for how long. Below them, each process's peak per GPU and view
 since top started: the most it held at once, when, and the function that
 held the most then, beside what it holds now. The latest out-of-memory, if
 any, is the last line. On a terminal the screen is redrawn; otherwise each refresh prints
@@ -49,13 +50,16 @@ plain lines.`,
 	fs.DurationVar(&o.interval, "interval", time.Second, "refresh interval")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (default: until Ctrl-C)")
 	fs.IntVar(&o.limit, "limit", 20, "rows shown (0: all)")
-	fs.DurationVar(&o.growth.Window, "growth-window", time.Minute, "the GROWTH column's window: how much live bytes grew over it")
+	o.growth.register(fs)
 	return cmd
 }
 
 func (o *topOptions) run(ctx context.Context) error {
-	if o.interval <= 0 || o.growth.Window <= 0 {
-		return usageError{fmt.Errorf("--interval and --growth-window must be positive")}
+	if o.interval <= 0 {
+		return usageError{fmt.Errorf("--interval must be positive")}
+	}
+	if err := o.growth.validate(); err != nil {
+		return usageError{err}
 	}
 	// Ctrl-C handled from the start: it may come as soon as the driver is
 	// attached (logged by New).
@@ -72,6 +76,8 @@ func (o *topOptions) run(ctx context.Context) error {
 	interactive := term.IsTerminal(int(os.Stdout.Fd()))
 	ticker := time.NewTicker(o.interval)
 	defer ticker.Stop()
+	growthTicker := time.NewTicker(o.growth.interval)
+	defer growthTicker.Stop()
 	for {
 		select {
 		case err := <-done:
@@ -83,6 +89,8 @@ func (o *topOptions) run(ctx context.Context) error {
 			if err := o.draw(p, interactive); err != nil {
 				return err
 			}
+		case <-growthTicker.C:
+			o.growth.endInterval(p, o.target.rules.get())
 		}
 	}
 }
@@ -99,5 +107,5 @@ func (o *topOptions) draw(p *profiler.Profiler, interactive bool) error {
 		fmt.Print("\033[H\033[2J")
 	}
 	breakdown.Fill(s, o.target.rules.get())
-	return report.WriteTop(os.Stdout, s, o.limit, &o.growth)
+	return report.WriteTop(os.Stdout, s, o.limit, o.growth.last.Growing)
 }

@@ -48,6 +48,12 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                and makes gap_one's 5 MiB; prints "gap_one" and waits;
                                frees the other and makes gap_two's 7 MiB
 
+    python3 simwork.py leak    leak_weights' 8 MiB, then steps, each on a line "step" after
+                               printing "step" (any other line ends them): leak_step keeps
+                               1 MiB more (a leak), steady_step allocates 4 MiB and frees
+                               it, plateau_step keeps 2 MiB more for the first three steps
+                               only (a cache that fills, then stays)
+
     python3 simwork.py tensor_late
                                early_weights' tensors (3 x 1 MiB), then prints "early" and
                                waits for a line (a tensor view is switched on then); then
@@ -461,6 +467,38 @@ def restart():
     held_tensors.extend(weights + gaps)  # live until the process exits
 
 
+def leak_weights(held):
+    held.append(cuda_malloc(8 << 20))
+
+
+def leak_step(held):
+    held.append(cuda_malloc(1 << 20))
+
+
+def steady_step():
+    cuda_free(cuda_malloc(4 << 20), 4 << 20)
+
+
+def plateau_step(held):
+    if len(held) < 3:
+        held.append(cuda_malloc(2 << 20))
+
+
+def leak():
+    """A leak beside a steady loop and a cache that fills then stays, a step
+    at a time, so that a reader ends an interval between two steps."""
+    weights, leaked, cache = [], [], []
+    leak_weights(weights)
+    while True:
+        print("step", flush=True)
+        if sys.stdin.readline().strip() != "step":
+            break
+        leak_step(leaked)
+        steady_step()
+        plateau_step(cache)
+    held_tensors.extend(weights + leaked + cache)  # live until the process exits
+
+
 def library_workspace():
     """Device memory straight from the driver, outside the allocator."""
     cuda_malloc(6 << 20)
@@ -809,7 +847,7 @@ def dlopen_cycles():
 def main():
     scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views, "breakdown": breakdown, "fragment_oom": fragment_oom, "fraction_oom": fraction_oom,
                  "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles,
-                 "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady, "restart": restart}
+                 "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady, "restart": restart, "leak": leak}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
