@@ -133,9 +133,12 @@ func (d *Detector) forget(s *snapshot.Snapshot) {
 }
 
 // exhaustion is, per GPU NVML shows that a growing row is on, its free
-// memory over the rate of its processes' growth: a process's driver view
-// when it grows (what the GPU gives), else its tensor view's, which fills
-// the free space inside its allocator's segments first.
+// memory over the rate of its processes' growth: each process's faster
+// view's. Its tensors' growth, where the tensor view is on, is the
+// demand: the allocator's segments follow it, a segment at a time, from
+// whichever stack asks when the cache is full, so that the driver view's
+// growing stacks may hold part of it only. Tensors growing while the
+// segments do not fill the free space inside them first.
 func exhaustion(s *snapshot.Snapshot) []snapshot.Exhaustion {
 	if s.GPUMemory == nil || len(s.Growing) == 0 {
 		return nil
@@ -172,9 +175,8 @@ func exhaustion(s *snapshot.Snapshot) []snapshot.Exhaustion {
 			if k.gpu != gpu.Index {
 				continue
 			}
-			rate := rates[k].driver
-			if rate == 0 {
-				rate = rates[k].tensor
+			rate := max(rates[k].driver, rates[k].tensor)
+			if rates[k].driver == 0 {
 				e.Slack += allocatorSlack(s.Breakdown, k.pid, names[k.pid].Key.GPU())
 			}
 			g := names[k.pid]

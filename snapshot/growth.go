@@ -40,8 +40,8 @@ type Exhaustion struct {
 	UUID string // "GPU-..."
 	// Free is the GPU's memory that no process uses, as NVML says
 	// (nvidia-smi's memory.free), and Slack the free space inside the
-	// allocators' segments that a process growing in its tensor view
-	// alone fills first.
+	// allocators' segments that a process whose tensors grow while its
+	// segments do not fills first.
 	Free, Slack    uint64
 	BytesPerSecond float64
 	Seconds        float64           // (Free + Slack) / BytesPerSecond
