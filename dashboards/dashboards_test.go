@@ -22,11 +22,18 @@ import (
 // generator's output, byte for byte, so that a hand edit, or a change of
 // the code without `go generate ./dashboards/...`, fails.
 func TestOutputsAreGenerated(t *testing.T) {
-	want, err := JSON()
+	dashboard, err := JSON()
 	if err != nil {
 		t.Fatal(err)
 	}
+	outputs := map[string][]byte{RuleTemplatePath: RuleTemplate()}
 	for _, out := range Outputs {
+		outputs[out] = dashboard
+	}
+	for _, out := range RulesOutputs {
+		outputs[out] = RulesFile()
+	}
+	for out, want := range outputs {
 		got, err := os.ReadFile(filepath.Join("..", out))
 		if err != nil {
 			t.Errorf("%v: run go generate ./dashboards/...", err)

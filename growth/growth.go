@@ -150,7 +150,7 @@ func exhaustion(s *snapshot.Snapshot) []snapshot.Exhaustion {
 	type viewRates struct{ driver, tensor float64 }
 	rates := map[onGPU]*viewRates{}
 	var order []onGPU
-	names := map[uint32]snapshot.Growing{}
+	fastest := map[onGPU]snapshot.Growing{} // s.Growing is by rate
 	for _, g := range s.Growing {
 		index, ok := nvmlIndex(g, s.GPUMemory.GPUs)
 		if !ok {
@@ -160,13 +160,13 @@ func exhaustion(s *snapshot.Snapshot) []snapshot.Exhaustion {
 		if rates[k] == nil {
 			rates[k] = &viewRates{}
 			order = append(order, k)
+			fastest[k] = g
 		}
 		if g.Kind.View() == memory.ViewDriver {
 			rates[k].driver += g.BytesPerSecond
 		} else {
 			rates[k].tensor += g.BytesPerSecond
 		}
-		names[g.PID] = g
 	}
 	var out []snapshot.Exhaustion
 	for _, gpu := range s.GPUMemory.GPUs {
@@ -177,10 +177,11 @@ func exhaustion(s *snapshot.Snapshot) []snapshot.Exhaustion {
 			}
 			rate := max(rates[k].driver, rates[k].tensor)
 			if rates[k].driver == 0 {
-				e.Slack += allocatorSlack(s.Breakdown, k.pid, names[k.pid].Key.GPU())
+				e.Slack += allocatorSlack(s.Breakdown, k.pid, fastest[k].Key.GPU())
 			}
-			g := names[k.pid]
-			e.Processes = append(e.Processes, snapshot.ExhaustionShare{PID: k.pid, Comm: g.Comm, Container: g.Container, BytesPerSecond: rate})
+			g := fastest[k]
+			e.Processes = append(e.Processes, snapshot.ExhaustionShare{PID: k.pid, Comm: g.Comm, Container: g.Container,
+				BytesPerSecond: rate, Frames: g.Frames})
 			e.BytesPerSecond += rate
 		}
 		if e.BytesPerSecond == 0 {

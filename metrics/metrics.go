@@ -276,8 +276,9 @@ var (
 		"When the GPU's memory runs out at the rate its processes' memory grows, in seconds from the agent's last interval: "+
 			"its free memory (NVML's) and, for processes growing in their tensor view alone, the free space in their "+
 			"allocators' segments, over the sum of the rates. Absent while nothing grows on it, or without NVML.")
-	exhaustionShare = newMetric(ExhaustionShareName, prometheus.GaugeValue, append(slices.Clone(peakLabels), LabelNode),
-		"The process's share of its GPU's growth (gpumem_exhaustion_seconds): its rate over the GPU's.")
+	exhaustionShare = newMetric(ExhaustionShareName, prometheus.GaugeValue, append(slices.Clone(peakLabels), LabelNode, LabelFunction),
+		"The process's share of its GPU's growth (gpumem_exhaustion_seconds; gpu is NVML's index, as there): its rate over the GPU's; "+
+			"function names its fastest growing stack's caller.")
 )
 
 // growthMetrics are the growth gauges, sent with a GrowthSource.
@@ -517,7 +518,7 @@ func collectGrowth(ch chan<- prometheus.Metric, growing []snapshot.Growing, exha
 		ch <- exhaustionSeconds.sample(e.Seconds, gpu, e.UUID, node)
 		for _, p := range e.Processes {
 			values := append([]string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, gpu}, containerLabels(p.Container)...)
-			ch <- exhaustionShare.sample(p.Share, append(values, node)...)
+			ch <- exhaustionShare.sample(p.Share, append(values, node, report.HottestFrame(p.Frames))...)
 		}
 	}
 }

@@ -57,4 +57,7 @@ type ExhaustionShare struct {
 	// Share is BytesPerSecond over the GPU's: how much of the time left
 	// the process takes.
 	Share float64
+	// Frames are the process's fastest growing stack's there, innermost
+	// first: read-only.
+	Frames []*symbolize.Frame
 }

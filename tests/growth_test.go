@@ -71,8 +71,8 @@ func TestLeakFound(t *testing.T) {
 		}
 		g := snap.Growing[0]
 		window := ends[i-1].Sub(ends[i-5])
-		if f := report.StackLine(g.Frames, 2); f != "cuda_malloc <- leak_step" || int(g.PID) != w.pid || g.GPU() != "0" {
-			t.Errorf("interval %d: growing under %s of pid %d on gpu %s, want cuda_malloc <- leak_step of %d on 0", i, f, g.PID, g.GPU(), w.pid)
+		if f := report.StackLine(g.Frames, 2); f != "leak_step <- leak" || int(g.PID) != w.pid || g.GPU() != "0" {
+			t.Errorf("interval %d: growing under %s of pid %d on gpu %s, want leak_step <- leak of %d on 0", i, f, g.PID, g.GPU(), w.pid)
 		}
 		if g.Grew != 4*MiB || g.Low != uint64(i-1)*MiB || g.Window != window || !g.Since.Equal(ends[0]) {
 			t.Errorf("interval %d: grew %d to %d over %v since %v, want 4 MiB to %d MiB over %v since %v",

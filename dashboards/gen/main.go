@@ -1,5 +1,6 @@
 // Command gen writes gpu-mem's Grafana dashboard (package dashboards) to
-// each of dashboards.Outputs, under the root of the module it runs in:
+// each of dashboards.Outputs, its alerts to dashboards.RulesOutputs and the
+// chart's dashboards.RuleTemplatePath, under the root of the module it runs in:
 // `go generate ./dashboards/...` or `go run ./dashboards/gen`.
 package main
 
@@ -29,19 +30,34 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	outputs := map[string][]byte{dashboards.RuleTemplatePath: dashboards.RuleTemplate()}
 	for _, out := range dashboards.Outputs {
-		path := filepath.Join(root, out)
-		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
-			continue // unchanged: keep the file's time
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			return err
-		}
-		fmt.Println("wrote", out)
+		outputs[out] = data
 	}
+	for _, out := range dashboards.RulesOutputs {
+		outputs[out] = dashboards.RulesFile()
+	}
+	for out, data := range outputs {
+		if err := write(filepath.Join(root, out), data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// write writes data to path, unless it holds them already (its time
+// kept).
+func write(path string, data []byte) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return err
+	}
+	fmt.Println("wrote", path)
 	return nil
 }
 

@@ -1,12 +1,9 @@
 package kubernetes
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
-	"net/url"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/gpu-mem/gpu-mem/internal/waitfor"
 	"github.com/gpu-mem/gpu-mem/tests/cgrouptest"
+	"github.com/gpu-mem/gpu-mem/tests/promqltest"
 )
 
 // The queries of Inspektor Gadget's GPU observability dashboard (repository
@@ -213,62 +211,20 @@ func grafana(expr string, vars map[string]string) string {
 	return expr
 }
 
-// prometheus is tests/promql, a module of its own: Prometheus's scrape
-// manager scraping one target into its TSDB, its PromQL engine answering.
-type prometheus struct{ p *process }
-
-// promSeries is a series of an answer: a query's value, or raw samples.
-type promSeries struct {
-	Labels  map[string]string `json:"labels"`
-	Value   *float64          `json:"value"`
-	Samples []struct {
-		T int64   `json:"t"`
-		V float64 `json:"v"`
-	} `json:"samples"`
-}
-
-// startPrometheus builds tests/promql and starts it scraping target (a
-// URL) every 200 ms, with tests/promql's flags args.
+// startPrometheus starts tests/promql scraping target (a URL) every 200
+// ms, with tests/promql's flags args.
 func startPrometheus(t *testing.T, target string, args ...string) *prometheus {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "promql")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = filepath.Join(root, "tests/promql")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build tests/promql: %v\n%s", err, out)
-	}
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, nil, bin, append([]string{"-target", u.Host, "-path", u.Path, "-interval", "200ms", "-dir", t.TempDir()}, args...)...)
-	p.out.Buffer(nil, 64<<20)
-	p.waitLine(t, "promql: scraping")
-	return &prometheus{p}
+	return &prometheus{promqltest.Start(t, root, target, args...)}
 }
 
-// ask sends one request and decodes its answer into into.
-func (pr *prometheus) ask(t *testing.T, req map[string]any, into any) {
-	t.Helper()
-	line, _ := json.Marshal(req)
-	fmt.Fprintf(pr.p.stdin, "%s\n", line)
-	if !pr.p.out.Scan() {
-		t.Fatalf("promql ended: %v", pr.p.out.Err())
-	}
-	var failed struct{ Error string }
-	if err := json.Unmarshal(pr.p.out.Bytes(), &failed); err != nil || failed.Error != "" {
-		t.Fatalf("%v: %v %s", req, err, failed.Error)
-	}
-	if err := json.Unmarshal(pr.p.out.Bytes(), into); err != nil {
-		t.Fatal(err)
-	}
-}
+// prometheus is tests/promql (package promqltest) and the waits of these
+// tests.
+type prometheus struct{ *promqltest.Prometheus }
 
-func (pr *prometheus) query(t *testing.T, expr string, ms int64) []promSeries {
+func (pr *prometheus) query(t *testing.T, expr string, ms int64) []promqltest.Series {
 	t.Helper()
-	var a struct{ Vector []promSeries }
-	pr.ask(t, map[string]any{"query": expr, "at": ms}, &a)
-	return a.Vector
+	return pr.Query(expr, ms)
 }
 
 func (pr *prometheus) labelValues(t *testing.T, query string) []string {
@@ -277,26 +233,20 @@ func (pr *prometheus) labelValues(t *testing.T, query string) []string {
 	if m == nil {
 		t.Fatalf("not a label_values query: %s", query)
 	}
-	var a struct{ Values []string }
-	pr.ask(t, map[string]any{"labelValues": m[2], "match": m[1]}, &a)
-	return a.Values
+	return pr.LabelValues(m[2], m[1])
 }
 
-// samples is every sample of the series sel selects, stale markers left
-// out.
-func (pr *prometheus) samples(t *testing.T, sel string) []promSeries {
+func (pr *prometheus) samples(t *testing.T, sel string) []promqltest.Series {
 	t.Helper()
-	var a struct{ Series []promSeries }
-	pr.ask(t, map[string]any{"samples": sel}, &a)
-	return a.Series
+	return pr.Samples(sel)
 }
 
 // waitLast waits until the one series sel selects has last as its latest
 // sample: Prometheus has scraped that state.
 func (pr *prometheus) waitLast(t *testing.T, sel string, last float64) {
 	t.Helper()
-	waitfor.Value(t, fmt.Sprintf("scrape by Prometheus of %s = %v", sel, last), hangLimit, func() []promSeries { return pr.samples(t, sel) },
-		func(got []promSeries) bool {
+	waitfor.Value(t, fmt.Sprintf("scrape by Prometheus of %s = %v", sel, last), hangLimit, func() []promqltest.Series { return pr.samples(t, sel) },
+		func(got []promqltest.Series) bool {
 			return len(got) == 1 && len(got[0].Samples) > 0 && got[0].Samples[len(got[0].Samples)-1].V == last
 		})
 }

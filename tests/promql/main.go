@@ -1,5 +1,6 @@
 // Command promql is a Prometheus for tests: Prometheus's own scrape manager
-// scrapes one target into Prometheus's TSDB (a folder of the caller's), and
+// scrapes one target into Prometheus's TSDB (a folder of the caller's),
+// Prometheus's rule manager evaluates the rules files given, and
 // Prometheus's PromQL engine answers the requests the caller writes on
 // stdin, one JSON object a line, each answered by one JSON line on stdout.
 // tests/kubernetes's TestGuideDashboard runs it against the real agent to
@@ -12,11 +13,14 @@
 // log.KeyValue), and would move Kubernetes, moby and gRPC under the product
 // for a test's sake. As a separate binary it imports nothing of gpu-mem's.
 //
-//	promql -target 127.0.0.1:9400 -path /metrics -interval 200ms -dir DIR [-created-timestamps]
+//	promql -target 127.0.0.1:9400 -path /metrics -interval 200ms -dir DIR [-created-timestamps] [-rules FILE]
 //
 // -created-timestamps is Prometheus's --enable-feature=created-timestamp-zero-ingestion:
 // a counter's created timestamp (the protobuf exposition's, preferred then)
 // becomes a zero sample before its first scraped one.
+//
+// -rules evaluates the rules file FILE every interval, as a Prometheus
+// server's rule_files.
 //
 // Requests:
 //
@@ -29,6 +33,9 @@
 //	{"samples": SEL}                     every sample SEL selects, stale markers
 //	                                     left out: {"series": [{"labels": {...},
 //	                                     "samples": [{"t": MS, "v": V}]}]}
+//	{"alerts": true}                     every alert that fired so far, the
+//	                                     last of each: {"alerts": [{"name",
+//	                                     "labels", "annotations", "value"}]}
 //
 // An answer that failed is {"error": "..."}.
 package main
@@ -43,6 +50,7 @@ import (
 	"math"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +61,7 @@ import (
 	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
@@ -69,18 +78,19 @@ func main() {
 	interval := flag.Duration("interval", 200*time.Millisecond, "scrape interval (and timeout)")
 	dir := flag.String("dir", "", "the TSDB's folder")
 	created := flag.Bool("created-timestamps", false, "ingest counters' created timestamps as zero samples")
+	rulesFile := flag.String("rules", "", "a rules file to evaluate every interval")
 	flag.Parse()
 	if *target == "" || *dir == "" {
-		fmt.Fprintln(os.Stderr, "usage: promql -target HOST:PORT -dir DIR [-path /metrics] [-interval 200ms]")
+		fmt.Fprintln(os.Stderr, "usage: promql -target HOST:PORT -dir DIR [-path /metrics] [-interval 200ms] [-rules FILE]")
 		os.Exit(2)
 	}
-	if err := run(*target, *path, *interval, *dir, *created); err != nil {
+	if err := run(*target, *path, *interval, *dir, *created, *rulesFile); err != nil {
 		fmt.Fprintln(os.Stderr, "promql:", err)
 		os.Exit(1)
 	}
 }
 
-func run(target, path string, interval time.Duration, dir string, created bool) error {
+func run(target, path string, interval time.Duration, dir string, created bool, rulesFile string) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	opts := tsdb.DefaultOptions()
 	opts.EnableSTAsZeroSample = created
@@ -96,8 +106,73 @@ func run(target, path string, interval time.Duration, dir string, created bool) 
 	defer scraper.Stop()
 	engine := promql.NewEngine(promql.EngineOpts{Logger: logger, MaxSamples: 50_000_000, Timeout: time.Minute,
 		LookbackDelta: 5 * time.Minute, EnableAtModifier: true, EnableNegativeOffset: true})
+	fired := &firedAlerts{last: map[string]alert{}}
+	if rulesFile != "" {
+		m, err := startRules(logger, db, engine, rulesFile, interval, fired)
+		if err != nil {
+			return err
+		}
+		defer m.Stop()
+	}
 	fmt.Fprintln(os.Stderr, "promql: scraping", target+path, "every", interval)
-	return serve(os.Stdin, os.Stdout, engine, db)
+	return serve(os.Stdin, os.Stdout, engine, db, fired)
+}
+
+// startRules runs Prometheus's rule manager on the rules file, evaluated
+// every interval against the TSDB, its recording rules written back, each
+// alert firing noted in fired as a server would send it to Alertmanager.
+func startRules(logger *slog.Logger, db *tsdb.DB, engine *promql.Engine, file string, interval time.Duration, fired *firedAlerts) (*rules.Manager, error) {
+	m := rules.NewManager(&rules.ManagerOptions{
+		AppendableV2: db,
+		Queryable:    db,
+		QueryFunc:    rules.EngineQueryFunc(engine, db),
+		NotifyFunc:   fired.note,
+		Context:      context.Background(),
+		Logger:       logger,
+		ResendDelay:  0, // every evaluation notifies what fires
+		Parser:       parser.NewParser(parser.Options{}),
+	})
+	if err := m.Update(interval, []string{file}, labels.EmptyLabels(), "", nil); err != nil {
+		return nil, fmt.Errorf("rules %s: %v", file, err)
+	}
+	go m.Run()
+	return m, nil
+}
+
+// alert is one alert as it fired.
+type alert struct {
+	Name        string            `json:"name"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	Value       float64           `json:"value"`
+}
+
+// firedAlerts keeps the last firing of each alert (by its labels) so far.
+type firedAlerts struct {
+	mu   sync.Mutex
+	last map[string]alert
+}
+
+func (f *firedAlerts) note(_ context.Context, _ string, alerts ...*rules.Alert) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, a := range alerts {
+		if a.State != rules.StateFiring {
+			continue
+		}
+		f.last[a.Labels.String()] = alert{Name: a.Labels.Get(labels.AlertName), Labels: a.Labels.Map(),
+			Annotations: a.Annotations.Map(), Value: a.Value}
+	}
+}
+
+func (f *firedAlerts) all() []alert {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := []alert{}
+	for _, a := range f.last {
+		out = append(out, a)
+	}
+	return out
 }
 
 // startScraping runs Prometheus's scrape manager on one job, configured from
@@ -143,6 +218,7 @@ type request struct {
 	LabelValues string `json:"labelValues"`
 	Match       string `json:"match"`
 	Samples     string `json:"samples"`
+	Alerts      bool   `json:"alerts"`
 }
 
 type sample struct {
@@ -160,10 +236,11 @@ type answer struct {
 	Vector []series  `json:"vector,omitempty"`
 	Values *[]string `json:"values,omitempty"`
 	Series *[]series `json:"series,omitempty"`
+	Alerts *[]alert  `json:"alerts,omitempty"`
 	Error  string    `json:"error,omitempty"`
 }
 
-func serve(in *os.File, out *os.File, engine *promql.Engine, db *tsdb.DB) error {
+func serve(in *os.File, out *os.File, engine *promql.Engine, db *tsdb.DB, fired *firedAlerts) error {
 	sc := bufio.NewScanner(in)
 	enc := json.NewEncoder(out)
 	for sc.Scan() {
@@ -182,6 +259,9 @@ func serve(in *os.File, out *os.File, engine *promql.Engine, db *tsdb.DB) error 
 				var s []series
 				s, err = rawSamples(db, req.Samples)
 				a.Series = &s
+			case req.Alerts:
+				all := fired.all()
+				a.Alerts = &all
 			default:
 				err = fmt.Errorf("empty request")
 			}

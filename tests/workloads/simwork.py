@@ -53,6 +53,7 @@ The driver library is SIMCUDA_LIB, or libcuda.so.1 from the loader's path.
                                1 MiB more (a leak), steady_step allocates 4 MiB and frees
                                it, plateau_step keeps 2 MiB more for the first three steps
                                only (a cache that fills, then stays)
+    python3 simwork.py noleak  the leak scenario without leak_step
 
     python3 simwork.py tensor_late
                                early_weights' tensors (3 x 1 MiB), then prints "early" and
@@ -472,7 +473,9 @@ def leak_weights(held):
 
 
 def leak_step(held):
-    held.append(cuda_malloc(1 << 20))
+    ptr = ctypes.c_uint64()
+    cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20)  # here: the stack's innermost Python frame
+    held.append(ptr.value)
 
 
 def steady_step():
@@ -484,7 +487,7 @@ def plateau_step(held):
         held.append(cuda_malloc(2 << 20))
 
 
-def leak():
+def leak(leaking=True):
     """A leak beside a steady loop and a cache that fills then stays, a step
     at a time, so that a reader ends an interval between two steps."""
     weights, leaked, cache = [], [], []
@@ -493,7 +496,8 @@ def leak():
         print("step", flush=True)
         if sys.stdin.readline().strip() != "step":
             break
-        leak_step(leaked)
+        if leaking:
+            leak_step(leaked)
         steady_step()
         plateau_step(cache)
     held_tensors.extend(weights + leaked + cache)  # live until the process exits
@@ -847,7 +851,8 @@ def dlopen_cycles():
 def main():
     scenarios = {"model": model, "sites": sites, "pairs": pairs, "tensors": tensors, "tensor_oom": tensor_oom, "views": views, "breakdown": breakdown, "fragment_oom": fragment_oom, "fraction_oom": fraction_oom,
                  "tensor_spike": tensor_spike, "tensor_late": tensor_late, "graph_tree": graph_tree, "stacks": generated_stacks, "dlopen": dlopen_cycles,
-                 "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady, "restart": restart, "leak": leak}
+                 "tensor_repeats": tensor_repeats, "tensor_steady": tensor_steady, "restart": restart, "leak": leak,
+                 "noleak": lambda: leak(leaking=False)}
     if len(sys.argv) != 2 or sys.argv[1] not in scenarios:
         print("usage: simwork.py " + "|".join(scenarios), file=sys.stderr)
         sys.exit(2)
