@@ -21,7 +21,7 @@ var (
 	smoke   = flag.Bool("smoke", false, "a short run that checks the harness, not the figures")
 	out     = flag.String("o", "BENCHMARKS.md", "where to write the results")
 	repo    = flag.String("repo", ".", "the repository root (build/sim and bin/ built)")
-	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load, symbols, discovery, nvml or state")
+	only    = flag.String("only", "", "run one section: costs, rates, agent, latency, load, symbols, discovery, idle, nvml or state")
 	runs    = 5
 	simLib  string
 	simwork string
@@ -40,7 +40,7 @@ func main() {
 	simwork = filepath.Join(root, "build/sim/simwork")
 	gpumem = filepath.Join(root, "bin/gpumem")
 	lean = filepath.Join(root, "bin/gpumem-lean")
-	needs := map[string][]string{"symbols": nil, "discovery": {simLib, lean}}
+	needs := map[string][]string{"symbols": nil, "discovery": {simLib, lean}, "idle": {lean}}
 	built, ok := needs[*only]
 	if !ok {
 		built = []string{simLib, simwork, gpumem, lean}
@@ -69,6 +69,7 @@ func main() {
 		{"load", "How long does the BPF object take to load?", func() string { return loadTimes(root) }},
 		{"symbols", "What does naming the first stack through large C++ libraries cost?", func() string { return symbolsFirstStack(root) }},
 		{"discovery", "What does finding processes cost, against how many run?", discoveryCost},
+		{"idle", "What does the idle agent cost a node?", idleCost},
 		{"nvml", "What does reading NVML cost?", func() string { return nvmlCost(root) }},
 		{"state", "What does keeping the agent's state for its next restart cost?", stateCost},
 	} {

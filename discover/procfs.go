@@ -83,6 +83,34 @@ func decimal(b []byte) (uint64, bool) {
 	return v, true
 }
 
+// lastPID is the PID the kernel handed out last in the PID namespace of
+// procRoot (the last field of its loadavg), when that namespace is this
+// process's own (procRoot's self is this process): the kernel writes that
+// field for the reader's namespace, not the mount's. -1 when unknown.
+func lastPID(procRoot string, buf []byte) int {
+	if self, err := os.Readlink(procRoot + "/self"); err != nil || self != strconv.Itoa(os.Getpid()) {
+		return -1
+	}
+	fd, err := unix.Open(procRoot+"/loadavg", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	if err != nil || n == len(buf) {
+		return -1
+	}
+	fields := bytes.Fields(buf[:n])
+	if len(fields) != 5 {
+		return -1
+	}
+	last, err := strconv.Atoi(string(fields[4]))
+	if err != nil {
+		return -1
+	}
+	return last
+}
+
 // readFileOf reads process pid's file name (a small one: stat) into buf in
 // one read, as the kernel writes it at the first read when it fits.
 func readFileOf(procRoot string, pid int, name string, buf []byte) ([]byte, error) {

@@ -47,7 +47,10 @@ type Scanner struct {
 	scans    uint64
 	procs    map[int]*process
 	buf      []byte // for listing /proc and reading stat files
-	pids     []int  // the last listing
+	pids     []int  // the last listing, less the processes seen gone since
+	// lastPID is the PID the kernel had handed out last at the last
+	// listing (lastPID), -1 when unknown.
+	lastPID int
 }
 
 // process is what a Scanner knows of one process.
@@ -66,7 +69,7 @@ type process struct {
 // empty: a profiler limited to one driver library (--library) leaves the
 // allocators and interpreters of processes on another driver alone.
 func NewScanner(procRoot, driver string) *Scanner {
-	return &Scanner{procRoot: procRoot, driver: driver, clock: bootClock, procs: map[int]*process{}, buf: make([]byte, listBuffer)}
+	return &Scanner{procRoot: procRoot, driver: driver, clock: bootClock, procs: map[int]*process{}, buf: make([]byte, listBuffer), lastPID: -1}
 }
 
 // bootClock is the time since boot, the clock of /proc/PID/stat's start
@@ -87,20 +90,46 @@ func (s *Scanner) Scan(pids []int) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if len(pids) == 0 {
-		if s.pids, err = listPIDs(s.procRoot, s.buf, s.pids[:0]); err != nil {
+	all := len(pids) == 0
+	if all {
+		if pids, err = s.listing(); err != nil {
 			return Result{}, err
 		}
-		pids = s.pids
 	} else {
 		pids = s.existing(pids)
 	}
 	s.scans++
+	there := pids[:0]
 	for _, pid := range pids {
-		s.look(pid, now)
+		if s.look(pid, now) {
+			there = append(there, pid)
+		}
+	}
+	if all {
+		s.pids = there
 	}
 	s.forgetUnlisted()
 	return s.result(), nil
+}
+
+// listing lists the processes of procRoot; or, when the kernel handed out
+// no PID since the last listing (no process or thread was made: an idle
+// node, most scans), the last listing again, whose processes gone since
+// are found so at their next look. A /proc of another PID namespace than
+// the scanner's own is listed every time: its last PID is not the one its
+// loadavg says.
+func (s *Scanner) listing() ([]int, error) {
+	last := lastPID(s.procRoot, s.buf)
+	if last >= 0 && last == s.lastPID {
+		return s.pids, nil
+	}
+	pids, err := listPIDs(s.procRoot, s.buf, s.pids[:0])
+	if err != nil {
+		s.lastPID = -1
+		return nil, err
+	}
+	s.pids, s.lastPID = pids, last
+	return pids, nil
 }
 
 // Calling says that process pid calls the driver (the tracer saw it
@@ -128,18 +157,19 @@ func (s *Scanner) existing(pids []int) []int {
 // look looks at process pid if it is new or due: its stat, and its maps
 // when the stat says they may have changed. The stat is read before the
 // maps, so that a change between the two reads is seen at the next look.
-func (s *Scanner) look(pid int, now time.Duration) {
+// It says whether the process is there still, as far as it knows.
+func (s *Scanner) look(pid int, now time.Duration) bool {
 	p := s.procs[pid]
 	if p != nil {
 		p.listed = s.scans
 		if now < p.due {
-			return
+			return true
 		}
 	}
 	st, err := s.readStat(pid)
 	if err != nil {
-		delete(s.procs, pid) // exited; or unreadable, and tried again as new
-		return
+		delete(s.procs, pid) // exited; or unreadable, and tried again as new at the next listing
+		return false
 	}
 	switch {
 	case p == nil || st.start != p.stat.start: // new, or its PID taken by another
@@ -154,6 +184,7 @@ func (s *Scanner) look(pid int, now time.Duration) {
 	}
 	p.stat, p.listed = st, s.scans
 	p.due = now + min((now-p.since)/10, maxWait)
+	return true
 }
 
 // forgetUnlisted forgets the processes the last scan did not find.

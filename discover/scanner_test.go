@@ -348,3 +348,39 @@ func TestListPIDs(t *testing.T) {
 		t.Error("no error listing a directory that does not exist")
 	}
 }
+
+// TestScannerListsWhenAPIDWasHandedOut: on a /proc of the scanner's own
+// PID namespace, a scan lists the processes only when the kernel handed
+// out a PID since the last listing (loadavg's last field): a process that
+// appears without one is not listed (it cannot: none was made), one made
+// with one is; a process gone is forgotten at its next look without a
+// listing.
+func TestScannerListsWhenAPIDWasHandedOut(t *testing.T) {
+	f := newFakeProcs(t, "")
+	if err := os.Symlink(strconv.Itoa(os.Getpid()), filepath.Join(f.root, "self")); err != nil {
+		t.Fatal(err)
+	}
+	handedOut := func(pid int) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(f.root, "loadavg"), fmt.Appendf(nil, "0.00 0.01 0.05 1/120 %d\n", pid), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	handedOut(11)
+	f.write(10, fakeProc{comm: "python3", maps: []string{pythonLine}})
+	f.write(11, fakeProc{comm: "python3", start: 999 * time.Second, maps: []string{pythonLine}})
+	f.scanAt(1000*time.Second, nil, nil, []int{10, 11})
+	f.write(12, fakeProc{comm: "python3", start: 1000 * time.Second, maps: []string{pythonLine}})
+	f.scanAt(1000*time.Second+500*time.Millisecond, nil, nil, []int{10, 11})
+	handedOut(12)
+	f.scanAt(1001*time.Second, nil, nil, []int{10, 11, 12})
+	if err := os.RemoveAll(filepath.Join(f.root, "11")); err != nil {
+		t.Fatal(err)
+	}
+	// Process 11, 2 s old at its last look, is due 0.2 s after it.
+	f.scanAt(1001*time.Second+100*time.Millisecond, nil, nil, []int{10, 11, 12})
+	f.scanAt(1001*time.Second+300*time.Millisecond, nil, nil, []int{10, 12})
+	if !slices.Equal(f.s.pids, []int{10, 12}) || len(f.s.procs) != 2 {
+		t.Errorf("listing %v, %d processes known: want 10 and 12", f.s.pids, len(f.s.procs))
+	}
+}

@@ -12,9 +12,17 @@ import (
 	"github.com/gpu-mem/gpu-mem/memory"
 )
 
-// pollInterval bounds how long an event waits in the ring buffer: the BPF
-// program wakes the reader only once the buffer fills.
-const pollInterval = 10 * time.Millisecond
+// pollInterval bounds how long an event waits in the ring buffer while
+// events come: the BPF program wakes the reader only once a quarter of the
+// buffer is full. While none come, each empty look doubles the wait, up to
+// idlePollInterval: an idle agent wakes once a second, not a hundred times
+// (and with it, the Go runtime's monitor of threads in system calls), and
+// the first event after a quiet spell waits a second at most. A flush
+// (Sync, a snapshot) wakes the reader at once.
+const (
+	pollInterval     = 10 * time.Millisecond
+	idlePollInterval = time.Second
+)
 
 // batch holds the records taken from the ring (or replayed from the
 // journal) and not yet read, back to back, and the journal's records of
@@ -123,11 +131,13 @@ func (t *Tracer) refill() error {
 	}
 	switch {
 	case found || t.batch.flushed:
+		t.idleWait = 0
 		return nil
 	case closed:
 		return os.ErrClosed
 	}
-	return t.ring.wait(pollInterval)
+	t.idleWait = min(max(2*t.idleWait, pollInterval), idlePollInterval)
+	return t.ring.wait(t.idleWait)
 }
 
 // NamedPyStacks counts the events Read returned whose Python frames the

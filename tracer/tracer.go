@@ -10,6 +10,7 @@ import (
 	"os"
 	"reflect"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -40,11 +41,12 @@ type Options struct {
 type Tracer struct {
 	objs        objects
 	ring        *ring
-	readMu      sync.Mutex // Read's, against Close's release of the ring
-	batch       batch      // Read's
-	carried     []byte     // Read's first event, when the journal carried counters
-	flushesRead uint64     // Read's: the ring's flushes it answered
-	stacks      sentStacks // Read's
+	readMu      sync.Mutex    // Read's, against Close's release of the ring
+	batch       batch         // Read's
+	carried     []byte        // Read's first event, when the journal carried counters
+	flushesRead uint64        // Read's: the ring's flushes it answered
+	idleWait    time.Duration // Read's: its last wait for records that did not come
+	stacks      sentStacks    // Read's
 	exit        []link.Link
 	state       *State
 	continued   Continued
