@@ -63,9 +63,10 @@ type tracked struct {
 	// can walk; not retried while it lives.
 	notPython bool
 	// notReady: its interpreter was starting; when to look again, not at
-	// every event meanwhile.
-	notReady time.Time
-	watching bool // a command Watch waits for
+	// every event meanwhile, and how many looks found it so.
+	notReady      time.Time
+	notReadyLooks int
+	watching      bool // a command Watch waits for
 }
 
 // process is what the table knows of one process: what snapshots share
@@ -186,24 +187,40 @@ func (t *processTable) tidy(pid uint32) {
 }
 
 // askPython has processes found mapping a Python runtime registered, unless
-// they are already or are not Python processes.
-func (t *processTable) askPython(pids []int) {
+// they are already, are not Python processes, or are left to start
+// (notReady); it says whether any is being registered, which a caller
+// that needs it done waits for (reading).
+func (t *processTable) askPython(pids []int) (registering bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now := time.Now()
 	for _, pid := range pids {
-		if e := t.entry(uint32(pid)); !e.python && !e.notPython && !e.pyAsked {
+		e := t.entry(uint32(pid))
+		if e.python || e.notPython || now.Before(e.notReady) {
+			continue
+		}
+		if !e.pyAsked {
 			e.pyAsked = true
 			t.pyAsked = append(t.pyAsked, uint32(pid))
 		}
+		registering = true
 	}
 	if len(t.pyAsked) > 0 {
 		t.reading.ask()
 	}
+	return registering
 }
 
 // notReadyRetry is how long a Python process whose interpreter was
-// starting is left before it is looked at again.
-const notReadyRetry = 50 * time.Millisecond
+// starting is left before it is looked at again, twice as long after each
+// look that finds it starting still, up to maxNotReadyRetry: an
+// interpreter starts within milliseconds, but one that never looks ready
+// (an embedded or unusual build) would otherwise have its binary's symbols
+// read at every scan while it lives.
+const (
+	notReadyRetry    = 50 * time.Millisecond
+	maxNotReadyRetry = 30 * time.Second
+)
 
 // exited notes that a process exited, and says whether it was a
 // registered Python process: it is no longer walked once its stacks'
@@ -221,7 +238,7 @@ func (t *processTable) exited(pid uint32) (python bool) {
 		e.proc = &next
 	}
 	python = e.python
-	e.python, e.notPython, e.notReady = false, false, time.Time{}
+	e.python, e.notPython, e.notReady, e.notReadyLooks = false, false, time.Time{}, 0
 	t.tidy(pid)
 	return python
 }
@@ -370,7 +387,9 @@ func (t *processTable) addPython(pid int) bool {
 	switch {
 	case errors.Is(err, pystack.ErrNotReady):
 		t.mu.Lock()
-		t.entry(uint32(pid)).notReady = time.Now().Add(notReadyRetry)
+		e := t.entry(uint32(pid))
+		e.notReady = time.Now().Add(min(notReadyRetry<<min(e.notReadyLooks, 16), maxNotReadyRetry))
+		e.notReadyLooks++
 		t.mu.Unlock()
 		return false
 	case errors.Is(err, fs.ErrNotExist) && gone(t.procRoot, pid):

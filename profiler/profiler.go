@@ -489,8 +489,9 @@ func (p *Profiler) scan(first bool) {
 		logs.Printf(p.cfg.Log, "scan processes: %v", err)
 		return
 	}
-	p.procs.askPython(found.Python)
-	p.procs.reading.await() // walked from their first allocation through a library attached now
+	if p.procs.askPython(found.Python) {
+		p.procs.reading.await() // walked from their first allocation through a library attached now
+	}
 	drivers := p.attacher.attachFound(found.Libraries)
 	p.updateTensors(time.Now())
 	p.updateDriverViews(time.Now())

@@ -1,8 +1,11 @@
 package report
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +50,67 @@ func TestSpanAndRate(t *testing.T) {
 		if got := Rate(rate); got != want {
 			t.Errorf("Rate(%v) = %q, want %q", rate, got, want)
 		}
+	}
+}
+
+// TestTopAndJSONSayWhatGrows: top's GROWING column is what the row's
+// growing stacks grew, "-" where none grows, and the growing stack's line
+// is under the table; record's JSON has the growing stack with its frames
+// and the GPU's exhaustion with its shares.
+func TestTopAndJSONSayWhatGrows(t *testing.T) {
+	r := peakReport()
+	r.Time = time.Date(2026, 12, 1, 12, 5, 0, 0, time.UTC)
+	growing := snapshot.Growing{Key: accounting.Key{PID: 7, Stack: 2, Kind: memory.KindTensor}, Comm: "python3", Frames: tensorFrames,
+		Low: 12 * MiB, Grew: 4 * MiB, Window: time.Minute, BytesPerSecond: 4.0 * MiB / 60, Since: r.Time.Add(-2 * time.Minute), At: r.Time}
+	r.Growing = []snapshot.Growing{growing}
+	r.Exhaustion = []snapshot.Exhaustion{{GPU: 0, UUID: "GPU-0", Free: 1 << 30, BytesPerSecond: growing.BytesPerSecond, Seconds: 15360,
+		Processes: []snapshot.ExhaustionShare{{PID: 7, Comm: "python3", BytesPerSecond: growing.BytesPerSecond, Share: 1}}}}
+	var top bytes.Buffer
+	if err := WriteTop(&top, r, 10, r.Growing); err != nil {
+		t.Fatal(err)
+	}
+	grew := map[string]string{}
+	for _, line := range strings.Split(top.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 8 && f[0] == "7" {
+			grew[f[3]] = f[7] + " " + f[8] // LIVE is two fields
+		}
+	}
+	if grew["tensor"] != "+4.0 MiB" || !strings.HasPrefix(grew["device"], "- ") {
+		t.Errorf("GROWING of pid 7: %v, want +4.0 MiB for its tensors, - for its device memory\n%s", grew, top.String())
+	}
+	if want := "growing: pid 7 (python3): +4.0 MiB/min under load_weights for 2 min (tensor view, gpu 0)\n"; !strings.Contains(top.String(), want) {
+		t.Errorf("no %q in\n%s", want, top.String())
+	}
+	var js bytes.Buffer
+	if err := WriteJSON(&js, r); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Growing []struct {
+			PID       uint32 `json:"pid"`
+			View      string `json:"view"`
+			GrewBytes uint64 `json:"grew_bytes"`
+			Frames    []struct {
+				Function string `json:"function"`
+			} `json:"frames"`
+		} `json:"growing"`
+		Exhaustion []struct {
+			Seconds   float64 `json:"seconds"`
+			Processes []struct {
+				PID   uint32  `json:"pid"`
+				Share float64 `json:"share"`
+			} `json:"processes"`
+		} `json:"exhaustion"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Growing) != 1 || got.Growing[0].PID != 7 || got.Growing[0].View != "tensor" || got.Growing[0].GrewBytes != 4*MiB ||
+		got.Growing[0].Frames[len(got.Growing[0].Frames)-1].Function != "load_weights" {
+		t.Errorf("growing %+v", got.Growing)
+	}
+	if len(got.Exhaustion) != 1 || got.Exhaustion[0].Seconds != 15360 || got.Exhaustion[0].Processes[0].PID != 7 || got.Exhaustion[0].Processes[0].Share != 1 {
+		t.Errorf("exhaustion %+v", got.Exhaustion)
 	}
 }
