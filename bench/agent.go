@@ -68,12 +68,18 @@ func agentFootprint() string {
 // startAgent starts the lean agent on the simulated driver with args, and
 // returns once it has attached; its log is read and dropped.
 func startAgent(args ...string) *exec.Cmd {
-	agent := exec.Command(lean, append([]string{"agent", "--library", simLib}, args...)...)
+	return startAgentUntil("attached to", append([]string{"--library", simLib}, args...)...)
+}
+
+// startAgentUntil starts the lean agent with args, and returns once its
+// log said ready.
+func startAgentUntil(ready string, args ...string) *exec.Cmd {
+	agent := exec.Command(lean, append([]string{"agent"}, args...)...)
 	stderr, err := agent.StderrPipe()
 	check(err)
 	check(agent.Start())
 	sc := bufio.NewScanner(stderr)
-	for sc.Scan() && !strings.Contains(sc.Text(), "attached to") {
+	for sc.Scan() && !strings.Contains(sc.Text(), ready) {
 	}
 	go func() {
 		for sc.Scan() {

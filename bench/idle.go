@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -55,17 +54,7 @@ const idleChurn = 1500 * time.Millisecond
 // returns its CPU over window while a process starts every idleChurn, the
 // processes /proc listed and how many started.
 func idleAgentCPU(window, settle time.Duration) (cpu float64, listed, started int) {
-	agent := exec.Command(lean, "agent", "--metrics-address", "127.0.0.1:0", "--control-socket", "")
-	stderr, err := agent.StderrPipe()
-	check(err)
-	check(agent.Start())
-	sc := bufio.NewScanner(stderr)
-	for sc.Scan() && !strings.Contains(sc.Text(), "waiting for a process") {
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
+	agent := startAgentUntil("waiting for a process", "--metrics-address", "127.0.0.1:0", "--control-socket", "")
 	defer func() {
 		agent.Process.Signal(os.Interrupt)
 		agent.Wait()

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/pprof/profile"
 
@@ -281,24 +282,37 @@ func TestRecordJSON(t *testing.T) {
 	}
 }
 
+// TestTopPlainLines: top without a terminal prints plain lines. Memory
+// allocated once and held (simwork hold) is not growing: its GROWING is
+// "-". A leak beside it (simwork.py leak, a step every 50 ms: leak_step
+// keeps 1 MiB a step) is, by the agent's rule at top's
+// --growth-interval: its row's GROWING is what it grew, and the line below
+// the table names it.
 func TestTopPlainLines(t *testing.T) {
 	w := startWorkload(t, nil, simwork, "hold", "5000000")
-	c := startCLI(t, "top", "--pid", strconv.Itoa(w.pid), "--interval", "200ms")
+	leak := startWorkload(t, []string{"SIMCUDA_LIB=" + simLib}, pythons(t)[2], filepath.Join(repoRoot, "tests/workloads/simwork.py"), "leak")
+	c := startCLI(t, "top", "--pid", strconv.Itoa(w.pid), "--pid", strconv.Itoa(leak.pid), "--interval", "200ms",
+		"--growth-interval", "300ms", "--growth-intervals", "2")
 	c.waitEvent(logs.Attached, "kind", "driver")
-	c.waitStdout("PID +COMM") // a refresh before the allocation: growth starts from nothing
+	c.waitStdout("PID +COMM") // a refresh before the allocation
 	w.run()
-	c.waitStdout(`^growing: `)
+	leak.stdinLine("")
+	if line := leak.line(); line != "step" {
+		t.Fatalf("workload said %q, want step", line)
+	}
+	go stepEvery(leak, 50*time.Millisecond)
+	c.waitStdout(`^growing: pid ` + strconv.Itoa(leak.pid) + ` \(python3[.0-9]*\): .* under leak_step <- leak <- main for `)
 	c.interrupt()
 	out := c.stdout.String()
 	if strings.Contains(out, "\033[") {
 		t.Errorf("escape codes in non-terminal output")
 	}
 	// The workload made its context before gpumem started: its device is
-	// unknown. It grew by what it holds within the minute.
+	// unknown.
 	for _, want := range []string{
-		"PID +COMM +POD +KIND +GPU +LIVE +GROWTH/1m +ALLOCATED +ALLOCS +FREES +FAILURES +HOTTEST FRAME$",
-		strconv.Itoa(w.pid) + ` +simwork +- +device +unknown +4.8 MiB +\+4.8 MiB +4.8 MiB +1 +0 +0 +hold$`,
-		`^growing: \+4.8 MiB in 1m to 4.8 MiB, pid ` + strconv.Itoa(w.pid) + ` \(simwork\), device, at hold$`,
+		"PID +COMM +POD +KIND +GPU +LIVE +GROWING +ALLOCATED +ALLOCS +FREES +FAILURES +HOTTEST FRAME$",
+		strconv.Itoa(w.pid) + ` +simwork +- +device +unknown +4.8 MiB +- +4.8 MiB +1 +0 +0 +hold$`,
+		strconv.Itoa(leak.pid) + ` +python3[.0-9]* +- +device +0 +[0-9.]+ MiB +\+[0-9.]+ MiB .* leak_step$`,
 	} {
 		if !matchLine(out, want) {
 			t.Errorf("no line matching %q in:\n%s", want, out)

@@ -108,13 +108,7 @@ func TestLeakFound(t *testing.T) {
 // far is accounted: its snapshot, the breakdown, then what grows.
 func (s *session) endInterval(d *growth.Detector) *snapshot.Snapshot {
 	s.t.Helper()
-	if err := s.p.Sync(); err != nil {
-		s.t.Fatal(err)
-	}
-	snap := &snapshot.Snapshot{}
-	if err := s.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
-		s.t.Fatal(err)
-	}
+	snap := s.takeInterval()
 	breakdown.Fill(snap, breakdown.Default())
 	d.Observe(snap)
 	return snap

@@ -54,9 +54,9 @@ func TestPeaksBetweenReads(t *testing.T) {
 	assertNoLosses(t, r)
 }
 
-// intervalPeaks reads the interval's peaks of process pid once every event
-// sent so far is accounted, by GPU.
-func (s *session) intervalPeaks(pid int) map[string]snapshot.Peak {
+// takeInterval ends the interval once every event sent so far is
+// accounted, and returns its snapshot.
+func (s *session) takeInterval() *snapshot.Snapshot {
 	s.t.Helper()
 	if err := s.p.Sync(); err != nil {
 		s.t.Fatal(err)
@@ -65,6 +65,14 @@ func (s *session) intervalPeaks(pid int) map[string]snapshot.Peak {
 	if err := s.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
 		s.t.Fatal(err)
 	}
+	return snap
+}
+
+// intervalPeaks reads the interval's peaks of process pid once every event
+// sent so far is accounted, by GPU.
+func (s *session) intervalPeaks(pid int) map[string]snapshot.Peak {
+	s.t.Helper()
+	snap := s.takeInterval()
 	peaks := peaksOf(s.t, snap.Peaks, pid)
 	named := map[accounting.Key]snapshot.Row{}
 	for _, row := range snap.Rows() {
