@@ -177,6 +177,17 @@ func (p *Profiler) liveOnDevices() map[nvmlparts.ProcessDevice]uint64 {
 	return p.books.liveOnDevices()
 }
 
+// askRead has NVML read, unless it could not be loaded: nothing to read
+// then, and no job to wake at every scan.
+func (g *gpuMemory) askRead() {
+	g.libMu.Lock()
+	failed := g.loaded && g.lib == nil
+	g.libMu.Unlock()
+	if !failed {
+		g.ask()
+	}
+}
+
 // nvmlLoaded loads NVML at the first run of the job, and says whether
 // there is one to read.
 func (p *Profiler) nvmlLoaded() bool {

@@ -335,8 +335,8 @@ func (p *Profiler) Run(ctx context.Context) error {
 			return fmt.Errorf("read events: %w", err)
 		case <-ticker.C:
 			p.scan(false)
-			p.stacks.resolving.ask()
-			p.gpus.ask()
+			p.stacks.askResolving()
+			p.gpus.askRead()
 		}
 	}
 }

@@ -152,6 +152,9 @@ func (s *stackStore) resolve() {
 	s.unresolved = nil
 	taken := time.Now() // every stack of todo was taken before
 	s.mu.Unlock()
+	if len(todo) == 0 {
+		return
+	}
 	s.reading.await() // every stack of todo has its Python frames read after
 	// In batches: a batch's frames are copies until interned.
 	const batch = resolveBatch
@@ -176,6 +179,17 @@ func (s *stackStore) resolve() {
 			named = append(named, frames)
 		}
 		s.storeFrames(ids, raws, named)
+	}
+}
+
+// askResolving has the stacks taken since the last naming named, if there
+// are any: an idle agent's scans wake no job.
+func (s *stackStore) askResolving() {
+	s.mu.Lock()
+	pending := len(s.unresolved) > 0
+	s.mu.Unlock()
+	if pending {
+		s.resolving.ask()
 	}
 }
 
