@@ -212,7 +212,7 @@ func (b *books) readRun(s *snapshot.Snapshot, procs map[uint32]*process, keep fu
 	timeline bool) ([]accounting.Peak, *accounting.Timeline) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.copyLocked(s, procs, keep, true)
+	b.copyLocked(s, procs, keep)
 	if !timeline {
 		return b.ledger.Peaks(), nil
 	}
@@ -220,16 +220,15 @@ func (b *books) readRun(s *snapshot.Snapshot, procs map[uint32]*process, keep fu
 	return b.ledger.Peaks(), &tl
 }
 
-// endInterval ends the interval the books' peaks are in and begins the
-// next: it copies the books into s, the failures and, with rows, the rows
-// that keep says, notes their processes in procs, and returns the
+// endInterval ends the interval the books' peaks and rows' low-water marks
+// are in and begins the next: it copies the rows and failures that keep
+// says into s, notes their processes in procs, and returns the
 // interval's peaks, their rows copied into s (Snapshot.KeepShares): the
 // ledger reuses its own.
-func (b *books) endInterval(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool,
-	rows bool) []accounting.Peak {
+func (b *books) endInterval(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool) []accounting.Peak {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.copyLocked(s, procs, keep, rows)
+	b.copyLocked(s, procs, keep)
 	peaks := b.ledger.TakeIntervalPeaks(bpfNow())
 	for i := range peaks {
 		peaks[i].Rows = s.KeepShares(peaks[i].Rows)
@@ -237,27 +236,24 @@ func (b *books) endInterval(s *snapshot.Snapshot, procs map[uint32]*process, kee
 	return peaks
 }
 
-// copyLocked copies the books' counts into s, the failures and, with
-// rows, the rows that keep says, and notes their processes in procs. The
-// caller holds b.mu.
-func (b *books) copyLocked(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool, rows bool) {
+// copyLocked copies the rows and failures that keep says into s, and
+// notes their processes in procs. The caller holds b.mu.
+func (b *books) copyLocked(s *snapshot.Snapshot, procs map[uint32]*process, keep func(accounting.Key) bool) {
 	s.Exits = b.exits
 	s.Ledger, s.Python, s.NativeTruncated, s.Events = b.ledger.Stats(), b.python, b.nativeTruncated, b.events
 	s.OOMs = slices.Clone(b.ooms)
-	if rows {
-		s.Entries = slices.Grow(s.Entries, b.ledger.Len())
-		tensors := map[uint32]bool{}
-		b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
-			if keep(k) {
-				s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c, Before: b.ledger.Before(k), Low: b.ledger.IntervalLow(k)})
-				procs[k.PID] = nil
-				tensors[k.PID] = tensors[k.PID] || k.Kind == memory.KindTensor
-			}
-		})
-		for pid, with := range tensors {
-			if with {
-				s.Layout = b.ledger.AppendLive(s.Layout, pid)
-			}
+	s.Entries = slices.Grow(s.Entries, b.ledger.Len())
+	tensors := map[uint32]bool{}
+	b.ledger.Rows(func(k accounting.Key, c accounting.Counters) {
+		if keep(k) {
+			s.Entries = append(s.Entries, snapshot.Entry{Key: k, Counters: c, Before: b.ledger.Before(k), Low: b.ledger.IntervalLow(k)})
+			procs[k.PID] = nil
+			tensors[k.PID] = tensors[k.PID] || k.Kind == memory.KindTensor
+		}
+	})
+	for pid, with := range tensors {
+		if with {
+			s.Layout = b.ledger.AppendLive(s.Layout, pid)
 		}
 	}
 	b.ledger.EachFailure(func(k accounting.FailureKey, f accounting.Failures) {

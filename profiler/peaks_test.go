@@ -90,11 +90,6 @@ func TestPeaksNamed(t *testing.T) {
 	if len(next) != 3 || next[1].Bytes != 100 || next[1].Timestamp <= start+5 || next[2].Bytes != 250 {
 		t.Errorf("next interval %+v", next)
 	}
-	// The peaks alone: the same, and no row copied.
-	only := &snapshot.Snapshot{}
-	if err := p.EndInterval(only, PeaksOnly); err != nil || only.Len() != 0 || len(only.Peaks) != 3 || only.Peaks[1].Bytes != 100 {
-		t.Errorf("peaks alone: %d rows, peaks %+v (%v)", only.Len(), only.Peaks, err)
-	}
 
 	p.cfg.GPUs = []int{1}
 	r, err := p.Snapshot()

@@ -40,7 +40,7 @@ func nameStack(p *Profiler, id accounting.StackID, function string) {
 func endInterval(t *testing.T, p *Profiler) *snapshot.Snapshot {
 	t.Helper()
 	s := &snapshot.Snapshot{}
-	if err := p.EndInterval(s, RowsAndPeaks); err != nil {
+	if err := p.EndInterval(s); err != nil {
 		t.Fatal(err)
 	}
 	return s

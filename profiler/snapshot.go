@@ -10,23 +10,6 @@ import (
 	"github.com/gpu-mem/gpu-mem/snapshot"
 )
 
-// IntervalParts say what EndInterval reads of the interval.
-type IntervalParts int
-
-const (
-	// RowsAndPeaks are the interval's peaks and the rows whose stacks are
-	// named, never waiting for symbols but for the peaks' rows. A row whose
-	// stack is still being named (in the background, a library's table read
-	// at its first use) is left out, and is in a later interval with every
-	// byte counted since, so that an exporter of the differences between
-	// intervals loses nothing and counts nothing twice.
-	RowsAndPeaks IntervalParts = iota
-	// PeaksOnly are the interval's peaks without rows: for a reader of the
-	// peaks alone (the agent's gauges, with no Pyroscope server), which then
-	// copies no row.
-	PeaksOnly
-)
-
 // Snapshot takes the books at this moment: every row, its stack named
 // first if need be (the first stack through a large library waits for its
 // symbol table), and the run's peaks with their rows. Taking one changes
@@ -67,23 +50,25 @@ func (p *Profiler) SnapshotTo(s *snapshot.Snapshot) error {
 }
 
 // EndInterval ends the interval the books are in and begins the next: s
-// gets what the interval held (parts of it), its peaks then start again
-// from the level at this moment. The agent calls it once an interval.
-// The interval's peaks have their Shares, not their Rows: an exporter of
-// the interval names them by its rows.
-func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error {
+// gets what the interval held, its peaks then start again from the level
+// at this moment. The agent calls it once an interval. The interval's
+// peaks have their Shares, not their Rows: an exporter of the interval
+// names them by its rows. Its rows are those whose stacks are named, never
+// waiting for symbols but for the peaks' rows: a row whose stack is still
+// being named (in the background, a library's table read at its first
+// use) is left out, and is in a later interval with every byte counted
+// since, so that an exporter of the differences between intervals loses
+// nothing and counts nothing twice.
+func (p *Profiler) EndInterval(s *snapshot.Snapshot) error {
 	p.procs.reading.await()
 	p.gpus.await()
 	p.naming.RLock()
 	defer p.naming.RUnlock()
 	procs := p.reset(s)
 	err := p.stamp(s)
-	rows := parts == RowsAndPeaks
-	peaks := p.books.endInterval(s, procs, p.onGPU, rows)
+	peaks := p.books.endInterval(s, procs, p.onGPU)
 	peaks = p.gpus.addToPeaks(peaks, p.onGPU, bpfNow())
-	if rows {
-		p.gpus.addStackRows(s, procs, p.onGPU)
-	}
+	p.gpus.addStackRows(s, procs, p.onGPU)
 	if !p.stacks.allNamed(peaks) {
 		p.stacks.resolving.await() // a row of a peak is in the snapshot
 	}
@@ -91,9 +76,7 @@ func (p *Profiler) EndInterval(s *snapshot.Snapshot, parts IntervalParts) error 
 	p.nameProcesses(s, procs, peaks)
 	s.Peaks = p.sharedPeaks(procs, peaks)
 	s.GPUMemory = p.gpus.latestView()
-	if rows {
-		p.gpus.addRows(s, procs, p.onGPU)
-	}
+	p.gpus.addRows(s, procs, p.onGPU)
 	return err
 }
 

@@ -207,22 +207,19 @@ func (s *Snapshot) EachRow(fn func(*Row)) {
 	var row Row
 	var frames []*symbolize.Frame
 	for i := range s.Entries {
-		e := &s.Entries[i]
-		frames = frames[:0]
-		for _, f := range e.Frames {
-			frames = append(frames, s.Frames[f])
-		}
-		row = e.Process.Row(e.Key, e.Counters, frames)
-		row.Before = e.Before
+		row = s.row(&s.Entries[i], frames[:0])
+		frames = row.Frames
 		fn(&row)
 	}
 }
 
 // RowOf is entry e of s as a Row, its frames its own.
-func (s *Snapshot) RowOf(e *Entry) Row {
-	frames := make([]*symbolize.Frame, len(e.Frames))
-	for i, f := range e.Frames {
-		frames[i] = s.Frames[f]
+func (s *Snapshot) RowOf(e *Entry) Row { return s.row(e, make([]*symbolize.Frame, 0, len(e.Frames))) }
+
+// row is entry e as a Row, its frames appended to frames.
+func (s *Snapshot) row(e *Entry, frames []*symbolize.Frame) Row {
+	for _, f := range e.Frames {
+		frames = append(frames, s.Frames[f])
 	}
 	row := e.Process.Row(e.Key, e.Counters, frames)
 	row.Before = e.Before

@@ -46,7 +46,7 @@ func TestExitedProcessesDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 		snap := &snapshot.Snapshot{}
-		if err := agent.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
+		if err := agent.p.EndInterval(snap); err != nil {
 			t.Fatal(err)
 		}
 		peaks := map[uint32]uint64{}

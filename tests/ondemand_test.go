@@ -167,7 +167,7 @@ func checkTensorViewSaid(t *testing.T, s *session, r *snapshot.Snapshot, view sn
 	defer cancel()
 	go exp.Run(ctx)
 	snap := &snapshot.Snapshot{}
-	if err := s.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
+	if err := s.p.EndInterval(snap); err != nil {
 		t.Fatal(err)
 	}
 	exp.Export(snap)

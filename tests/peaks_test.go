@@ -62,7 +62,7 @@ func (s *session) takeInterval() *snapshot.Snapshot {
 		s.t.Fatal(err)
 	}
 	snap := &snapshot.Snapshot{}
-	if err := s.p.EndInterval(snap, profiler.RowsAndPeaks); err != nil {
+	if err := s.p.EndInterval(snap); err != nil {
 		s.t.Fatal(err)
 	}
 	return snap

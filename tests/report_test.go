@@ -59,7 +59,7 @@ func TestSnapshotToReusesRows(t *testing.T) {
 		if _, err := agent.p.Snapshot(); err != nil {
 			t.Fatal(err)
 		}
-		if err := agent.p.EndInterval(&interval, profiler.RowsAndPeaks); err != nil {
+		if err := agent.p.EndInterval(&interval); err != nil {
 			t.Fatal(err)
 		}
 		if got := rowsText(interval.Rows()); !slices.Equal(got, want) {
@@ -89,7 +89,7 @@ func TestSnapshotToReusesRows(t *testing.T) {
 	}
 	s.p.DropExited(first)
 	firstInterval := &snapshot.Snapshot{}
-	if err := agent.p.EndInterval(firstInterval, profiler.RowsAndPeaks); err != nil || firstInterval.Len() < kinds+300 {
+	if err := agent.p.EndInterval(firstInterval); err != nil || firstInterval.Len() < kinds+300 {
 		t.Errorf("the first interval after the exit: %d rows, want at least %d (%v)", firstInterval.Len(), kinds+300, err)
 	}
 	agent.p.DropExited(firstInterval)

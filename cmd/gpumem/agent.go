@@ -147,8 +147,7 @@ switched off past it.`,
 		"as where every tensor reaches the driver (PyTorch without its cache, JAX's platform allocator) (0: never)")
 	fs.DurationVar(&o.budgetWindow, "budget-window", budget.DefaultWindow, "measure each view's cost over windows this long: a view over its budget is switched off at the end of one")
 	groupFlags(fs, "Budget", "tensor-budget", "driver-budget", "budget-window")
-	fs.IntVar(&o.growth.Intervals, "growth-intervals", growth.DefaultIntervals, "a stack is growing when the least it held in an interval (--pyroscope-interval) "+
-		"rose in each of this many intervals in a row: a leak, said on the status line, in gpumem_growing_* and memory:growth_space")
+	registerGrowthIntervals(fs, &o.growth)
 	groupFlags(fs, "Growth", "growth-intervals")
 	// What a view costs a pair of calls is the budgets' calibration,
 	// measured on an H200 (BENCHMARKS.md), not a choice: hidden, kept for
@@ -242,8 +241,8 @@ func (o *agentOptions) run(ctx context.Context) error {
 			return usageError{fmt.Errorf("%s must be positive", d.flag)}
 		}
 	}
-	if o.growth.Intervals < 1 {
-		return usageError{fmt.Errorf("--growth-intervals must be at least 1")}
+	if err := checkGrowthIntervals(o.growth); err != nil {
+		return usageError{err}
 	}
 	o.defaultNode()
 	exp, err := o.exporter()
@@ -370,7 +369,7 @@ func (o *agentOptions) status(p *profiler.Profiler, exp *pyroscope.Exporter) {
 // interval before it are dropped then: each stays on /metrics one whole
 // interval after the one that read its exit.
 func (o *agentOptions) export(p *profiler.Profiler, exp *pyroscope.Exporter) {
-	_ = p.EndInterval(&o.snapshot, profiler.RowsAndPeaks) // a loss counter's read error: said by the status line
+	_ = p.EndInterval(&o.snapshot) // a loss counter's read error: said by the status line
 	breakdown.Fill(&o.snapshot, o.target.rules.get())
 	o.growth.Observe(&o.snapshot)
 	o.last.Set(&o.snapshot)

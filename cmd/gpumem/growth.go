@@ -26,14 +26,25 @@ type growthFlags struct {
 func (g *growthFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&g.interval, "growth-interval", pyroscope.DefaultInterval, "the interval whose low-water marks (the least each stack held) are compared "+
 		"to find what grows (the agent's --pyroscope-interval)")
-	fs.IntVar(&g.detector.Intervals, "growth-intervals", growth.DefaultIntervals, "a stack is growing when the least it held in an interval rose in each of this many intervals in a row")
+	registerGrowthIntervals(fs, &g.detector)
 }
 
 func (g *growthFlags) validate() error {
 	if g.interval <= 0 {
 		return fmt.Errorf("--growth-interval must be positive")
 	}
-	if g.detector.Intervals < 1 {
+	return checkGrowthIntervals(g.detector)
+}
+
+// registerGrowthIntervals registers --growth-intervals, the detector's
+// Intervals: the agent's, record's and top's.
+func registerGrowthIntervals(fs *pflag.FlagSet, d *growth.Detector) {
+	fs.IntVar(&d.Intervals, "growth-intervals", growth.DefaultIntervals, "a stack is growing when the least it held in an interval "+
+		"rose in each of this many intervals in a row: a leak, in the status line, gpumem_growing_* and memory:growth_space")
+}
+
+func checkGrowthIntervals(d growth.Detector) error {
+	if d.Intervals < 1 {
 		return fmt.Errorf("--growth-intervals must be at least 1")
 	}
 	return nil
@@ -56,7 +67,7 @@ func (g *growthFlags) follow(ctx context.Context, p *profiler.Profiler, rules *b
 
 // endInterval ends an interval of the low-water marks and finds what grows.
 func (g *growthFlags) endInterval(p *profiler.Profiler, rules *breakdown.Rules) {
-	_ = p.EndInterval(&g.last, profiler.RowsAndPeaks) // a loss counter's read error: said by the final snapshot
+	_ = p.EndInterval(&g.last) // a loss counter's read error: said by the final snapshot
 	breakdown.Fill(&g.last, rules)
 	g.detector.Observe(&g.last)
 }

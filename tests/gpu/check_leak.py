@@ -60,6 +60,11 @@ def lines(path, prefix):
         return [json.loads(line[len(prefix):]) for line in f if line.startswith(prefix)]
 
 
+def steps_of(log):
+    """The workload's steps, its JSON lines."""
+    return [json.loads(line) for line in open(log + ".stdout") if line.startswith("{")]
+
+
 def slope(steps, start, end, key="allocated"):
     """Least squares slope of key over the steps in [start, end], bytes/s."""
     pts = [(s["t"], s[key]) for s in steps if start <= s["t"] <= end]
@@ -84,7 +89,7 @@ def first_seen(scrapes, pick):
 
 def check_leak(mode, log, interval):
     ok = True
-    steps = [json.loads(line) for line in open(log + ".stdout") if line.startswith("{")]
+    steps = steps_of(log)
     oom = lines(log + ".stdout", "oom ")
     if not oom:
         print(f"FAIL {mode}: torch raised no out of memory")
@@ -158,7 +163,7 @@ def check_record(mode, log):
 
 
 def check_steady(mode, log, agent_stderr, interval):
-    steps = [json.loads(line) for line in open(log + ".stdout") if line.startswith("{")]
+    steps = steps_of(log)
     scrapes = [s for s in lines(log + ".scrapes", "") if "growing" in s]
     pid = open(log + ".stdout").readline().split()[1]
     flagged = [s for s in scrapes if s["growing"]]
