@@ -83,11 +83,11 @@ func decimal(b []byte) (uint64, bool) {
 	return v, true
 }
 
-// lastPID is the PID the kernel handed out last in the PID namespace of
-// procRoot (the last field of its loadavg), when that namespace is this
-// process's own (procRoot's self is this process): the kernel writes that
-// field for the reader's namespace, not the mount's. -1 when unknown.
-func lastPID(procRoot string, buf []byte) int {
+// openLoadavg opens procRoot's loadavg, whose last field is the PID the
+// kernel handed out last in the PID namespace of its reader, not of the
+// mount: so only when that namespace is this process's own (procRoot's
+// self is this process). -1 when it is not, or cannot be opened.
+func openLoadavg(procRoot string) int {
 	if self, err := os.Readlink(procRoot + "/self"); err != nil || self != strconv.Itoa(os.Getpid()) {
 		return -1
 	}
@@ -95,12 +95,14 @@ func lastPID(procRoot string, buf []byte) int {
 	if err != nil {
 		return -1
 	}
-	defer unix.Close(fd)
-	n, err := unix.Read(fd, buf)
-	if err != nil || n == len(buf) {
-		return -1
-	}
-	fields := bytes.Fields(buf[:n])
+	return fd
+}
+
+// lastPID reads the last PID from a loadavg opened by openLoadavg; -1 when
+// unknown.
+func lastPID(loadavg int, buf []byte) int {
+	data := readAt0(loadavg, buf)
+	fields := bytes.Fields(data)
 	if len(fields) != 5 {
 		return -1
 	}
@@ -114,18 +116,40 @@ func lastPID(procRoot string, buf []byte) int {
 // readFileOf reads process pid's file name (a small one: stat) into buf in
 // one read, as the kernel writes it at the first read when it fits.
 func readFileOf(procRoot string, pid int, name string, buf []byte) ([]byte, error) {
+	fd, data, err := openFileOf(procRoot, pid, name, buf)
+	if err != nil {
+		return nil, err
+	}
+	unix.Close(fd)
+	return data, nil
+}
+
+// openFileOf is readFileOf that leaves the file open, for the caller to
+// read again with readAt0 and to close.
+func openFileOf(procRoot string, pid int, name string, buf []byte) (int, []byte, error) {
 	path := procRoot + "/" + strconv.Itoa(pid) + "/" + name
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+		return -1, nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer unix.Close(fd)
 	n, err := unix.Read(fd, buf)
-	switch {
-	case err != nil:
-		return nil, &fs.PathError{Op: "read", Path: path, Err: err}
-	case n == len(buf):
-		return nil, fmt.Errorf("%s: longer than %d bytes", path, len(buf))
+	if err == nil && n == len(buf) {
+		err = fmt.Errorf("longer than %d bytes", len(buf))
 	}
-	return buf[:n], nil
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, &fs.PathError{Op: "read", Path: path, Err: err}
+	}
+	return fd, buf[:n], nil
+}
+
+// readAt0 reads an open file again from its start, in one read; nil when
+// that fails (a procfs file whose process has exited: ESRCH) or does not
+// fit in buf.
+func readAt0(fd int, buf []byte) []byte {
+	n, err := unix.Pread(fd, buf, 0)
+	if err != nil || n == len(buf) {
+		return nil
+	}
+	return buf[:n]
 }

@@ -19,6 +19,10 @@ import (
 // library a process loads after hours idle is found within this.
 const maxWait = 30 * time.Second
 
+// maxProbed is the most PIDs handed out since the last listing that a
+// listing adds one by one rather than list /proc again (listing).
+const maxProbed = 64
+
 // userHZ is the unit of /proc/PID/stat's times: USER_HZ, 100 on every
 // architecture gpu-mem runs on (x86-64, arm64).
 const userHZ = 100
@@ -39,7 +43,14 @@ const userHZ = 100
 // found by about 1.1 A, and a program that runs for hours costs one small
 // read every maxWait. Calling brings a process's next look forward.
 //
-// A Scanner is for one goroutine at a time.
+// On a real procfs, a process's stat file is held open from its first look
+// and read again in place: opening walks the path through /proc and costs
+// four times the read (about 23 us against 4), most of an idle node's
+// scan. A held file reads its own process or fails (ESRCH) once that has
+// exited, so a PID taken by another is opened afresh.
+//
+// A Scanner is for one goroutine at a time; Close closes the files it
+// holds.
 type Scanner struct {
 	procRoot string
 	driver   string // Library.ID of the one driver whose processes count; "" for any
@@ -49,8 +60,21 @@ type Scanner struct {
 	buf      []byte // for listing /proc and reading stat files
 	pids     []int  // the last listing, less the processes seen gone since
 	// lastPID is the PID the kernel had handed out last at the last
-	// listing (lastPID), -1 when unknown.
-	lastPID int
+	// listing (lastPID), -1 when unknown; listedAt is when /proc was last
+	// listed in full.
+	lastPID  int
+	listedAt time.Duration
+	// loadavg is procRoot's loadavg held open (openLoadavg), opened at the
+	// first listing; -1 when it does not tell the last PID.
+	loadavg       int
+	loadavgOpened bool
+	// holds says whether stat files are held open: on a real procfs, whose
+	// files of an exited process fail to read (a test's tree does not).
+	holds bool
+	held  int // stat files held open
+	// maxHeld is how many at most: a quarter of the files the agent may
+	// open, the rest left to its probes, maps and connections.
+	maxHeld int
 }
 
 // process is what a Scanner knows of one process.
@@ -62,6 +86,7 @@ type process struct {
 	python bool
 	called bool   // Calling brought a look forward once (since the program started)
 	listed uint64 // the last scan that found it
+	statFD int    // its stat file held open, -1 for none
 }
 
 // NewScanner scans the processes under procRoot, of those that map the
@@ -69,7 +94,38 @@ type process struct {
 // empty: a profiler limited to one driver library (--library) leaves the
 // allocators and interpreters of processes on another driver alone.
 func NewScanner(procRoot, driver string) *Scanner {
-	return &Scanner{procRoot: procRoot, driver: driver, clock: bootClock, procs: map[int]*process{}, buf: make([]byte, listBuffer), lastPID: -1}
+	return &Scanner{
+		procRoot: procRoot, driver: driver, clock: bootClock, procs: map[int]*process{}, buf: make([]byte, listBuffer), lastPID: -1, loadavg: -1,
+		holds: isProcfs(procRoot), maxHeld: quarterOfFileLimit(),
+	}
+}
+
+// isProcfs says whether dir is a mounted procfs.
+func isProcfs(dir string) bool {
+	var fs unix.Statfs_t
+	return unix.Statfs(dir, &fs) == nil && fs.Type == unix.PROC_SUPER_MAGIC
+}
+
+// quarterOfFileLimit is a quarter of how many files this process may have
+// open (RLIMIT_NOFILE, whose soft limit Go raises to the hard one).
+func quarterOfFileLimit() int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return 0
+	}
+	return int(min(lim.Cur/4, math.MaxInt32))
+}
+
+// Close closes the files the scanner holds open; a later Scan opens them
+// again.
+func (s *Scanner) Close() {
+	for _, p := range s.procs {
+		s.release(p)
+	}
+	if s.loadavg >= 0 {
+		unix.Close(s.loadavg)
+	}
+	s.loadavg, s.loadavgOpened, s.lastPID = -1, false, -1
 }
 
 // bootClock is the time since boot, the clock of /proc/PID/stat's start
@@ -92,7 +148,7 @@ func (s *Scanner) Scan(pids []int) (Result, error) {
 	}
 	all := len(pids) == 0
 	if all {
-		if pids, err = s.listing(); err != nil {
+		if pids, err = s.listing(now); err != nil {
 			return Result{}, err
 		}
 	} else {
@@ -115,20 +171,41 @@ func (s *Scanner) Scan(pids []int) (Result, error) {
 // listing lists the processes of procRoot; or, when the kernel handed out
 // no PID since the last listing (no process or thread was made: an idle
 // node, most scans), the last listing again, whose processes gone since
-// are found so at their next look. A /proc of another PID namespace than
-// the scanner's own is listed every time: its last PID is not the one its
-// loadavg says.
-func (s *Scanner) listing() ([]int, error) {
-	last := lastPID(s.procRoot, s.buf)
-	if last >= 0 && last == s.lastPID {
-		return s.pids, nil
+// are found so at their next look; or, when it handed out a few
+// (maxProbed), the last listing with those PIDs added: the kernel hands
+// PIDs out in turn, so a process made since has one of them, and look
+// drops those of threads and of processes gone. Listing /proc costs a
+// read of every process's entry, half a millisecond for a hundred on a
+// virtual machine. It lists in full again at least every maxWait, for a
+// PID handed out out of turn (a checkpoint restored), and every time for
+// a /proc of another PID namespace than the scanner's own, whose last PID
+// is not the one its loadavg says.
+func (s *Scanner) listing(now time.Duration) ([]int, error) {
+	if !s.loadavgOpened {
+		s.loadavg, s.loadavgOpened = openLoadavg(s.procRoot), true
+	}
+	last := -1
+	if s.loadavg >= 0 {
+		last = lastPID(s.loadavg, s.buf)
+	}
+	if last >= 0 && s.lastPID >= 0 && now-s.listedAt < maxWait {
+		switch handed := last - s.lastPID; {
+		case handed == 0:
+			return s.pids, nil
+		case handed > 0 && handed <= maxProbed:
+			for pid := s.lastPID + 1; pid <= last; pid++ {
+				s.pids = append(s.pids, pid)
+			}
+			s.lastPID = last
+			return s.pids, nil
+		}
 	}
 	pids, err := listPIDs(s.procRoot, s.buf, s.pids[:0])
 	if err != nil {
 		s.lastPID = -1
 		return nil, err
 	}
-	s.pids, s.lastPID = pids, last
+	s.pids, s.lastPID, s.listedAt = pids, last, now
 	return pids, nil
 }
 
@@ -166,9 +243,10 @@ func (s *Scanner) look(pid int, now time.Duration) bool {
 			return true
 		}
 	}
-	st, err := s.readStat(pid)
-	if err != nil {
-		delete(s.procs, pid) // exited; or unreadable, and tried again as new at the next listing
+	st, fd, err := s.readStat(pid, p)
+	if err != nil || st.thread {
+		s.closeHeld(fd)
+		delete(s.procs, pid) // exited; a thread's ID; or unreadable, and tried again as new at the next listing
 		return false
 	}
 	switch {
@@ -182,7 +260,7 @@ func (s *Scanner) look(pid int, now time.Duration) bool {
 	case st.vsize != p.stat.vsize: // mapped or unmapped something: a library, or memory
 		p.libs, p.python = scanProcess(s.procRoot, pid)
 	}
-	p.stat, p.listed = st, s.scans
+	p.stat, p.listed, p.statFD = st, s.scans, fd
 	p.due = now + min((now-p.since)/10, maxWait)
 	return true
 }
@@ -191,8 +269,23 @@ func (s *Scanner) look(pid int, now time.Duration) bool {
 func (s *Scanner) forgetUnlisted() {
 	for pid, p := range s.procs {
 		if p.listed != s.scans {
+			s.release(p)
 			delete(s.procs, pid)
 		}
+	}
+}
+
+// release closes process p's stat file, if it is held.
+func (s *Scanner) release(p *process) {
+	s.closeHeld(p.statFD)
+	p.statFD = -1
+}
+
+// closeHeld closes a held stat file; none when fd is -1.
+func (s *Scanner) closeHeld(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+		s.held--
 	}
 }
 
@@ -225,18 +318,53 @@ type stat struct {
 		code uint64
 	}
 	vsize uint64 // bytes mapped: changes with every mmap and munmap
+	// thread: a thread other than its process's first, whose ID /proc
+	// opens but does not list (its exit_signal is -1).
+	thread bool
 }
 
-func (s *Scanner) readStat(pid int) (stat, error) {
-	data, err := readFileOf(s.procRoot, pid, "stat", s.buf)
-	if err != nil {
-		return stat{}, err
+// readStat reads process pid's stat: in its file held open, known as p,
+// when there is one and its process is still there; else opened by its
+// path, and held when the scanner holds files and has room. It returns the
+// file held for pid now, -1 for none; on an error, none is.
+func (s *Scanner) readStat(pid int, p *process) (stat, int, error) {
+	var data []byte
+	fd := -1
+	if p != nil && p.statFD >= 0 {
+		fd = p.statFD
+		p.statFD = -1
+		if data = readAt0(fd, s.buf); data == nil { // its process gone: the PID may be another's
+			s.closeHeld(fd)
+			fd = -1
+		}
+	}
+	if fd < 0 {
+		var err error
+		if data, fd, err = s.openStat(pid); err != nil {
+			return stat{}, -1, err
+		}
 	}
 	st, err := parseStat(data)
 	if err != nil {
-		return stat{}, fmt.Errorf("pid %d: %w", pid, err)
+		s.closeHeld(fd)
+		return stat{}, -1, fmt.Errorf("pid %d: %w", pid, err)
 	}
-	return st, nil
+	return st, fd, nil
+}
+
+// openStat reads process pid's stat by its path and returns its file when
+// the scanner holds it, -1 when it closed it.
+func (s *Scanner) openStat(pid int) ([]byte, int, error) {
+	if !s.holds || s.held >= s.maxHeld {
+		data, err := readFileOf(s.procRoot, pid, "stat", s.buf)
+		return data, -1, err
+	}
+	fd, data, err := openFileOf(s.procRoot, pid, "stat", s.buf)
+	if err != nil {
+		return nil, -1, err
+	}
+	s.held++
+	return data, fd, nil
 }
 
 // errStat is a stat file that does not read as the kernel writes one.
@@ -253,13 +381,16 @@ func parseStat(data []byte) (stat, error) {
 	var st stat
 	var start uint64
 	rest := data[end+1:]
-	for field := 3; field <= 26; field++ { // the fields of proc(5) after comm
+	for field := 3; field <= 38; field++ { // the fields of proc(5) after comm
 		var f []byte
 		if f, rest = nextField(rest); f == nil {
 			return stat{}, fmt.Errorf("%w: %d fields", errStat, field-1)
 		}
 		var to *uint64
 		switch field {
+		case 38: // exit_signal
+			st.thread = string(f) == "-1"
+			continue
 		case 22: // starttime, in clock ticks after boot
 			to = &start
 		case 23:

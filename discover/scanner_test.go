@@ -2,6 +2,7 @@ package discover
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -38,6 +39,9 @@ type fakeProc struct {
 	vsize uint64
 	code  uint64
 	maps  []string
+	// thread: the ID of a thread other than its process's first, whose
+	// stat /proc shows at that ID too.
+	thread bool
 }
 
 // write writes process pid's stat, as the kernel writes it, and maps.
@@ -48,6 +52,9 @@ func (f *fakeProcs) write(pid int, p fakeProc) {
 	fields[22-3] = strconv.FormatInt(int64(p.start/(time.Second/userHZ)), 10)
 	fields[23-3] = strconv.FormatUint(p.vsize, 10)
 	fields[26-3] = strconv.FormatUint(p.code, 10)
+	if p.thread {
+		fields[38-3] = "-1" // exit_signal
+	}
 	stat := fmt.Sprintf("%d (%s) %s\n", pid, p.comm, strings.Join(fields, " "))
 	dir := filepath.Join(f.root, strconv.Itoa(pid))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -252,16 +259,32 @@ func TestParseStat(t *testing.T) {
 		t.Errorf("%v allocations a parse, want 1 (the comm)", n)
 	}
 	// This process's own stat, as the kernel writes it.
-	st, err := NewScanner("/proc", "").readStat(os.Getpid())
-	if err != nil || st.vsize == 0 || st.program.code == 0 || st.program.comm == "" {
+	st, _, err := NewScanner("/proc", "").readStat(os.Getpid(), nil)
+	if err != nil || st.vsize == 0 || st.program.code == 0 || st.program.comm == "" || st.thread {
 		t.Errorf("own stat: %+v %v", st, err)
+	}
+	// Another of its threads (the Go runtime starts several), at its own ID.
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		if task.Name() == strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		tid, _ := strconv.Atoi(task.Name())
+		if st, _, err := NewScanner("/proc", "").readStat(tid, nil); err == nil && !st.thread {
+			t.Errorf("thread %d: %+v, not a thread", tid, st)
+		}
+		break
 	}
 }
 
 // TestScannerFindsLateLibrary: real processes. A shell is seen, then
 // replaced by Python (exec), which maps a driver library file a moment
 // later: the scans, as the profiler makes them, find the interpreter and
-// then the library while the program is young.
+// then the library while the program is young, through the process's stat
+// file held open from the first look; closed once the process is gone.
 func TestScannerFindsLateLibrary(t *testing.T) {
 	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
 	if err := os.WriteFile(lib, make([]byte, 4096), 0o644); err != nil {
@@ -321,6 +344,82 @@ sys.stdin.readline()`
 		return len(r.Libraries) == 1 && r.Libraries[0].ID() == want &&
 			r.Libraries[0].Path == filepath.Join("/proc", strconv.Itoa(pid), "root", lib)
 	})
+	if s.held != 1 {
+		t.Errorf("%d stat files held, want the process's", s.held)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if r, err := s.Scan([]int{pid}); err != nil || len(r.Python)+len(r.Libraries) != 0 || s.held != 0 {
+		t.Errorf("the process gone: %+v %v, %d stat files held", r, err, s.held)
+	}
+}
+
+// TestHeldStatOfExitedProcess: a stat file held open reads its process
+// again, and fails once that is gone, even when its PID is listed still.
+func TestHeldStatOfExitedProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	buf := make([]byte, listBuffer)
+	fd, _, err := openFileOf("/proc", cmd.Process.Pid, "stat", buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data := readAt0(fd, buf); !bytes.HasPrefix(data, fmt.Appendf(nil, "%d (sleep) ", cmd.Process.Pid)) {
+		t.Errorf("read again: %q", data)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if data := readAt0(fd, buf); data != nil {
+		t.Errorf("read after the process exited: %q, want none", data)
+	}
+	s := NewScanner("/proc", "")
+	p := &process{statFD: fd} // closed by the read that fails
+	s.held = 1
+	if _, fd, err := s.readStat(cmd.Process.Pid, p); err == nil || fd != -1 || s.held != 0 || p.statFD != -1 {
+		t.Errorf("stat of the exited process: %v, file %d, %d held", err, fd, s.held)
+	}
+}
+
+// TestScannerAddsPIDsHandedOut: a few PIDs handed out since the last
+// listing are added one by one: those of processes found, those of threads
+// and of processes gone dropped; more than maxProbed, or maxWait after the
+// last listing, /proc is listed again, which finds a PID handed out of
+// turn.
+func TestScannerAddsPIDsHandedOut(t *testing.T) {
+	f := newFakeProcs(t, "")
+	if err := os.Symlink(strconv.Itoa(os.Getpid()), filepath.Join(f.root, "self")); err != nil {
+		t.Fatal(err)
+	}
+	handedOut := func(pid int) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(f.root, "loadavg"), fmt.Appendf(nil, "0.00 0.01 0.05 1/120 %d\n", pid), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	python := fakeProc{comm: "python3", maps: []string{pythonLine}}
+	f.write(10, python)
+	handedOut(10)
+	f.scanAt(1000*time.Second, nil, nil, []int{10})
+
+	f.write(11, python)
+	f.write(12, fakeProc{comm: "python3", maps: []string{pythonLine}, thread: true})
+	f.write(5, python) // out of turn
+	handedOut(13)      // 13: a process already gone
+	f.scanAt(1000*time.Second+500*time.Millisecond, nil, nil, []int{10, 11})
+	if !slices.Equal(f.s.pids, []int{10, 11}) || len(f.s.procs) != 2 {
+		t.Errorf("listing %v, %d processes known: want 10 and 11", f.s.pids, len(f.s.procs))
+	}
+
+	f.write(13+maxProbed+1, python)
+	handedOut(13 + maxProbed + 1)
+	f.scanAt(1001*time.Second, nil, nil, []int{5, 10, 11, 13 + maxProbed + 1})
+
+	f.write(6, python) // out of turn
+	f.scanAt(1001*time.Second+maxWait-time.Millisecond, nil, nil, []int{5, 10, 11, 13 + maxProbed + 1})
+	f.scanAt(1001*time.Second+maxWait, nil, nil, []int{5, 6, 10, 11, 13 + maxProbed + 1})
 }
 
 // TestListPIDs: the processes of /proc, and the numeric names of a

@@ -321,6 +321,7 @@ func (p *Profiler) Run(ctx context.Context) error {
 	defer p.tr.Close()
 	defer p.attacher.close()
 	defer p.closeTensors()
+	defer p.scanner.Close()
 	readErr := make(chan error, 1)
 	go func() { readErr <- p.readEvents() }()
 
