@@ -423,6 +423,7 @@ const (
 	gpumemMapPythonGeneration                        = "python_generation"
 	gpumemMapPythonProcs                             = "python_procs"
 	gpumemMapPythonThreads                           = "python_threads"
+	gpumemMapReaderAsleep                            = "reader_asleep"
 	gpumemMapScratch                                 = "scratch"
 	gpumemMapScratchUsers                            = "scratch_users"
 	gpumemMapStackScratch                            = "stack_scratch"
@@ -655,6 +656,7 @@ type gpumemMapSpecs struct {
 	PythonGeneration     *ebpf.MapSpec `ebpf:"python_generation"`
 	PythonProcs          *ebpf.MapSpec `ebpf:"python_procs"`
 	PythonThreads        *ebpf.MapSpec `ebpf:"python_threads"`
+	ReaderAsleep         *ebpf.MapSpec `ebpf:"reader_asleep"`
 	Scratch              *ebpf.MapSpec `ebpf:"scratch"`
 	ScratchUsers         *ebpf.MapSpec `ebpf:"scratch_users"`
 	StackScratch         *ebpf.MapSpec `ebpf:"stack_scratch"`
@@ -757,6 +759,7 @@ type gpumemMaps struct {
 	PythonGeneration     *ebpf.Map `ebpf:"python_generation"`
 	PythonProcs          *ebpf.Map `ebpf:"python_procs"`
 	PythonThreads        *ebpf.Map `ebpf:"python_threads"`
+	ReaderAsleep         *ebpf.Map `ebpf:"reader_asleep"`
 	Scratch              *ebpf.Map `ebpf:"scratch"`
 	ScratchUsers         *ebpf.Map `ebpf:"scratch_users"`
 	StackScratch         *ebpf.Map `ebpf:"stack_scratch"`
@@ -797,6 +800,7 @@ func (m *gpumemMaps) Close() error {
 		m.PythonGeneration,
 		m.PythonProcs,
 		m.PythonThreads,
+		m.ReaderAsleep,
 		m.Scratch,
 		m.ScratchUsers,
 		m.StackScratch,

@@ -15,13 +15,18 @@ import (
 // pollInterval bounds how long an event waits in the ring buffer while
 // events come: the BPF program wakes the reader only once a quarter of the
 // buffer is full. While none come, each empty look doubles the wait, up to
-// idlePollInterval: an idle agent wakes once a second, not a hundred times
-// (and with it, the Go runtime's monitor of threads in system calls), and
-// the first event after a quiet spell waits a second at most. A flush
-// (Sync, a snapshot) wakes the reader at once.
+// idlePollInterval; then the reader sleeps (sleep), to be woken by the next
+// event: an idle agent is not woken to find nothing (nor, with it, the Go
+// runtime's monitor of threads in system calls). A flush (Sync, a
+// snapshot) wakes the reader at once.
+//
+// asleepWait bounds a sleep: an event whose program looked at
+// reader_asleep just before the reader set it does not wake it, and waits
+// this long at most.
 const (
 	pollInterval     = 10 * time.Millisecond
 	idlePollInterval = time.Second
+	asleepWait       = 10 * time.Second
 )
 
 // batch holds the records taken from the ring (or replayed from the
@@ -136,8 +141,23 @@ func (t *Tracer) refill() error {
 	case closed:
 		return os.ErrClosed
 	}
+	if t.idleWait == idlePollInterval {
+		return t.sleep()
+	}
 	t.idleWait = min(max(2*t.idleWait, pollInterval), idlePollInterval)
 	return t.ring.wait(t.idleWait)
+}
+
+// sleep waits for the next event, which wakes the reader (reader_asleep),
+// a flush or close, or asleepWait.
+func (t *Tracer) sleep() error {
+	if err := t.objs.ReaderAsleep.Put(uint32(0), uint32(1)); err != nil {
+		return t.ring.wait(idlePollInterval)
+	}
+	if t.ring.pending() > 0 { // sent before the flag was set
+		return nil
+	}
+	return t.ring.wait(asleepWait)
 }
 
 // NamedPyStacks counts the events Read returned whose Python frames the

@@ -145,6 +145,7 @@ type objects struct {
 	Losses            *ebpf.Map `ebpf:"losses"`
 	PythonProcs       *ebpf.Map `ebpf:"python_procs"`
 	PythonGeneration  *ebpf.Map `ebpf:"python_generation"`
+	ReaderAsleep      *ebpf.Map `ebpf:"reader_asleep"`
 	TargetPids        *ebpf.Map `ebpf:"target_pids"`
 	UsdtSites         *ebpf.Map `ebpf:"usdt_sites"`
 }

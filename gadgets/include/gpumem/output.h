@@ -25,6 +25,16 @@ struct {
 	__type(value, __u64);
 } events_lost_bytes SEC(".maps");
 
+/* Set by the reader once the ring buffer stayed empty a while, to be woken
+ * by the next event rather than look again; cleared by the event that wakes
+ * it. Stock IG's reader never sets it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} reader_asleep SEC(".maps");
+
 /* An event with its stack is too large for the BPF stack. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -103,12 +113,20 @@ static __always_inline void count_lost_event(void)
 		__sync_fetch_and_add(n, 1); /* atomic, as count_loss */
 }
 
-/* wakeup_flags wake the reader, which polls, only when the ring buffer is
- * filling: a wakeup per event would cost more than the rest of the probe. */
+/* wakeup_flags wake the reader, which polls while events come, only when
+ * the ring buffer is filling, or when it sleeps: a wakeup per event would
+ * cost more than the rest of the probe. Two events that find it asleep at
+ * once both wake it, which is harmless. */
 static __always_inline __u64 wakeup_flags(void)
 {
-	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > GPUMEM_RINGBUF_BYTES / 4 ? BPF_RB_FORCE_WAKEUP
-											   : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > GPUMEM_RINGBUF_BYTES / 4)
+		return BPF_RB_FORCE_WAKEUP;
+	__u32 zero = 0;
+	__u32 *asleep = bpf_map_lookup_elem(&reader_asleep, &zero);
+	if (!asleep || !*asleep)
+		return BPF_RB_NO_WAKEUP;
+	*asleep = 0;
+	return BPF_RB_FORCE_WAKEUP;
 }
 
 /* count_lost_bytes counts the bytes of a dropped event that is a driver
