@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +28,7 @@ func agentFootprint() string {
 	var b strings.Builder
 	b.WriteString("`gpumem agent --pyroscope-interval 1s --status-interval 1s` (no server: status lines only, unless pushed) while a workload runs, from\n")
 	b.WriteString("the agent image's build (`bin/gpumem-lean`: `-tags lean`, static);\n")
-	b.WriteString("CPU is the agent's user+system time over the wall time, peak RSS its VmHWM.\n\n")
+	b.WriteString("CPU is the time the agent's threads ran (their schedstat) over the wall time, peak RSS its VmHWM.\n\n")
 	b.WriteString("| workload | agent CPU | agent peak RSS |\n| --- | ---: | ---: |\n")
 	var slowRSS, worst, worstCPU float64
 	for _, rate := range []int{1000, 10_000} {
@@ -92,11 +93,11 @@ func startAgentUntil(ready string, args ...string) *exec.Cmd {
 // CPU percentage over the run and its peak RSS in MiB.
 func underAgent(work func(), args ...string) (float64, float64) {
 	agent := startAgent(append([]string{"--pyroscope-interval", "1s", "--status-interval", "1s"}, args...)...)
-	cpu0 := cpuTicks(agent.Process.Pid)
+	cpu0 := cpuTime(agent.Process.Pid)
 	start := time.Now()
 	work()
 	time.Sleep(1500 * time.Millisecond) // an interval after the work: the report of it
-	cpu := float64(cpuTicks(agent.Process.Pid)-cpu0) / 100 / time.Since(start).Seconds() * 100
+	cpu := coreShare(cpuTime(agent.Process.Pid)-cpu0, time.Since(start))
 	rss := peakRSS(agent.Process.Pid)
 	agent.Process.Signal(os.Interrupt)
 	agent.Wait()
@@ -104,14 +105,28 @@ func underAgent(work func(), args ...string) (float64, float64) {
 }
 
 // cpuTicks is utime+stime of a process, in clock ticks (100 per second).
-func cpuTicks(pid int) int {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// cpuTime is the time process pid's threads ran, in nanoseconds, from each
+// thread's schedstat: /proc/PID/stat's utime and stime come in ticks of
+// 10 ms, a third of an idle agent's 30 s at 0.1%. A thread that exited
+// takes its time with it; the Go runtime keeps its threads.
+func cpuTime(pid int) time.Duration {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
 	check(err)
-	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
-	utime, _ := strconv.Atoi(fields[11])
-	stime, _ := strconv.Atoi(fields[12])
-	return utime + stime
+	var ns time.Duration
+	for _, task := range tasks {
+		data, err := os.ReadFile(task)
+		if err != nil {
+			continue // a thread gone since the listing
+		}
+		v, err := strconv.ParseInt(strings.Fields(string(data))[0], 10, 64)
+		check(err)
+		ns += time.Duration(v)
+	}
+	return ns
 }
+
+// coreShare is CPU time over wall time, in % of a core.
+func coreShare(cpu, wall time.Duration) float64 { return 100 * cpu.Seconds() / wall.Seconds() }
 
 func peakRSS(pid int) float64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

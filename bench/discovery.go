@@ -58,7 +58,8 @@ func discoveryInNamespace() string {
 	b.WriteString("The idle agent (`bin/gpumem-lean agent --library`; no process maps the library) with idle processes\n")
 	b.WriteString("(`sleep`) added, and its scan alone (`discover.Scanner`) against the full rescan it replaced\n")
 	fmt.Fprintf(&b, "(`discover.Scan`: every process's maps at every scan), both every %v, in a PID namespace of the\n", scanInterval)
-	fmt.Fprintf(&b, "bench's own. CPU: user+system time over %v of wall time (the full rescan's over a third of it).\n", window)
+	fmt.Fprintf(&b, "bench's own. CPU over %v of wall time: the agent's threads' (their schedstat), the scans' this bench's\n"+
+		"(getrusage; the full rescan's over a third of the window).\n", window)
 	b.WriteString("A Scanner reads a process's stat a tenth of its age after its last look (30 s at most), and its maps\n")
 	b.WriteString("only when the stat changed: the older the processes, the less they cost.\n\n")
 	b.WriteString("| idle processes | processes listed | their age | agent CPU | scan CPU | full rescan CPU | ratio |\n")
@@ -117,12 +118,12 @@ func discoveryCPU(window, settle time.Duration) (agent, scan, full float64) {
 	s := discover.NewScanner("/proc", "")
 	_, err := s.Scan(nil) // every process new: read once, as the agent did
 	check(err)
-	ticks0, start := cpuTicks(a.pid), time.Now()
+	cpu0, start := cpuTime(a.pid), time.Now()
 	scan = cpuOver(window, func() {
 		_, err := s.Scan(nil)
 		check(err)
 	})
-	agent = float64(cpuTicks(a.pid)-ticks0) / 100 / time.Since(start).Seconds() * 100
+	agent = coreShare(cpuTime(a.pid)-cpu0, time.Since(start))
 	a.stop()
 	full = cpuOver(window/3, func() {
 		_, err := discover.Scan("/proc", nil)

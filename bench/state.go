@@ -64,7 +64,7 @@ func stateCost() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "The same agent without and with its state kept (`--state-dir`, `--pin-path` on a BPF file system), in turn, %d runs each:\n", runs)
 	fmt.Fprintf(&b, "the traced program's time per cuMemAlloc_v2 + cuMemFree_v2 pair (`simwork pairs %s`, traced in process), and the agent's\n", pairs)
-	fmt.Fprintf(&b, "CPU time per event at %d events/s for %.0f s (`simwork threads 1`; the agent's user+system time over the events).\n", rate, seconds)
+	fmt.Fprintf(&b, "CPU time per event at %d events/s for %.0f s (`simwork threads 1`; the time the agent's threads ran over the events).\n", rate, seconds)
 	b.WriteString("Medians, the spread in brackets.\n\n")
 	b.WriteString("| | ns per traced pair | agent CPU ns per event |\n| --- | ---: | ---: |\n")
 	for _, row := range []struct {
