@@ -69,6 +69,22 @@ func (f *fakeProcs) write(pid int, p fakeProc) {
 	}
 }
 
+// ownNamespace makes the fake /proc the scanner's own PID namespace's (its
+// self is this process), whose loadavg tells the last PID handed out: it
+// returns the function that sets that PID.
+func (f *fakeProcs) ownNamespace() (handedOut func(pid int)) {
+	f.t.Helper()
+	if err := os.Symlink(strconv.Itoa(os.Getpid()), filepath.Join(f.root, "self")); err != nil {
+		f.t.Fatal(err)
+	}
+	return func(pid int) {
+		f.t.Helper()
+		if err := os.WriteFile(filepath.Join(f.root, "loadavg"), fmt.Appendf(nil, "0.00 0.01 0.05 1/120 %d\n", pid), 0o644); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
 // scanAt scans at time at and checks the IDs of the libraries found and
 // the Python processes.
 func (f *fakeProcs) scanAt(at time.Duration, pids []int, libs []string, python []int) {
@@ -390,15 +406,7 @@ func TestHeldStatOfExitedProcess(t *testing.T) {
 // turn.
 func TestScannerAddsPIDsHandedOut(t *testing.T) {
 	f := newFakeProcs(t, "")
-	if err := os.Symlink(strconv.Itoa(os.Getpid()), filepath.Join(f.root, "self")); err != nil {
-		t.Fatal(err)
-	}
-	handedOut := func(pid int) {
-		t.Helper()
-		if err := os.WriteFile(filepath.Join(f.root, "loadavg"), fmt.Appendf(nil, "0.00 0.01 0.05 1/120 %d\n", pid), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	handedOut := f.ownNamespace()
 	python := fakeProc{comm: "python3", maps: []string{pythonLine}}
 	f.write(10, python)
 	handedOut(10)
@@ -456,15 +464,7 @@ func TestListPIDs(t *testing.T) {
 // listing.
 func TestScannerListsWhenAPIDWasHandedOut(t *testing.T) {
 	f := newFakeProcs(t, "")
-	if err := os.Symlink(strconv.Itoa(os.Getpid()), filepath.Join(f.root, "self")); err != nil {
-		t.Fatal(err)
-	}
-	handedOut := func(pid int) {
-		t.Helper()
-		if err := os.WriteFile(filepath.Join(f.root, "loadavg"), fmt.Appendf(nil, "0.00 0.01 0.05 1/120 %d\n", pid), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	handedOut := f.ownNamespace()
 	handedOut(11)
 	f.write(10, fakeProc{comm: "python3", maps: []string{pythonLine}})
 	f.write(11, fakeProc{comm: "python3", start: 999 * time.Second, maps: []string{pythonLine}})
