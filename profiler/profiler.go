@@ -322,10 +322,13 @@ func (p *Profiler) Run(ctx context.Context) error {
 	defer p.attacher.close()
 	defer p.closeTensors()
 	defer p.scanner.Close()
+	// The first scan registers the Python processes running already before
+	// an event is read: the stacks a continued state replays, and those
+	// sent while no agent ran, are named with their Python frames.
+	p.scan(true)
 	readErr := make(chan error, 1)
 	go func() { readErr <- p.readEvents() }()
 
-	p.scan(true)
 	ticker := time.NewTicker(p.cfg.ScanInterval)
 	defer ticker.Stop()
 	for {
