@@ -44,8 +44,8 @@ const userHZ = 100
 // read every maxWait. Calling brings a process's next look forward.
 //
 // On a real procfs, a process's stat file is held open from its first look
-// and read again in place: opening walks the path through /proc and costs
-// four times the read (about 23 us against 4), most of an idle node's
+// and read again in place: opening walks the path through /proc, and costs
+// two to five times the read (BenchmarkReadStat), most of an idle node's
 // scan. A held file reads its own process or fails (ESRCH) once that has
 // exited, so a PID taken by another is opened afresh.
 //
@@ -68,12 +68,11 @@ type Scanner struct {
 	// first listing; -1 when it does not tell the last PID.
 	loadavg       int
 	loadavgOpened bool
-	// holds says whether stat files are held open: on a real procfs, whose
-	// files of an exited process fail to read (a test's tree does not).
-	holds bool
-	held  int // stat files held open
+	held          int // stat files held open
 	// maxHeld is how many at most: a quarter of the files the agent may
-	// open, the rest left to its probes, maps and connections.
+	// open, the rest left to its probes, maps and connections; none but on
+	// a real procfs, whose files of an exited process fail to read (a
+	// test's tree does not).
 	maxHeld int
 }
 
@@ -96,8 +95,16 @@ type process struct {
 func NewScanner(procRoot, driver string) *Scanner {
 	return &Scanner{
 		procRoot: procRoot, driver: driver, clock: bootClock, procs: map[int]*process{}, buf: make([]byte, listBuffer), lastPID: -1, loadavg: -1,
-		holds: isProcfs(procRoot), maxHeld: quarterOfFileLimit(),
+		maxHeld: heldAtMost(procRoot),
 	}
+}
+
+// heldAtMost is how many stat files a scanner of procRoot holds open.
+func heldAtMost(procRoot string) int {
+	if !isProcfs(procRoot) {
+		return 0
+	}
+	return quarterOfFileLimit()
 }
 
 // isProcfs says whether dir is a mounted procfs.
@@ -355,7 +362,7 @@ func (s *Scanner) readStat(pid int, p *process) (stat, int, error) {
 // openStat reads process pid's stat by its path and returns its file when
 // the scanner holds it, -1 when it closed it.
 func (s *Scanner) openStat(pid int) ([]byte, int, error) {
-	if !s.holds || s.held >= s.maxHeld {
+	if s.held >= s.maxHeld {
 		data, err := readFileOf(s.procRoot, pid, "stat", s.buf)
 		return data, -1, err
 	}

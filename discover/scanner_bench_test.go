@@ -2,8 +2,11 @@ package discover
 
 import (
 	"fmt"
+	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // BenchmarkScan is one scan of 1,000 idle processes an hour old, each
@@ -41,6 +44,33 @@ func BenchmarkScan(b *testing.B) {
 		for b.Loop() {
 			if r, err := Scan(f.root, nil); err != nil || len(r.Libraries) != 0 {
 				b.Fatalf("%v libraries, %v", r.Libraries, err)
+			}
+		}
+	})
+}
+
+// BenchmarkReadStat is one read of a real process's stat: through the file
+// a Scanner holds open, against opening, reading and closing it, as a
+// Scanner of a test's tree (or past its limit of held files) does.
+func BenchmarkReadStat(b *testing.B) {
+	pid := os.Getpid()
+	buf := make([]byte, listBuffer)
+	b.Run("held", func(b *testing.B) {
+		fd, _, err := openFileOf("/proc", pid, "stat", buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer unix.Close(fd)
+		for b.Loop() {
+			if readAt0(fd, buf) == nil {
+				b.Fatal("read failed")
+			}
+		}
+	})
+	b.Run("opened", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := readFileOf("/proc", pid, "stat", buf); err != nil {
+				b.Fatal(err)
 			}
 		}
 	})
